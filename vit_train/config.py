@@ -1,0 +1,239 @@
+"""The typed run config: one dataclass per component, validated before any work starts.
+
+The YAML files under configs/ compose (with Hydra, in cli.py) into a plain dict; `Config.from_dict`
+checks every key and type against the dataclasses below and `validate` checks the combinations.
+Nothing here imports torch, so a bad config fails in milliseconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Union
+
+from .errors import ConfigError
+
+# Image side and patch side a model gets when model.img_size / model.patch_size are null.
+DATASET_DEFAULTS: dict[str, tuple[int, int]] = {
+    "shapes": (32, 4),
+    "cifar10": (32, 4),
+    "cifar100": (32, 4),
+    "imagefolder": (224, 16),
+}
+
+
+@dataclass
+class ModelConfig:
+    name: str = "vit_micro"  # label of the size preset, for logs only
+    img_size: Optional[int] = None  # input side in pixels; null = the data set's default
+    patch_size: Optional[int] = None  # patch side in pixels; null = the data set's default
+    embed_dim: int = 64  # token width
+    depth: int = 4  # number of transformer blocks
+    num_heads: int = 4  # attention heads per block; must divide embed_dim
+    mlp_ratio: float = 2.0  # MLP hidden width as a multiple of embed_dim
+    qkv_bias: bool = True  # bias in the query/key/value projection
+    pool: Literal["cls", "mean"] = "cls"  # class token, or mean of the patch tokens
+    pos_embed: Literal["learned", "sincos2d"] = "learned"  # learned, or fixed 2-D sin-cos
+    dropout: float = 0.0  # dropout on embeddings and on attention/MLP outputs
+    attn_dropout: float = 0.0  # dropout on attention weights
+    drop_path: float = 0.0  # stochastic depth of the last block; rises linearly from 0 over depth
+
+
+@dataclass
+class DataConfig:
+    name: Literal["shapes", "cifar10", "cifar100", "imagefolder"] = "shapes"
+    root: Optional[str] = None  # cifar: download/read folder; imagefolder: holds train/ and val/
+    download: bool = True  # cifar: download (checksum-verified) when the files are absent
+    batch_size: int = 128  # global batch per optimiser step, across all processes
+    eval_batch_size: Optional[int] = None  # null = batch_size
+    num_workers: int = 0  # DataLoader worker processes (0 = load in the training process)
+    train_size: int = 10000  # shapes only: number of training images
+    val_size: int = 2000  # shapes only: number of validation images
+    seed: int = 0  # shapes only: seed of the generated images (independent of the run's seed)
+
+
+@dataclass
+class AugConfig:
+    name: Literal["none", "basic"] = "basic"  # basic: random crop (+padding) and horizontal flip
+    crop_padding: Optional[int] = None  # small images: crop padding in pixels; null = img_size // 8
+    scale_min: float = 0.08  # image folders: smallest area fraction of RandomResizedCrop
+    hflip: float = 0.5  # probability of a horizontal flip
+    label_smoothing: float = 0.0  # cross-entropy label smoothing
+
+
+@dataclass
+class OptimConfig:
+    name: Literal["adamw", "sgd"] = "adamw"
+    lr: float = 1e-3  # peak learning rate, reached at the end of warmup
+    weight_decay: float = 0.05  # decoupled (AdamW) decay; never on norms, biases, pos_embed, cls_token
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW
+    eps: float = 1e-8  # AdamW
+    momentum: float = 0.9  # SGD (Nesterov)
+    clip_grad: Optional[float] = 1.0  # max global gradient norm; null = no clipping
+
+
+@dataclass
+class ScheduleConfig:
+    name: Literal["cosine", "constant"] = "cosine"
+    warmup_epochs: float = 1.0  # linear warmup length in epochs (fractions allowed)
+    min_lr: float = 1e-5  # cosine: learning rate at the last step
+
+
+@dataclass
+class TrainerConfig:
+    epochs: int = 10  # passes over the training set
+    max_steps: Optional[int] = None  # cap on optimiser steps; the schedule then ends at the cap
+    accum_steps: int = 1  # micro-batches per optimiser step (data.batch_size is split into them)
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on capable GPUs, else fp32
+    compile: bool = False  # torch.compile the model
+    device: Literal["auto", "cuda", "cpu"] = "auto"  # auto: cuda when available
+    eval_every: Optional[int] = None  # evaluate every N steps; null = at the end of each epoch
+    ckpt_every: Optional[int] = None  # also write last.pt every N steps; null = each epoch only
+    log_every: int = 50  # steps between train metric logs
+    progress: bool = True  # tqdm progress bars
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    aug: AugConfig = field(default_factory=AugConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    seed: int = 0  # seeds the model init, data order and augmentation
+    resume: Optional[str] = None  # null, auto (newest checkpoint in the run dir), or a path
+    name: str = ""  # free-form run name, for logs
+    tags: list[str] = field(default_factory=list)  # free-form labels, for logs
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Config":
+        """Build a validated config from plain data (Hydra's composed config, a checkpoint's)."""
+        return _build(cls, data, "").validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> "Config":
+        """Fill data-set defaults and refuse combinations that cannot run; returns self."""
+        m, d, t = self.model, self.data, self.trainer
+        default_img, default_patch = DATASET_DEFAULTS[d.name]
+        m.img_size = default_img if m.img_size is None else m.img_size
+        m.patch_size = default_patch if m.patch_size is None else m.patch_size
+        _positive(
+            ("model.img_size", m.img_size), ("model.patch_size", m.patch_size),
+            ("model.embed_dim", m.embed_dim), ("model.depth", m.depth),
+            ("model.num_heads", m.num_heads), ("model.mlp_ratio", m.mlp_ratio),
+            ("data.batch_size", d.batch_size), ("data.train_size", d.train_size),
+            ("data.val_size", d.val_size), ("optim.lr", self.optim.lr),
+            ("trainer.epochs", t.epochs), ("trainer.accum_steps", t.accum_steps),
+            ("trainer.log_every", t.log_every),
+        )
+        for key, value in (("data.eval_batch_size", d.eval_batch_size), ("trainer.max_steps", t.max_steps),
+                           ("trainer.eval_every", t.eval_every), ("trainer.ckpt_every", t.ckpt_every),
+                           ("optim.clip_grad", self.optim.clip_grad)):
+            if value is not None:
+                _positive((key, value))
+        _require(m.img_size % m.patch_size == 0, f"model.img_size ({m.img_size}) must be divisible by "
+                 f"model.patch_size ({m.patch_size})")
+        _require(m.embed_dim % m.num_heads == 0, f"model.embed_dim ({m.embed_dim}) must be divisible by "
+                 f"model.num_heads ({m.num_heads})")
+        _require(m.pos_embed != "sincos2d" or m.embed_dim % 4 == 0,
+                 f"model.pos_embed=sincos2d needs model.embed_dim divisible by 4, got {m.embed_dim}")
+        for key, value in (("model.dropout", m.dropout), ("model.attn_dropout", m.attn_dropout),
+                           ("model.drop_path", m.drop_path), ("aug.label_smoothing", self.aug.label_smoothing)):
+            _require(0.0 <= value < 1.0, f"{key} must be in [0, 1), got {value}")
+        _require(0.0 <= self.aug.hflip <= 1.0, f"aug.hflip must be in [0, 1], got {self.aug.hflip}")
+        _require(0.0 < self.aug.scale_min <= 1.0, f"aug.scale_min must be in (0, 1], got {self.aug.scale_min}")
+        _require(d.num_workers >= 0, f"data.num_workers must be >= 0, got {d.num_workers}")
+        _require(d.batch_size % t.accum_steps == 0, f"data.batch_size ({d.batch_size}) must be divisible "
+                 f"by trainer.accum_steps ({t.accum_steps})")
+        _require(d.name != "imagefolder" or bool(d.root),
+                 "data=imagefolder needs data.root, a folder holding train/<class>/* and val/<class>/*; "
+                 "add data.root=/path/to/images")
+        _require(self.optim.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.optim.weight_decay}")
+        _require(len(self.optim.betas) == 2, f"optim.betas must have two values, got {self.optim.betas}")
+        _require(self.schedule.warmup_epochs >= 0,
+                 f"schedule.warmup_epochs must be >= 0, got {self.schedule.warmup_epochs}")
+        _require(0 <= self.schedule.min_lr <= self.optim.lr, f"schedule.min_lr ({self.schedule.min_lr}) must be "
+                 f"between 0 and optim.lr ({self.optim.lr})")
+        return self
+
+
+def known_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema, sections included (e.g. 'model', 'model.embed_dim')."""
+    keys = []
+    for name, tp in typing.get_type_hints(cls).items():
+        keys.append(prefix + name)
+        if dataclasses.is_dataclass(tp):
+            keys += known_keys(tp, prefix + name + ".")
+    return keys
+
+
+# Names users bring from other trainers (timm, Lightning, DeiT), for "did you mean" hints.
+ALIASES = {"learning_rate": "lr", "wd": "weight_decay", "grad_clip": "clip_grad", "clip_grad_norm": "clip_grad",
+           "max_epochs": "epochs", "warmup": "warmup_epochs", "drop_path_rate": "drop_path", "workers": "num_workers",
+           "batch": "batch_size", "patch": "patch_size", "input_size": "img_size", "global_pool": "pool"}
+
+
+def unknown_key_message(key: str, valid: list[str]) -> str:
+    """'unknown key X; did you mean Y?' plus the valid keys of that section."""
+    section, _, leaf = key.rpartition(".")
+    alias = f"{section}.{ALIASES[leaf]}" if section and leaf in ALIASES else ALIASES.get(leaf, "")
+    close = [alias] if alias in valid else difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    siblings = [k.rpartition(".")[2] for k in valid if k.rpartition(".")[0] == section]
+    where = f"keys of '{section}'" if section else "top-level keys"
+    return f"unknown config key '{key}'{hint} ({where}: {', '.join(siblings)})"
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"'{prefix.rstrip('.') or 'config'}' must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, value in data.items():
+        key = prefix + str(name)
+        if name not in hints:
+            raise ConfigError(unknown_key_message(key, known_keys(Config)))
+        kwargs[name] = _coerce(hints[name], value, key)
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    """Check `value` against type `tp`; return it (ints widened to float where a float is due)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key + ".")
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, key)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key} must be one of {', '.join(map(str, args))}; got {value!r}")
+        return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return [_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, bool, str) and type(value) is tp:
+        return value
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    raise ConfigError(f"{key} must be {names.get(tp, tp)}, got {value!r} ({type(value).__name__})")
+
+
+def _positive(*pairs: tuple[str, float]) -> None:
+    for key, value in pairs:
+        _require(value > 0, f"{key} must be > 0, got {value}")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
