@@ -1,0 +1,135 @@
+"""CIFAR-10/100 from the standard python-format batches, read straight into uint8 tensors.
+
+Any folder in the standard layout works (`<root>/cifar-10-batches-py/data_batch_1` ...); when it is
+absent and downloading is allowed, the official archive is fetched and its MD5 checked first.
+The batches are pickles, so they are read with an unpickler that admits only numpy arrays.
+"""
+
+from __future__ import annotations
+
+import pickle
+import urllib.error
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torchvision.datasets.utils import download_and_extract_archive
+
+from ..errors import DataError
+
+
+@dataclass(frozen=True)
+class CifarFormat:
+    title: str
+    url: str
+    md5: str
+    folder: str  # folder the archive unpacks to
+    train_files: tuple[str, ...]
+    test_files: tuple[str, ...]
+    meta_file: str
+    label_key: str
+    names_key: str
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return (*self.train_files, *self.test_files, self.meta_file)
+
+
+FORMATS = {
+    "cifar10": CifarFormat(
+        "CIFAR-10", "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a",
+        "cifar-10-batches-py", tuple(f"data_batch_{i}" for i in range(1, 6)), ("test_batch",), "batches.meta",
+        "labels", "label_names",
+    ),
+    "cifar100": CifarFormat(
+        "CIFAR-100", "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz", "eb9058c3a382ffc7106e4002c42a8d85",
+        "cifar-100-python", ("train",), ("test",), "meta", "fine_labels", "fine_label_names",
+    ),
+}
+
+# (mean, std) of the training images, per channel, in [0, 1] units.
+STATS = {
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Admits the numpy globals an array needs and nothing else, so a batch file cannot run code."""
+
+    ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+               ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a CIFAR batch")
+        return super().find_class(module, name)
+
+
+def _read(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            entry = _ArrayUnpickler(f, encoding="latin1").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
+        raise DataError(f"{path} is not a readable CIFAR batch ({e}); delete the folder to download it again") from None
+    if not isinstance(entry, dict):
+        raise DataError(f"{path} is not a CIFAR batch (expected a dict, found {type(entry).__name__})")
+    return {k.decode() if isinstance(k, bytes) else k: v for k, v in entry.items()}
+
+
+def find_folder(name: str, root: Path, download: bool) -> Path:
+    """The folder holding the batches: root/<folder>, or root itself; downloads when allowed."""
+    fmt = FORMATS[name]
+    for folder in (root / fmt.folder, root):
+        if folder.is_dir() and any((folder / f).exists() for f in fmt.files):
+            missing = [f for f in fmt.files if not (folder / f).is_file()]
+            if missing:
+                raise DataError(f"{fmt.title} folder {folder} is missing {', '.join(missing)}; delete it and rerun "
+                                f"with data.download=true to fetch a complete copy")
+            return folder
+    if not download:
+        raise DataError(f"no {fmt.title} batches under {root} (expected {root / fmt.folder}); set data.root to the "
+                        f"folder that holds {fmt.folder}/, or data.download=true to download it")
+    _download(fmt, root)
+    return root / fmt.folder
+
+
+def _download(fmt: CifarFormat, root: Path) -> None:
+    archive = root / Path(fmt.url).name
+    try:
+        download_and_extract_archive(fmt.url, download_root=str(root), md5=fmt.md5)
+    except RuntimeError as e:  # torchvision's checksum failure
+        archive.unlink(missing_ok=True)
+        raise DataError(f"the download of {fmt.url} failed its MD5 check ({e}); it was deleted, rerun to try again") from None
+    except (urllib.error.URLError, OSError) as e:
+        archive.unlink(missing_ok=True)
+        raise DataError(f"could not download {fmt.url} ({e}); download and unpack it under {root} by hand, "
+                        f"or point data.root at a folder that holds {fmt.folder}/") from None
+
+
+def load_cifar(name: str, root: str | Path, download: bool = True):
+    """Train and test images (N, 3, 32, 32) uint8 with int64 labels, and the class names."""
+    fmt = FORMATS[name]
+    folder = find_folder(name, Path(root).expanduser(), download)
+
+    def load(files: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        batches = [_read(folder / f) for f in files]
+        try:
+            images = np.concatenate([np.asarray(b["data"], dtype=np.uint8).reshape(-1, 3, 32, 32) for b in batches])
+            labels = np.concatenate([np.asarray(b[fmt.label_key], dtype=np.int64) for b in batches])
+        except (KeyError, ValueError) as e:
+            raise DataError(f"{fmt.title} batches in {folder} are malformed ({e}); delete the folder to download "
+                            f"it again") from None
+        if len(images) != len(labels):
+            raise DataError(f"{fmt.title} batches in {folder} hold {len(images)} images but {len(labels)} labels")
+        return torch.from_numpy(images), torch.from_numpy(labels)
+
+    meta = _read(folder / fmt.meta_file)
+    class_names = [n.decode() if isinstance(n, bytes) else str(n) for n in meta.get(fmt.names_key, [])]
+    train, test = load(fmt.train_files), load(fmt.test_files)
+    top = int(max(train[1].max(), test[1].max()))
+    if top >= len(class_names):
+        raise DataError(f"{fmt.title} labels go up to {top} but {fmt.meta_file} names {len(class_names)} classes")
+    return train, test, class_names

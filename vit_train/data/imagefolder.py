@@ -1,0 +1,56 @@
+"""ImageNet-style folders: root/train/<class>/* and root/val/<class>/*, classes named by train/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from ..errors import DataError
+
+# ImageNet's per-channel mean and std, the usual choice for natural images.
+STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+class _FixedClassFolder(ImageFolder):
+    """An ImageFolder whose class list is given (the train split's), not read from its own folder."""
+
+    def __init__(self, root: Path, classes: list[str], allow_empty: bool):
+        self._given_classes = classes
+        super().__init__(str(root), allow_empty=allow_empty)  # images are opened as RGB by the default loader
+
+    def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
+        return self._given_classes, {c: i for i, c in enumerate(self._given_classes)}
+
+
+def load_image_folders(root: str | Path) -> tuple[ImageFolder, ImageFolder, list[str]]:
+    """Train and val data sets yielding (PIL RGB image, label), and the class names."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise DataError(f"data.root {root} does not exist; point it at a folder holding train/ and val/")
+    splits = {name: root / name for name in ("train", "val")}
+    missing = [name + "/" for name, path in splits.items() if not path.is_dir()]
+    if missing:
+        raise DataError(f"data.root {root} has no {' or '.join(missing)}; the layout is "
+                        f"root/train/<class>/*.jpg and root/val/<class>/*.jpg")
+    classes = sorted(p.name for p in splits["train"].iterdir() if p.is_dir())
+    if not classes:
+        raise DataError(f"{splits['train']} has no class folders; put each class's images in train/<class>/")
+    extra = sorted({p.name for p in splits["val"].iterdir() if p.is_dir()} - set(classes))
+    if extra:
+        raise DataError(f"{splits['val']} has class folders that train/ lacks: {', '.join(extra)}")
+    try:
+        train = _FixedClassFolder(splits["train"], classes, allow_empty=False)
+    except FileNotFoundError:
+        empty = [c for c in classes if not any(_is_image(p) for p in (splits["train"] / c).rglob("*"))]
+        raise DataError(f"class folder(s) with no images in {splits['train']}: {', '.join(empty)} "
+                        f"(image types: {' '.join(IMG_EXTENSIONS)}); add images or remove the folder") from None
+    val = _FixedClassFolder(splits["val"], classes, allow_empty=True)
+    if len(val) == 0:
+        raise DataError(f"{splits['val']} holds no images; put validation images in val/<class>/")
+    return train, val, classes
+
+
+def _is_image(path: Path) -> bool:
+    return path.is_file() and path.suffix.lower() in IMG_EXTENSIONS
