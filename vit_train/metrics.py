@@ -1,0 +1,64 @@
+"""Where a run's numbers go: TensorBoard, metrics.jsonl, results.json and train.log."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from torch.utils.tensorboard import SummaryWriter
+
+log = logging.getLogger("vit_train")
+
+
+class RunLogger:
+    """Writes one run's metrics; on resume at step S, drops what an earlier attempt logged after S."""
+
+    def __init__(self, run_dir: Path, resume_step: int | None = None):
+        self.run_dir = run_dir
+        self.jsonl = run_dir / "metrics.jsonl"
+        if resume_step is not None:
+            self._truncate_jsonl(resume_step)
+        # purge_step hides events an interrupted attempt wrote after the checkpoint: no duplicate steps.
+        self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=None if resume_step is None else resume_step + 1)
+        self.file_handler = logging.FileHandler(run_dir / "train.log")
+        self.file_handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s] %(message)s"))
+        log.addHandler(self.file_handler)
+        if log.level == logging.NOTSET:
+            log.setLevel(logging.INFO)
+
+    def _truncate_jsonl(self, step: int) -> None:
+        if not self.jsonl.exists():
+            return
+        lines = self.jsonl.read_text().splitlines()
+        kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+        write_atomic(self.jsonl, "".join(line + "\n" for line in kept))
+
+    def scalars(self, split: str, step: int, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            self.tb.add_scalar(f"{split}/{name}", value, step)
+        with open(self.jsonl, "a") as f:
+            f.write(json.dumps({"split": split, "step": step, **values}) + "\n")
+
+    def config(self, config: dict[str, Any], step: int) -> None:
+        text = yaml.safe_dump(config, sort_keys=False)
+        self.tb.add_text("config", "    " + text.replace("\n", "\n    "), step)  # indented: shown as code
+        log.info("config:\n%s", text.rstrip())
+
+    def close(self) -> None:
+        self.tb.close()
+        log.removeHandler(self.file_handler)
+        self.file_handler.close()
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_results(run_dir: Path, results: dict[str, Any]) -> None:
+    write_atomic(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
