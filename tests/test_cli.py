@@ -1,0 +1,84 @@
+"""The real command line, in a subprocess, run from a directory that is not the checkout."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=16", "data.train_size=128",
+        "data.val_size=64", "data.batch_size=32", "trainer.device=cpu", "trainer.progress=false"]
+
+
+def vit_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "vit_train", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_train_from_another_directory_writes_the_run_layout(tmp_path):
+    done = vit_train(*TINY, "trainer.max_steps=3", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    runs = list((tmp_path / "outputs").glob("*/*"))
+    assert len(runs) == 1
+    run = runs[0]
+    assert len(run.parent.name) == 10 and len(run.name) == 8  # outputs/YYYY-MM-DD/HH-MM-SS
+    for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "train.log", "metrics.jsonl", "results.json",
+                 "checkpoints/last.pt", "checkpoints/best.pt"):
+        assert (run / name).is_file(), name
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    assert json.loads((run / "results.json").read_text())["steps"] == 3
+    assert "done: best top-1" in done.stdout
+
+
+def test_resume_a_run_directory_continues_there_with_its_saved_config(tmp_path):
+    run = tmp_path / "run"
+    first = vit_train(*TINY, "trainer.max_steps=3", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    # only the new limit is given: the tiny model and data come from the checkpoint's config
+    again = vit_train(f"resume={run}", "trainer.max_steps=6", "trainer.progress=false", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((run / "results.json").read_text())["steps"] == 6
+    assert not (tmp_path / "outputs").exists()  # no new run directory
+    assert "resumed from" in (run / "train.log").read_text()
+    assert "trainer.max_steps: 3 -> 6" in again.stdout
+    assert "model.depth=2" in (run / ".hydra" / "overrides.yaml").read_text()  # the original record is kept
+
+    group = vit_train(f"resume={run}", "model=vit_tiny", cwd=tmp_path)
+    assert group.returncode == 2 and "picks a config group" in group.stderr
+
+
+def test_print_config(tmp_path):
+    done = vit_train("--cfg", "job", "model=vit_base", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "embed_dim: 768" in done.stdout and "num_heads: 12" in done.stdout
+    assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["optim.learning_rate=1e-3"], "unknown config key 'optim.learning_rate'; did you mean 'optim.lr'?"),
+    (["model.patch_size=5"], "model.img_size (32) must be divisible by model.patch_size (5)"),
+    (["model.embed_dim=100", "model.num_heads=3"], "model.embed_dim (100) must be divisible by model.num_heads (3)"),
+    (["data.batch_size=0"], "data.batch_size must be > 0"),
+    (["optim.lr=0"], "optim.lr must be > 0"),
+    (["trainer.precision=fp8"], "trainer.precision must be one of auto, bf16, fp16, fp32"),
+    (["data=imagefolder"], "needs data.root"),
+    (["data=imagefolder", "data.root={tmp}"], "has no train/ or val/"),
+    (["data=cifar10", "data.root={tmp}", "data.download=false"], "no CIFAR-10 batches under"),
+    (["resume={tmp}/missing"], "does not exist"),
+])
+def test_bad_input_is_one_clear_line_and_leaves_nothing_behind(tmp_path, args, message):
+    done = vit_train(*[a.format(tmp=tmp_path) for a in args], cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("vit-train: error: ")
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not list(tmp_path.glob("outputs/*/*"))
+
+
+def test_unknown_group_option_lists_the_valid_ones(tmp_path):
+    done = vit_train("model=vit_huge", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "Could not find 'model/vit_huge'" in done.stderr and "vit_tiny" in done.stderr

@@ -1,0 +1,97 @@
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from vit_train.cli import _config_dir, check_override_keys
+from vit_train.config import Config, known_keys
+from vit_train.errors import ConfigError
+
+CONFIGS = Path(_config_dir())
+GROUP_FILES = sorted(
+    (path.parent.name, path.stem) for path in CONFIGS.glob("*/*.yaml") if path.parent.name != "hydra"
+)
+NEEDS = {("data", "imagefolder"): ["data.root=/somewhere"]}
+
+
+def composed(overrides: list[str]) -> dict:
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
+
+
+def test_every_group_has_files():
+    groups = {group for group, _ in GROUP_FILES}
+    assert {"model", "data", "aug", "optim", "schedule", "trainer", "experiment"} <= groups
+
+
+@pytest.mark.parametrize("group, name", GROUP_FILES)
+def test_every_config_file_composes_and_validates(group, name):
+    cfg = Config.from_dict(composed([f"{group}={name}", *NEEDS.get((group, name), [])]))
+    if group in ("model", "data", "optim", "schedule", "aug"):
+        assert getattr(cfg, group).name == name
+
+
+def test_defaults_are_the_quick_demo():
+    cfg = Config.from_dict(composed([]))
+    assert (cfg.model.name, cfg.data.name) == ("vit_micro", "shapes")
+
+
+@pytest.mark.parametrize("data, size, patch", [("cifar10", 32, 4), ("cifar100", 32, 4), ("imagefolder", 224, 16),
+                                               ("shapes", 32, 4)])
+def test_image_and_patch_size_default_from_the_data_set(data, size, patch):
+    cfg = Config.from_dict(composed([f"data={data}", "model=vit_tiny", *NEEDS.get(("data", data), [])]))
+    assert (cfg.model.img_size, cfg.model.patch_size) == (size, patch)
+
+
+def test_explicit_sizes_win_over_data_defaults():
+    cfg = Config.from_dict(composed(["data=cifar10", "model.patch_size=8", "model.img_size=64"]))
+    assert (cfg.model.img_size, cfg.model.patch_size) == (64, 8)
+
+
+def test_yaml_keys_are_exactly_schema_keys():
+    """No YAML sets a key the schema lacks (the validator would refuse it at run time)."""
+    valid = set(known_keys())
+    for group, name in GROUP_FILES:
+        plain = OmegaConf.to_container(OmegaConf.load(CONFIGS / group / f"{name}.yaml"))
+        if group == "experiment":
+            continue  # global overlays: validated by test_every_config_file_composes_and_validates
+        plain.pop("defaults", None)
+        for key in plain:
+            assert f"{group}.{key}" in valid, f"{group}/{name}.yaml: {key}"
+
+
+@pytest.mark.parametrize("plain, message", [
+    ({"model": {"embed_dimm": 64}}, "unknown config key 'model.embed_dimm'; did you mean 'model.embed_dim'"),
+    ({"optimizer": {}}, "unknown config key 'optimizer'; did you mean 'optim'"),
+    ({"optim": {"lr": "fast"}}, "optim.lr must be a number, got 'fast'"),
+    ({"model": {"depth": 2.5}}, "model.depth must be an integer, got 2.5"),
+    ({"trainer": {"compile": "yes"}}, "trainer.compile must be true or false"),
+    ({"model": {"pool": "max"}}, "model.pool must be one of cls, mean; got 'max'"),
+    ({"model": {"img_size": 30, "patch_size": 4}}, "model.img_size (30) must be divisible by model.patch_size (4)"),
+    ({"model": {"embed_dim": 64, "num_heads": 3}}, "model.embed_dim (64) must be divisible by model.num_heads (3)"),
+    ({"data": {"batch_size": 0}}, "data.batch_size must be > 0, got 0"),
+    ({"optim": {"lr": 0.0}}, "optim.lr must be > 0, got 0.0"),
+    ({"optim": {"lr": -1}}, "optim.lr must be > 0, got -1"),
+    ({"data": {"name": "imagefolder"}}, "data=imagefolder needs data.root"),
+    ({"data": {"batch_size": 10}, "trainer": {"accum_steps": 3}}, "must be divisible by trainer.accum_steps"),
+    ({"model": {"drop_path": 1.0}}, "model.drop_path must be in [0, 1)"),
+    ({"schedule": {"min_lr": 1.0}}, "schedule.min_lr (1.0) must be between 0 and optim.lr"),
+])
+def test_bad_config_is_refused_naming_the_key(plain, message):
+    with pytest.raises(ConfigError) as info:
+        Config.from_dict(plain)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_command_line_key_is_refused_with_a_suggestion():
+    with pytest.raises(ConfigError, match=r"did you mean 'optim.weight_decay'"):
+        check_override_keys(["model=vit_tiny", "optim.weight_dacay=0.1"])
+    check_override_keys(["model=vit_tiny", "optim.lr=1e-3", "hydra.run.dir=x", "+model.depth=3", "-m"])
+
+
+def test_ints_widen_to_floats_and_config_round_trips():
+    cfg = Config.from_dict({"optim": {"lr": 1}})
+    assert isinstance(cfg.optim.lr, float)
+    assert Config.from_dict(cfg.to_dict()) == cfg
