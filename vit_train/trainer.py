@@ -49,7 +49,11 @@ def due(step: int, every: int | None) -> bool:
 def pick_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("trainer.device=cuda but no CUDA GPU is visible; use trainer.device=auto or cpu")
-    return torch.device("cuda" if name != "cpu" and torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda" if name != "cpu" and torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 for fp32 matmuls on Ampere and newer
+        torch.backends.cudnn.allow_tf32 = True
+    return device
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:

@@ -14,7 +14,7 @@ from .sampler import EpochSampler, TensorImages, TransformedDataset
 from .shapes import CLASS_NAMES as SHAPES_CLASSES, generate_shapes
 from .transforms import build_transforms
 
-SHAPES_STATS = ((0.5, 0.5, 0.5), (0.3, 0.3, 0.3))
+SHAPES_STATS = ((0.28, 0.28, 0.28), (0.236, 0.236, 0.236))  # measured on 10k images; the same at any size
 
 
 @dataclass
