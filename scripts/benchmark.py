@@ -101,7 +101,8 @@ def main() -> None:
 
     setting = {"model": args.model, "img_size": args.img_size, "patch_size": args.patch_size,
                "batch_size": args.batch_size, "device": str(device), "compile": args.compile,
-               "threads": torch.get_num_threads(), "torch": str(torch.__version__), "cpu": platform.processor()}
+               "threads": torch.get_num_threads(), "torch": str(torch.__version__), "machine": platform.machine(),
+               "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None}
     if args.json:
         print(json.dumps({"setting": setting, "results": results}, indent=2))
         return
