@@ -64,7 +64,7 @@ def check_override_keys(args: list[str]) -> None:
         if arg.startswith("-") or "=" not in arg:
             continue
         key = arg.split("=", 1)[0].lstrip("+~")
-        if key.split(".")[0] in ("hydra",) or key in GROUPS or key.split("/")[0] in GROUPS and "/" in key:
+        if key in GROUPS or "/" in key or key.split(".")[0] == "hydra":  # group choices and Hydra's own keys
             continue
         if key not in valid:
             raise ConfigError(unknown_key_message(key, valid))

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from torch.utils.tensorboard import SummaryWriter
 
@@ -52,6 +54,50 @@ class RunLogger:
         self.tb.close()
         log.removeHandler(self.file_handler)
         self.file_handler.close()
+
+
+class TrainWindow:
+    """Train metrics between two logs, summed on the device and read once per log (one host sync).
+
+    The clock runs only between start() and pause(), so evaluation and checkpoint writes do not
+    count as training time.
+    """
+
+    def __init__(self, device: torch.device):
+        self.loss = torch.zeros((), device=device)
+        self.grad_norm: torch.Tensor | None = None
+        self.steps = self.images = 0
+        self.seconds = 0.0
+        self._started: float | None = None
+
+    def start(self) -> None:
+        self._started = time.perf_counter()
+
+    def pause(self) -> None:
+        if self._started is not None:
+            self.seconds += time.perf_counter() - self._started
+            self._started = None
+
+    def add(self, loss: torch.Tensor, grad_norm: torch.Tensor, images: int) -> None:
+        self.loss += loss
+        self.grad_norm = grad_norm
+        self.steps += 1
+        self.images += images
+
+    def read(self) -> tuple[dict[str, float], int, float]:
+        """(mean loss, last gradient norm and images/s; images; seconds) since the last read.
+
+        Starts a new window.
+        """
+        self.pause()
+        values = {"loss": self.loss.item() / self.steps, "grad_norm": float(self.grad_norm),
+                  "images_per_s": self.images / max(self.seconds, 1e-9)}
+        read = (values, self.images, self.seconds)
+        self.loss.zero_()
+        self.steps = self.images = 0
+        self.seconds = 0.0
+        self.start()
+        return read
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -24,7 +24,7 @@ from .checkpoint import (check_compatible, copy_checkpoint, load_checkpoint, res
 from .config import Config
 from .data import build_data
 from .errors import CheckpointError, ConfigError
-from .metrics import RunLogger, write_results
+from .metrics import RunLogger, TrainWindow, write_results
 from .model import build_model
 from .optim import build_optimizer, build_scheduler
 
@@ -38,8 +38,8 @@ class TrainState:
     batch_in_epoch: int = 0  # batches of the current epoch already trained on
     best_top1: float = -1.0  # best val top-1 so far (%), -1 before the first eval
     best_step: int = 0
-    train_seconds: float = 0.0  # time inside training steps, for images/s
-    images_seen: int = 0
+    images_seen: int = 0  # training images processed, and the seconds they took: for images/s
+    train_seconds: float = 0.0
 
 
 def due(step: int, every: int | None) -> bool:
@@ -117,13 +117,13 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
         return metrics
 
     metrics: dict[str, float] = {}
-    window = {"loss": torch.zeros((), device=device), "steps": 0, "images": 0, "seconds": 0.0, "grad_norm": None}
+    window = TrainWindow(device)
     with logging_redirect_tqdm():
         while state.step < total_steps:
             data.train_sampler.set_epoch(state.epoch, start=state.batch_in_epoch * cfg.data.batch_size)
             bar = tqdm(total=data.steps_per_epoch, initial=state.batch_in_epoch, disable=not t.progress,
                        desc=f"epoch {state.epoch + 1}/{t.epochs}", dynamic_ncols=True, leave=False)
-            tic = time.perf_counter()
+            window.start()
             for images, targets in data.train_loader:
                 images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
                 loss, grad_norm = train_step(step_fn, model, images, targets, optimizer, scaler, criterion,
@@ -131,29 +131,24 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
                 scheduler.step()
                 state.step += 1
                 state.batch_in_epoch += 1
-                window["loss"] += loss
-                window["grad_norm"] = grad_norm
-                window["steps"] += 1
-                window["images"] += len(images)
+                window.add(loss, grad_norm, len(images))
                 bar.update()
                 if due(state.step, t.log_every) or state.step == total_steps:
-                    window["seconds"] += time.perf_counter() - tic
                     log_train(logger, bar, window, state, scheduler.get_last_lr()[0])
-                    tic = time.perf_counter()
                 epoch_done = state.batch_in_epoch == data.steps_per_epoch
                 if epoch_done:
                     state.epoch, state.batch_in_epoch = state.epoch + 1, 0
                 final = state.step >= total_steps
+                window.pause()
                 if final or (due(state.step, t.eval_every) if t.eval_every else epoch_done):
-                    window["seconds"] += time.perf_counter() - tic
                     metrics = run_eval()
                     save(metrics)
-                    tic = time.perf_counter()
                 elif epoch_done or due(state.step, t.ckpt_every):
                     save(None)
                 if final:
                     break
-            window["seconds"] += time.perf_counter() - tic
+                window.start()
+            window.pause()
             bar.close()
         if not metrics:  # resumed a run that had already finished
             log.info("the run already reached its last step (%d); raise trainer.epochs or trainer.max_steps to "
@@ -216,16 +211,13 @@ def evaluate(model: nn.Module, loader, device: torch.device, amp_dtype: torch.dt
     return {"loss": loss / count, "top1": 100 * top1 / count, "top5": 100 * top5 / count}
 
 
-def log_train(logger: RunLogger, bar, window: dict, state: TrainState, lr: float) -> None:
-    """Read the device-side sums (the one host sync per log interval), log them, reset the window."""
-    loss = window["loss"].item() / window["steps"]
-    images_per_s = window["images"] / max(window["seconds"], 1e-9)
-    values = {"loss": loss, "lr": lr, "grad_norm": float(window["grad_norm"]), "images_per_s": images_per_s}
+def log_train(logger: RunLogger, bar, window: TrainWindow, state: TrainState, lr: float) -> None:
+    values, images, seconds = window.read()
+    values["lr"] = lr
+    state.images_seen += images
+    state.train_seconds += seconds
     logger.scalars("train", state.step, values)
-    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", img_s=f"{images_per_s:.0f}")
-    state.images_seen += window["images"]
-    state.train_seconds += window["seconds"]
-    window.update(loss=torch.zeros_like(window["loss"]), steps=0, images=0, seconds=0.0)
+    bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{lr:.2e}", img_s=f"{values['images_per_s']:.0f}")
 
 
 def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, state: TrainState, cfg: Config,
