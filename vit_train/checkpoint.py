@@ -6,6 +6,8 @@ in it is a pickled object, so loading one cannot run code.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import platform
 import random
@@ -21,6 +23,8 @@ import torchvision
 from . import __version__
 from .errors import CheckpointError
 
+log = logging.getLogger("vit_train")
+
 FORMAT_VERSION = 1
 REQUIRED_KEYS = ("model", "optimizer", "scheduler", "epoch", "step", "batch_in_epoch", "config", "class_names")
 # Config keys that fix the model's shape or the meaning of its outputs: a resumed run may not change them.
@@ -29,15 +33,46 @@ STRUCTURE_KEYS = ("model.img_size", "model.patch_size", "model.embed_dim", "mode
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
-    """Write to a temporary file in the same folder, fsync it, then rename it over `path`."""
+    """Write to a temporary file in the same folder, fsync and verify it, then rename it over `path`.
+
+    A failed write (disk full, a crash) leaves the previous `path` untouched and no temporary file.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        torch.load(tmp, map_location="cpu", weights_only=True, mmap=True)  # verify: a complete, loadable archive
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, (OSError, RuntimeError)):
+            raise CheckpointError(f"could not write {path} ({e}); the previous checkpoint there is intact") from None
+        raise
     _fsync_dir(path.parent)
+
+
+def save_run_checkpoint(state: dict[str, Any], folder: Path, keep_last: int, best: bool) -> None:
+    """last.pt, plus step_<N>.pt for the `keep_last` newest saves when keep_last > 1, plus best.pt.
+
+    The step files and best.pt are hard links to a last.pt version (copies where links are not
+    supported); the oldest step files are removed only once the new checkpoint is safely written.
+    """
+    last = folder / "last.pt"
+    save_checkpoint(state, last)
+    if keep_last > 1:
+        copy_checkpoint(last, folder / f"step_{state['step']:08d}.pt")
+        for old in step_files(folder)[keep_last:]:
+            old.unlink()
+    if best:
+        copy_checkpoint(last, folder / "best.pt")
+
+
+def step_files(folder: Path) -> list[Path]:
+    """step_<N>.pt files, newest first."""
+    return sorted(folder.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]), reverse=True)
 
 
 def copy_checkpoint(src: Path, dst: Path) -> None:
@@ -86,22 +121,48 @@ def _load_failure(error: Exception) -> str:
     return first[:200]
 
 
-def resolve_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
-    """The checkpoint to resume from: None (start fresh), `auto` (run_dir's last.pt if any), or a path."""
+def run_checkpoints(run_dir: Path) -> list[Path]:
+    """A run's checkpoints, newest first: last.pt, step_<N>.pt, best.pt (one path per file on disk)."""
+    folder = run_dir / "checkpoints"
+    seen, found = set(), []
+    for path in [folder / "last.pt", *step_files(folder), folder / "best.pt"]:
+        if path.is_file() and (key := (path.stat().st_dev, path.stat().st_ino)) not in seen:
+            seen.add(key)
+            found.append(path)
+    return found
+
+
+def find_resume_checkpoint(resume: str | None, run_dir: Path, mmap: bool = False) -> tuple[Path, dict] | None:
+    """The checkpoint to resume from, loaded: None (start fresh), `auto`, a run directory or a file.
+
+    `auto` and a run directory take the newest readable checkpoint of the run, reporting (and
+    passing over) unreadable ones; `auto` starts fresh when the run has none. A file is that file.
+    """
     if resume is None:
         return None
     if resume == "auto":
-        last = run_dir / "checkpoints" / "last.pt"
-        return last if last.is_file() else None
-    path = Path(resume).expanduser()
-    if path.is_file():
-        return path
-    if not path.exists():
-        raise CheckpointError(f"resume path {path} does not exist; give a run directory or a .pt checkpoint")
-    for candidate in (path / "checkpoints" / "last.pt", path / "last.pt"):
-        if candidate.is_file():
-            return candidate
-    raise CheckpointError(f"{path} holds no checkpoints/last.pt; give a run directory that has one, or a .pt file")
+        candidates = run_checkpoints(run_dir)
+        if not candidates:
+            return None
+    else:
+        path = Path(resume).expanduser()
+        if path.is_file():
+            return path, load_checkpoint(path, mmap)
+        if not path.exists():
+            raise CheckpointError(f"resume path {path} does not exist; give a run directory or a .pt checkpoint")
+        candidates = run_checkpoints(path.parent if path.name == "checkpoints" else path)
+        if not candidates:
+            raise CheckpointError(f"{path} holds no checkpoints; give a run directory that has checkpoints/last.pt, "
+                                  f"or a .pt file")
+    failures = []
+    for candidate in candidates:
+        try:
+            return candidate, load_checkpoint(candidate, mmap)
+        except CheckpointError as e:
+            log.warning("%s; trying the next newest", e)
+            failures.append(candidate.name)
+    raise CheckpointError(f"none of the checkpoints in {candidates[0].parent} can be read ({', '.join(failures)}); "
+                          f"start a new run in another directory")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -160,3 +221,36 @@ def restore_rng(state: dict[str, Any]) -> None:
 def versions() -> dict[str, str]:
     return {"vit_train": __version__, "torch": str(torch.__version__), "torchvision": str(torchvision.__version__),
             "python": platform.python_version(), "format": str(FORMAT_VERSION)}
+
+
+def export_safetensors(ckpt: dict[str, Any], path: Path) -> None:
+    """The checkpoint's model weights as safetensors, with the config and class names as metadata."""
+    from safetensors.torch import save_file
+
+    metadata = {"format": "vit-train", "config": json.dumps(ckpt["config"]),
+                "class_names": json.dumps(ckpt["class_names"])}
+    save_file({k: v.contiguous() for k, v in ckpt["model"].items()}, str(path), metadata=metadata)
+
+
+def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(state dict, metadata) from a .safetensors file, a vit-train checkpoint or a plain state dict."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                weights = {k: f.get_tensor(k) for k in f.keys()}
+                metadata = f.metadata() or {}
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{path} is not a readable safetensors file ({e})") from None
+        return weights, {k: json.loads(v) if k in ("config", "class_names") else v for k, v in metadata.items()}
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"{path} cannot be read ({_load_failure(e)})") from None
+    if isinstance(data, dict) and "model" in data and isinstance(data["model"], dict):
+        return data["model"], {"config": data.get("config"), "class_names": data.get("class_names")}
+    if isinstance(data, dict) and all(isinstance(v, torch.Tensor) for v in data.values()):
+        return data, {}
+    raise CheckpointError(f"{path} holds neither a vit-train checkpoint nor a state dict of tensors")

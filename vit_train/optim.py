@@ -58,5 +58,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, cfg: S
     cosine = cfg.name == "cosine"
     for group in optimizer.param_groups:
         group["initial_lr"] = optim.lr
-    return LambdaLR(optimizer, lambda step: lr_factor(step, warmup, total_steps, min_ratio, cosine),
-                    last_epoch=start_step - 1)
+    scheduler = LambdaLR(optimizer, lambda step: lr_factor(step, warmup, total_steps, min_ratio, cosine),
+                         last_epoch=start_step - 1)
+    scheduler._step_count = start_step + 1  # what an uninterrupted run's scheduler counts (it checks call order)
+    return scheduler
