@@ -2,6 +2,7 @@ import hashlib
 import http.server
 import io
 import pickle
+import shutil
 import tarfile
 import threading
 from functools import partial
@@ -171,21 +172,24 @@ def make_folders(root: Path) -> None:
     write_image(root / "train" / "cat" / "b.png", "L", (20, 20))  # grey
     write_image(root / "train" / "dog" / "c.png", "RGBA", (50, 64))
     write_image(root / "train" / "dog" / "d.jpg", "CMYK", (33, 17))
-    write_image(root / "val" / "dog" / "e.png", "P", (32, 32))  # palette; val has no cat: fine
+    write_image(root / "val" / "cat" / "e.png", "P", (32, 32))  # palette
+    write_image(root / "val" / "dog" / "f.png", "I;16", (32, 32))  # 16-bit grey
+    (root / "train" / "dog" / "notes.txt").write_text("not an image")  # ignored: not an image extension
 
 
 def test_image_folders_convert_every_mode_to_rgb(tmp_path, make_config):
     make_folders(tmp_path)
     train, val, classes = load_image_folders(tmp_path)
-    assert classes == ["cat", "dog"] and len(train) == 4 and len(val) == 1
-    assert val[0][1] == 1  # val uses train's class indices
+    assert classes == ["cat", "dog"] and len(train) == 4 and len(val) == 2
+    assert [label for _, label in val.samples] == [0, 1]
     cfg = make_config(data={"name": "imagefolder", "root": str(tmp_path), "batch_size": 2},
                       model={"img_size": 32, "patch_size": 8})
     data = build_data(cfg, torch.device("cpu"))
-    images, labels = next(iter(data.train_loader))
+    images, labels, unreadable = next(iter(data.train_loader))
     assert images.shape == (2, 3, 32, 32) and images.dtype == torch.float32
-    val_images, _ = next(iter(data.val_loader))
-    assert val_images.shape == (1, 3, 32, 32)
+    assert unreadable.tolist() == [-1, -1]
+    val_images, _, _ = next(iter(data.val_loader))
+    assert val_images.shape == (2, 3, 32, 32)
 
 
 @pytest.mark.parametrize("breakage, message", [
@@ -193,7 +197,8 @@ def test_image_folders_convert_every_mode_to_rgb(tmp_path, make_config):
     (lambda root: (root / "train").mkdir(parents=True), "has no val/"),
     (lambda root: (make_folders(root), (root / "train" / "cat" / "a.png").unlink(),
                    (root / "train" / "cat" / "b.png").unlink()), "with no images in .*: cat"),
-    (lambda root: (make_folders(root), (root / "val" / "bird").mkdir()), "class folders that train/ lacks: bird"),
+    (lambda root: (make_folders(root), (root / "val" / "bird").mkdir()), "train lacks class folder.s. bird"),
+    (lambda root: (make_folders(root), shutil.rmtree(root / "val" / "cat")), "val lacks class folder.s. cat"),
     (lambda root: ((root / "train").mkdir(parents=True), (root / "val").mkdir()), "has no class folders"),
 ])
 def test_bad_image_folders_are_explained(tmp_path, breakage, message):
@@ -225,10 +230,10 @@ def test_seeded_augmentation_is_repeatable_and_leaves_the_global_rng_alone():
     torch.manual_seed(0)
     expected_next = torch.rand(1)
     torch.manual_seed(0)
-    a, _ = data[(2, 12345)]
+    a, _, _ = data[(2, 12345)]
     assert torch.equal(torch.rand(1), expected_next)
-    b, _ = data[(2, 12345)]
-    c, _ = data[(2, 999)]
+    b, _, _ = data[(2, 12345)]
+    c, _, _ = data[(2, 999)]
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
@@ -240,10 +245,59 @@ def test_batches_do_not_depend_on_the_number_of_workers(make_config):
         data.train_sampler.set_epoch(1)
         batches[workers] = [b for b in data.train_loader]
     assert len(batches[0]) == 3
-    for (x0, y0), (x2, y2) in zip(batches[0], batches[2]):
+    for (x0, y0, _), (x2, y2, _) in zip(batches[0], batches[2]):
         assert torch.equal(x0, x2) and torch.equal(y0, y2)
 
 
 def test_batch_larger_than_the_data_set_is_refused(make_config):
     with pytest.raises(DataError, match="larger than the training set"):
         build_data(make_config(data={"train_size": 16, "batch_size": 32}), torch.device("cpu"))
+
+
+# --- unreadable images ----------------------------------------------------------------------------
+
+def make_faulty_folders(root: Path) -> None:
+    """Readable images plus a truncated PNG, an empty .jpg and a text file."""
+    for split, count in (("train", 6), ("val", 2)):
+        for cls in ("cat", "dog"):
+            for i in range(count):
+                write_image(root / split / cls / f"{i}.png", "RGB", (20, 20))
+    good = (root / "train" / "cat" / "0.png").read_bytes()
+    Image.effect_noise((64, 64), 50).convert("RGB").save(root / "train" / "cat" / "big.png")
+    truncated = (root / "train" / "cat" / "big.png").read_bytes()
+    (root / "train" / "cat" / "big.png").write_bytes(truncated[: len(truncated) // 2])
+    (root / "train" / "dog" / "empty.jpg").write_bytes(b"")
+    (root / "train" / "dog" / "readme.txt").write_text("notes")
+    assert good  # the readable ones stay readable
+
+
+def test_unreadable_images_are_replaced_logged_once_and_counted(tmp_path, make_config, caplog):
+    make_faulty_folders(tmp_path)
+    cfg = make_config(data={"name": "imagefolder", "root": str(tmp_path), "batch_size": 2, "max_bad_fraction": 0.5},
+                      model={"img_size": 16, "patch_size": 8})
+    data = build_data(cfg, torch.device("cpu"))
+    assert len(data.train_loader.dataset) == 14  # 12 good + truncated + empty; readme.txt ignored
+    for _ in range(2):  # two epochs: each bad path is logged once, counted each time
+        data.train_sampler.set_epoch(0)
+        for images, labels, unreadable in data.train_loader:
+            assert torch.isfinite(images).all()
+            data.train_unreadable.check(unreadable)
+    warnings = [r.getMessage() for r in caplog.records if "unreadable train image replaced" in r.getMessage()]
+    assert len(warnings) == 2 and any("big.png" in w for w in warnings) and any("empty.jpg" in w for w in warnings)
+    assert data.train_unreadable.replaced == 4
+    data.train_unreadable.report(epoch=1)
+    assert data.train_unreadable.replaced == 0 and "4 unreadable train images replaced" in caplog.text
+
+
+def test_unreadable_images_stop_the_run_in_error_mode_and_past_the_fraction(tmp_path, make_config):
+    from vit_train.trainer import train
+    make_faulty_folders(tmp_path)
+    base = {"name": "imagefolder", "root": str(tmp_path), "batch_size": 2}
+    model = {"img_size": 16, "patch_size": 8}
+    with pytest.raises(DataError, match=r"(big.png|empty.jpg) cannot be read .*set data.bad_images=skip"):
+        train(make_config(data={**base, "bad_images": "error"}, model=model), tmp_path / "run_error")
+    with pytest.raises(DataError, match=r"2 of 14 train images are unreadable, more than data.max_bad_fraction=0.1"):
+        train(make_config(data={**base, "max_bad_fraction": 0.1}, model=model), tmp_path / "run_fraction")
+    results = train(make_config(data={**base, "max_bad_fraction": 0.2}, model=model,
+                                trainer={"max_steps": 14}), tmp_path / "run_skip")
+    assert results["status"] == "completed" and results["steps"] == 14

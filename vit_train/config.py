@@ -53,6 +53,8 @@ class DataConfig:
     train_size: int = 10000  # shapes only: number of training images
     val_size: int = 2000  # shapes only: number of validation images
     seed: int = 0  # shapes only: seed of the generated images (independent of the run's seed)
+    bad_images: Literal["skip", "error"] = "skip"  # image folders: replace an unreadable image, or stop
+    max_bad_fraction: float = 0.01  # skip: stop once more than this fraction of a split is unreadable
 
 
 @dataclass
@@ -94,6 +96,9 @@ class TrainerConfig:
     ckpt_every: Optional[int] = None  # also write last.pt every N steps; null = each epoch only
     log_every: int = 50  # steps between train metric logs
     progress: bool = True  # tqdm progress bars
+    keep_last: int = 2  # checkpoint versions kept (last.pt plus step_<N>.pt files); resume falls back on them
+    max_bad_steps: int = 20  # consecutive steps with a non-finite loss or gradient norm before the run stops
+    ema_decay: Optional[float] = None  # exponential moving average of the weights; null = off, e.g. 0.9998
 
 
 @dataclass
@@ -130,8 +135,10 @@ class Config:
             ("data.batch_size", d.batch_size), ("data.train_size", d.train_size),
             ("data.val_size", d.val_size), ("optim.lr", self.optim.lr),
             ("trainer.epochs", t.epochs), ("trainer.accum_steps", t.accum_steps),
-            ("trainer.log_every", t.log_every),
+            ("trainer.log_every", t.log_every), ("trainer.keep_last", t.keep_last),
+            ("trainer.max_bad_steps", t.max_bad_steps),
         )
+        _require(t.ema_decay is None or 0.0 < t.ema_decay < 1.0, f"trainer.ema_decay must be in (0, 1), got {t.ema_decay}")
         for key, value in (("data.eval_batch_size", d.eval_batch_size), ("trainer.max_steps", t.max_steps),
                            ("trainer.eval_every", t.eval_every), ("trainer.ckpt_every", t.ckpt_every),
                            ("optim.clip_grad", self.optim.clip_grad)):
@@ -148,6 +155,7 @@ class Config:
             _require(0.0 <= value < 1.0, f"{key} must be in [0, 1), got {value}")
         _require(0.0 <= self.aug.hflip <= 1.0, f"aug.hflip must be in [0, 1], got {self.aug.hflip}")
         _require(0.0 < self.aug.scale_min <= 1.0, f"aug.scale_min must be in (0, 1], got {self.aug.scale_min}")
+        _require(0.0 <= d.max_bad_fraction <= 1.0, f"data.max_bad_fraction must be in [0, 1], got {d.max_bad_fraction}")
         _require(d.num_workers >= 0, f"data.num_workers must be >= 0, got {d.num_workers}")
         _require(d.batch_size % t.accum_steps == 0, f"data.batch_size ({d.batch_size}) must be divisible "
                  f"by trainer.accum_steps ({t.accum_steps})")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils.data import DataLoader
@@ -14,7 +17,41 @@ from .sampler import EpochSampler, TensorImages, TransformedDataset
 from .shapes import CLASS_NAMES as SHAPES_CLASSES, generate_shapes
 from .transforms import build_transforms
 
+log = logging.getLogger("vit_train")
+
 SHAPES_STATS = ((0.28, 0.28, 0.28), (0.236, 0.236, 0.236))  # measured on 10k images; the same at any size
+
+
+class UnreadableImages:
+    """Unreadable images met in one split: each logged once; `error` mode stops at the first, `skip`
+    mode once more than `max_fraction` of the split is unreadable."""
+
+    def __init__(self, base, split: str, mode: str, max_fraction: float):
+        self.base, self.split, self.mode, self.max_fraction = base, split, mode, max_fraction
+        self.seen: set[int] = set()
+        self.replaced = 0  # replacements since the last report
+
+    def check(self, unreadable: torch.Tensor) -> None:
+        """Called with each batch's third item; cheap when every image was fine."""
+        for index in unreadable[unreadable >= 0].tolist():
+            path = self.base.samples[index][0]
+            if self.mode == "error":
+                raise DataError(f"{path} cannot be read ({imagefolder.describe_unreadable(path)}); fix or remove "
+                                f"it, or set data.bad_images=skip to replace unreadable images")
+            if index not in self.seen:
+                self.seen.add(index)
+                log.warning("unreadable %s image replaced: %s (%s)", self.split, path,
+                            imagefolder.describe_unreadable(path))
+            self.replaced += 1
+        if len(self.seen) > self.max_fraction * len(self.base):
+            raise DataError(f"{len(self.seen)} of {len(self.base)} {self.split} images are unreadable, more than "
+                            f"data.max_bad_fraction={self.max_fraction}; first: {self.base.samples[min(self.seen)][0]}")
+
+    def report(self, epoch: int) -> None:
+        if self.replaced:
+            log.warning("epoch %d: %d unreadable %s images replaced (%d distinct so far)", epoch, self.replaced,
+                        self.split, len(self.seen))
+            self.replaced = 0
 
 
 @dataclass
@@ -24,6 +61,17 @@ class Data:
     train_sampler: EpochSampler  # set_epoch(epoch, start) before each pass over train_loader
     class_names: list[str]
     steps_per_epoch: int  # optimiser steps (global batches) per epoch; the last partial batch is dropped
+    train_unreadable: UnreadableImages | None = field(default=None)  # image folders only
+    val_unreadable: UnreadableImages | None = field(default=None)
+
+
+def _worker_signals(worker_id: int) -> None:
+    """Workers leave SIGINT (Ctrl-C reaches the whole process group) and SIGUSR1 to the training
+    process, which checkpoints and then stops them. SIGTERM, from the loader's own shutdown or a
+    cluster ending the job, ends a worker quietly: a zero exit status is not a loader failure."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
 
 
 def load_splits(cfg: Config):
@@ -50,11 +98,15 @@ def build_data(cfg: Config, device: torch.device, world_size: int = 1) -> Data:
                         f"images); lower data.batch_size")
     sampler = EpochSampler(len(train_base), cfg.seed)
     workers = dict(num_workers=d.num_workers, persistent_workers=d.num_workers > 0,
-                   pin_memory=device.type == "cuda")
+                   pin_memory=device.type == "cuda", worker_init_fn=_worker_signals)
     # Each loader owns a generator, so creating an iterator never draws from the global RNG.
     train_loader = DataLoader(TransformedDataset(train_base, train_tf), batch_size=d.batch_size // world_size,
                               sampler=sampler, drop_last=True, generator=torch.Generator(), **workers)
     eval_batch = (d.eval_batch_size or d.batch_size) // world_size
     val_loader = DataLoader(TransformedDataset(val_base, eval_tf), batch_size=max(1, eval_batch),
                             shuffle=False, generator=torch.Generator(), **workers)
-    return Data(train_loader, val_loader, sampler, class_names, len(train_base) // d.batch_size)
+    data = Data(train_loader, val_loader, sampler, class_names, len(train_base) // d.batch_size)
+    if cfg.data.name == "imagefolder":
+        data.train_unreadable = UnreadableImages(train_base, "train", d.bad_images, d.max_bad_fraction)
+        data.val_unreadable = UnreadableImages(val_base, "val", d.bad_images, d.max_bad_fraction)
+    return data

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from PIL import Image
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from ..errors import DataError
+
+# What Pillow raises for truncated, empty, foreign or oversized files. Its decompression-bomb guard
+# (Image.MAX_IMAGE_PIXELS) stays on: an oversized image counts as unreadable.
+IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+class UnreadableImage(Exception):
+    """An image file that Pillow cannot decode; the data set replaces it and reports its index."""
 
 # ImageNet's per-channel mean and std, the usual choice for natural images.
 STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
@@ -23,6 +32,22 @@ class _FixedClassFolder(ImageFolder):
     def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
         return self._given_classes, {c: i for i, c in enumerate(self._given_classes)}
 
+    def __getitem__(self, index: int):
+        try:
+            return super().__getitem__(index)
+        except IMAGE_ERRORS as e:
+            raise UnreadableImage(index) from e
+
+
+def describe_unreadable(path: str) -> str:
+    """Why Pillow cannot read `path`, in a few words."""
+    try:
+        with Image.open(path) as image:
+            image.convert("RGB")
+    except IMAGE_ERRORS as e:
+        return f"{type(e).__name__}: {e}"
+    return "it could not be read"
+
 
 def load_image_folders(root: str | Path) -> tuple[ImageFolder, ImageFolder, list[str]]:
     """Train and val data sets yielding (PIL RGB image, label), and the class names."""
@@ -37,9 +62,11 @@ def load_image_folders(root: str | Path) -> tuple[ImageFolder, ImageFolder, list
     classes = sorted(p.name for p in splits["train"].iterdir() if p.is_dir())
     if not classes:
         raise DataError(f"{splits['train']} has no class folders; put each class's images in train/<class>/")
-    extra = sorted({p.name for p in splits["val"].iterdir() if p.is_dir()} - set(classes))
-    if extra:
-        raise DataError(f"{splits['val']} has class folders that train/ lacks: {', '.join(extra)}")
+    val_classes = {p.name for p in splits["val"].iterdir() if p.is_dir()}
+    for folder, missing in ((splits["val"], set(classes) - val_classes), (splits["train"], val_classes - set(classes))):
+        if missing:  # ImageFolder would silently give val a different label numbering
+            raise DataError(f"{folder} lacks class folder(s) {', '.join(sorted(missing))} that the other split has; "
+                            f"train/ and val/ need the same classes")
     try:
         train = _FixedClassFolder(splits["train"], classes, allow_empty=False)
     except FileNotFoundError:

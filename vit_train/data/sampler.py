@@ -12,6 +12,9 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from ..errors import DataError
+from .imagefolder import UnreadableImage
+
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + epoch)
@@ -37,8 +40,16 @@ class EpochSampler(Sampler):
         return self.size - self.start
 
 
+MAX_REPLACEMENTS = 16  # unreadable images in a row before loading gives up
+
+
 class TransformedDataset(Dataset):
-    """Applies a transform to the images of (image, label) pairs; keys are an index or (index, seed)."""
+    """Transforms (image, label) pairs of a base data set; keys are an index or (index, seed).
+
+    Items are (image, label, unreadable): an image the base cannot read is replaced by the next
+    readable one and its index returned as `unreadable` (-1 when the image was fine), so the
+    training process, not a worker, decides what to do about it.
+    """
 
     def __init__(self, base: Any, transform: Callable):
         self.base, self.transform = base, transform
@@ -46,15 +57,22 @@ class TransformedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.base)
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
-        if isinstance(key, int):
-            image, label = self.base[key]
-            return self.transform(image), label
-        index, seed = key
-        image, label = self.base[index]
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int, int]:
+        index, seed = key if isinstance(key, tuple) else (key, None)
+        unreadable = -1
+        for offset in range(MAX_REPLACEMENTS):
+            try:
+                image, label = self.base[(index + offset) % len(self.base)]
+                break
+            except UnreadableImage:
+                unreadable = index if unreadable < 0 else unreadable
+        else:
+            raise DataError(f"{MAX_REPLACEMENTS} unreadable images in a row after index {index}; check the data")
+        if seed is None:
+            return self.transform(image), label, unreadable
         with torch.random.fork_rng(devices=[]):  # leave the caller's RNG (dropout, ...) untouched
             torch.random.default_generator.manual_seed(seed)
-            return self.transform(image), label
+            return self.transform(image), label, unreadable
 
 
 class TensorImages(Dataset):
