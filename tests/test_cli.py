@@ -30,7 +30,7 @@ def test_train_from_another_directory_writes_the_run_layout(tmp_path):
         assert (run / name).is_file(), name
     assert list((run / "tb").glob("events.out.tfevents.*"))
     assert json.loads((run / "results.json").read_text())["steps"] == 3
-    assert "done: best top-1" in done.stdout
+    assert "completed: best top-1" in done.stdout
 
 
 def test_resume_a_run_directory_continues_there_with_its_saved_config(tmp_path):
@@ -82,3 +82,25 @@ def test_unknown_group_option_lists_the_valid_ones(tmp_path):
     done = vit_train("model=vit_huge", cwd=tmp_path)
     assert done.returncode == 1
     assert "Could not find 'model/vit_huge'" in done.stderr and "vit_tiny" in done.stderr
+
+
+def test_diverging_run_stops_with_status_3_and_keeps_the_good_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    assert vit_train(*TINY, "trainer.epochs=1", f"hydra.run.dir={run}", cwd=tmp_path).returncode == 0
+    good = (run / "checkpoints" / "last.pt").read_bytes()
+    blown = vit_train(f"resume={run}", "trainer.epochs=3", "optim.lr=1e30", "trainer.max_bad_steps=3",
+                      "trainer.progress=false", cwd=tmp_path)
+    assert blown.returncode == 3, blown.stderr
+    assert "3 steps in a row had a non-finite loss" in blown.stderr and "Traceback" not in blown.stderr
+    assert (run / "checkpoints" / "last.pt").read_bytes() == good
+    assert json.loads((run / "results.json").read_text())["status"] == "diverged"
+
+
+def test_a_new_run_in_a_used_directory_is_refused_and_its_record_kept(tmp_path):
+    run = tmp_path / "run"
+    assert vit_train(*TINY, "trainer.max_steps=2", f"hydra.run.dir={run}", cwd=tmp_path).returncode == 0
+    record = (run / ".hydra" / "overrides.yaml").read_text()
+    again = vit_train(*TINY, "trainer.max_steps=3", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert again.returncode == 2 and "already holds checkpoints; continue that run with resume=auto" in again.stderr
+    assert (run / ".hydra" / "overrides.yaml").read_text() == record
+    assert (run / "checkpoints" / "last.pt").is_file()

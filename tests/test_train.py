@@ -5,7 +5,6 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import vit_train.trainer as trainer_module
 from vit_train.checkpoint import REQUIRED_KEYS
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.trainer import train
@@ -37,7 +36,7 @@ def test_a_short_run_writes_every_output(tmp_path, make_config):
     assert 0 <= saved["final_top1"] <= 100 and saved["final_top1"] <= saved["final_top5"]
     assert [e["step"] for e in read_jsonl(tmp_path, "train")] == [2, 3]
     assert tb_steps(tmp_path, "val/top1") == [3] and tb_steps(tmp_path, "train/loss") == [2, 3]
-    assert "done: best top-1" in (tmp_path / "train.log").read_text()
+    assert "completed: best top-1" in (tmp_path / "train.log").read_text()
 
 
 def test_checkpoint_is_plain_data_with_everything_needed(tmp_path, make_config):
@@ -68,38 +67,6 @@ def test_resume_with_more_epochs_continues_at_the_right_step(tmp_path, make_conf
     assert "resumed from" in (tmp_path / "train.log").read_text()
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_resume_mid_epoch_is_bit_identical_to_an_uninterrupted_run(tmp_path, make_config, monkeypatch, workers):
-    """Snapshot the step-5 checkpoint of a 16-step run, resume from it: same losses, same weights."""
-    cfg = make_config(trainer={"ckpt_every": 5, "log_every": 1}, data={"num_workers": workers},
-                      model={"drop_path": 0.2, "dropout": 0.1})  # the global RNG matters too
-    snapshot = tmp_path / "step5.pt"
-    real_save = trainer_module.save_checkpoint
-
-    def save_and_snapshot(state, path):
-        real_save(state, path)
-        if state["step"] == 5:
-            shutil.copyfile(path, snapshot)
-
-    monkeypatch.setattr(trainer_module, "save_checkpoint", save_and_snapshot)
-    run = tmp_path / "run"
-    train(cfg, run)
-    monkeypatch.setattr(trainer_module, "save_checkpoint", real_save)
-    uninterrupted = weights(run)
-    losses = {e["step"]: e["loss"] for e in read_jsonl(run, "train")}
-
-    # resume in the same run dir, as a re-run after a crash at step 5 would
-    train(make_config(trainer={"ckpt_every": 5, "log_every": 1}, data={"num_workers": workers},
-                      model={"drop_path": 0.2, "dropout": 0.1}, resume=str(snapshot)), run)
-    resumed = weights(run)
-    for name in uninterrupted:
-        assert torch.equal(uninterrupted[name], resumed[name]), name
-    train_log = read_jsonl(run, "train")
-    assert [e["step"] for e in train_log] == list(range(1, 17))  # none missing, none twice
-    assert {e["step"]: e["loss"] for e in train_log} == losses
-    assert tb_steps(run, "train/loss") == list(range(1, 17))
-
-
 def test_resume_refuses_a_different_model_and_lists_the_differences(tmp_path, make_config):
     train(make_config(trainer={"max_steps": 2}), tmp_path)
     before = (tmp_path / "checkpoints" / "last.pt").read_bytes()
@@ -114,11 +81,14 @@ def test_resume_refuses_a_different_model_and_lists_the_differences(tmp_path, ma
     (lambda path: path.write_text("hello"), "cannot be read"),
     (lambda path: torch.save({"model": {}}, path), "is not a vit-train checkpoint"),
 ])
-def test_a_damaged_checkpoint_is_reported(tmp_path, make_config, damage, message):
+def test_a_damaged_checkpoint_file_is_reported(tmp_path, make_config, damage, message):
     train(make_config(trainer={"max_steps": 2}), tmp_path)
-    damage(tmp_path / "checkpoints" / "last.pt")
+    path = tmp_path / "checkpoints" / "last.pt"
+    damage(path)
     with pytest.raises(CheckpointError, match=message):
-        train(make_config(resume=str(tmp_path)), tmp_path)
+        train(make_config(resume=str(path)), tmp_path / "again")
+    with pytest.raises(CheckpointError, match="none of the checkpoints in .* can be read"):
+        train(make_config(resume=str(tmp_path)), tmp_path)  # last.pt, step_2.pt and best.pt are one file
 
 
 def test_a_checkpoint_with_pickled_objects_is_refused_without_running_code(tmp_path, make_config):
@@ -137,7 +107,7 @@ def test_missing_resume_path_is_reported(tmp_path, make_config):
     with pytest.raises(CheckpointError, match="does not exist"):
         train(make_config(resume=str(tmp_path / "nowhere")), tmp_path)
     (tmp_path / "empty_run").mkdir()
-    with pytest.raises(CheckpointError, match="holds no checkpoints/last.pt"):
+    with pytest.raises(CheckpointError, match="holds no checkpoints"):
         train(make_config(resume=str(tmp_path / "empty_run")), tmp_path)
 
 

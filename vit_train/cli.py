@@ -18,7 +18,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from .config import Config, known_keys, unknown_key_message
-from .errors import ConfigError, UserError
+from .errors import ConfigError, RunStopped, UserError
 
 GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer", "experiment", "hydra")
 
@@ -48,13 +48,17 @@ def _resumes_existing(resume: object) -> bool:
     return _is_resume_path(resume) and Path(str(resume)).expanduser().exists()
 
 
+def _output_subdir(resume: object, run_dir: str) -> str | None:
+    """.hydra/, unless the directory already holds a run: its record of how it started is kept."""
+    return None if _resumes_existing(resume) or (Path(run_dir) / "checkpoints").is_dir() else ".hydra"
+
+
 # hydra.run.dir and hydra.output_subdir read these, so `resume=PATH` runs in PATH's own directory
 # and leaves the .hydra/ record of the original run as it was. A missing PATH gets a fresh
 # directory (removed again when the run is refused), never a new folder at PATH.
 OmegaConf.register_new_resolver("vit_run_dir", lambda resume, default: str(run_dir_of(resume))
                                 if _resumes_existing(resume) else default, replace=True)
-OmegaConf.register_new_resolver("vit_output_subdir", lambda resume: None if _resumes_existing(resume) else ".hydra",
-                                replace=True)
+OmegaConf.register_new_resolver("vit_output_subdir", _output_subdir, replace=True)
 
 
 def check_override_keys(args: list[str]) -> None:
@@ -88,10 +92,9 @@ def compose_config(cfg: DictConfig) -> tuple[Config, list[str]]:
     """The typed config for this run, and the command-line overrides that made it."""
     overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
     if _is_resume_path(cfg.resume):
-        from .checkpoint import load_checkpoint, resolve_checkpoint
+        from .checkpoint import find_resume_checkpoint
 
-        run_dir = Path(HydraConfig.get().runtime.output_dir)
-        ckpt = load_checkpoint(resolve_checkpoint(cfg.resume, run_dir), mmap=True)
+        _, ckpt = find_resume_checkpoint(cfg.resume, Path(HydraConfig.get().runtime.output_dir), mmap=True)
         plain = apply_overrides(ckpt["config"], overrides)
         plain["resume"] = cfg.resume
         return Config.from_dict(plain), list(ckpt.get("overrides", [])) + overrides
@@ -112,6 +115,12 @@ def _train_app(cfg: DictConfig) -> float:
             shutil.rmtree(run_dir)  # a run refused before it started leaves no empty directory behind
         print(f"vit-train: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except RunStopped as e:
+        print(f"vit-train: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:  # a second Ctrl-C: stop at once, keeping the last checkpoint
+        print("vit-train: interrupted", file=sys.stderr)
+        sys.exit(130)
     return results["best_top1"]
 
 

@@ -15,3 +15,11 @@ class DataError(UserError):
 
 class CheckpointError(UserError):
     """A checkpoint that is missing, unreadable or does not fit the config."""
+
+
+class RunStopped(Exception):
+    """The run stopped before its end (a stop signal, diverging losses); `exit_code` is for the CLI."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -42,8 +43,9 @@ class RunLogger:
     def scalars(self, split: str, step: int, values: dict[str, float]) -> None:
         for name, value in values.items():
             self.tb.add_scalar(f"{split}/{name}", value, step)
+        plain = {k: v if math.isfinite(v) else None for k, v in values.items()}  # NaN is not JSON
         with open(self.jsonl, "a") as f:
-            f.write(json.dumps({"split": split, "step": step, **values}) + "\n")
+            f.write(json.dumps({"split": split, "step": step, **plain}) + "\n")
 
     def config(self, config: dict[str, Any], step: int) -> None:
         text = yaml.safe_dump(config, sort_keys=False)
@@ -78,11 +80,12 @@ class TrainWindow:
             self.seconds += time.perf_counter() - self._started
             self._started = None
 
-    def add(self, loss: torch.Tensor, grad_norm: torch.Tensor, images: int) -> None:
-        self.loss += loss
-        self.grad_norm = grad_norm
-        self.steps += 1
+    def add(self, loss: torch.Tensor, grad_norm: torch.Tensor, images: int, finite: bool = True) -> None:
         self.images += images
+        if finite:  # a skipped step's loss would make the window's mean NaN; it is counted apart
+            self.loss += loss
+            self.grad_norm = grad_norm
+            self.steps += 1
 
     def read(self) -> tuple[dict[str, float], int, float]:
         """(mean loss, last gradient norm and images/s; images; seconds) since the last read.
@@ -90,10 +93,12 @@ class TrainWindow:
         Starts a new window.
         """
         self.pause()
-        values = {"loss": self.loss.item() / self.steps, "grad_norm": float(self.grad_norm),
+        values = {"loss": self.loss.item() / self.steps if self.steps else math.nan,
+                  "grad_norm": float(self.grad_norm) if self.grad_norm is not None else math.nan,
                   "images_per_s": self.images / max(self.seconds, 1e-9)}
         read = (values, self.images, self.seconds)
         self.loss.zero_()
+        self.grad_norm = None
         self.steps = self.images = 0
         self.seconds = 0.0
         self.start()

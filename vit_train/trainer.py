@@ -19,14 +19,17 @@ from torch import nn
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from .checkpoint import (check_compatible, copy_checkpoint, load_checkpoint, resolve_checkpoint, restore_rng,
-                         rng_state, save_checkpoint, versions)
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from .checkpoint import (check_compatible, find_resume_checkpoint, restore_rng, rng_state, run_checkpoints,
+                         save_run_checkpoint, versions)
 from .config import Config
 from .data import build_data
-from .errors import CheckpointError, ConfigError
+from .errors import CheckpointError, ConfigError, RunStopped
 from .metrics import RunLogger, TrainWindow, write_results
 from .model import build_model
 from .optim import build_optimizer, build_scheduler
+from .preemption import StopRequest
 
 log = logging.getLogger("vit_train")
 
@@ -34,10 +37,12 @@ log = logging.getLogger("vit_train")
 @dataclass
 class TrainState:
     epoch: int = 0  # epochs completed
-    step: int = 0  # optimiser steps completed
+    step: int = 0  # optimiser steps completed (skipped ones included)
     batch_in_epoch: int = 0  # batches of the current epoch already trained on
     best_top1: float = -1.0  # best val top-1 so far (%), -1 before the first eval
     best_step: int = 0
+    skipped_steps: int = 0  # steps whose update was skipped for a non-finite loss or gradient norm
+    bad_in_a_row: int = 0
     images_seen: int = 0  # training images processed, and the seconds they took: for images/s
     train_seconds: float = 0.0
 
@@ -64,14 +69,20 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 
 
 def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """Train as `cfg` says, writing checkpoints and logs under `run_dir`; returns the results summary."""
+    """Train as `cfg` says, writing checkpoints and logs under `run_dir`; returns the results summary.
+
+    Raises RunStopped when a stop signal or diverging losses end the run early (after writing
+    results.json, and for a signal a checkpoint to resume from).
+    """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     start_time = time.time()
     t = cfg.trainer
     device = pick_device(t.device)
-    ckpt_path = resolve_checkpoint(cfg.resume, run_dir)
-    ckpt = load_checkpoint(ckpt_path) if ckpt_path else None
+    ckpt_path, ckpt = find_resume_checkpoint(cfg.resume, run_dir) or (None, None)
+    if ckpt is None and run_checkpoints(run_dir):
+        raise CheckpointError(f"{run_dir} already holds checkpoints; continue that run with resume=auto (or "
+                              f"resume={run_dir}), or start this one in another directory (hydra.run.dir=...)")
     changes = check_compatible(ckpt, cfg.to_dict()) if ckpt else []
 
     torch.manual_seed(cfg.seed)
@@ -85,6 +96,7 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
     if ckpt:
         check_compatible(ckpt, cfg.to_dict(), data.class_names)
         state = restore(ckpt, model, optimizer, scaler)
+    ema = build_ema(model, t.ema_decay, ckpt)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.schedule, data.steps_per_epoch, total_steps, state.step)
     step_fn = torch.compile(model) if t.compile else model
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.aug.label_smoothing)
@@ -100,75 +112,132 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
              sum(p.numel() for p in model.parameters()) / 1e6, len(data.class_names), total_steps,
              data.steps_per_epoch, device, amp_dtype or torch.float32)
 
-    def save(evaluated: dict | None) -> None:
-        folder = run_dir / "checkpoints"
-        save_checkpoint(checkpoint_state(model, optimizer, scheduler, scaler, state, cfg, overrides,
-                                         data.class_names), folder / "last.pt")
-        if evaluated is not None and state.best_step == state.step:
-            copy_checkpoint(folder / "last.pt", folder / "best.pt")
+    def save(best: bool = False) -> None:
+        save_run_checkpoint(checkpoint_state(model, optimizer, scheduler, scaler, ema, state, cfg, overrides,
+                                             data.class_names), run_dir / "checkpoints", t.keep_last, best)
 
     def run_eval() -> dict[str, float]:
-        metrics = evaluate(step_fn, data.val_loader, device, amp_dtype, t.progress)
+        metrics = evaluate(step_fn, data.val_loader, device, amp_dtype, t.progress, data.val_unreadable)
         if metrics["top1"] > state.best_top1:
             state.best_top1, state.best_step = metrics["top1"], state.step
         logger.scalars("val", state.step, metrics)
         log.info("step %d (epoch %d): val loss %.4f, top-1 %.2f%%, top-5 %.2f%% (best %.2f%%)", state.step,
                  state.epoch, metrics["loss"], metrics["top1"], metrics["top5"], state.best_top1)
+        if ema is not None:
+            ema_metrics = evaluate(ema.module, data.val_loader, device, amp_dtype, t.progress)
+            logger.scalars("val_ema", state.step, ema_metrics)
+            log.info("step %d: EMA val top-1 %.2f%%, top-5 %.2f%%", state.step, ema_metrics["top1"], ema_metrics["top5"])
         return metrics
+
+    def finish(status: str, metrics: dict[str, float]) -> dict[str, Any]:
+        results = summary(status, state, metrics, data.steps_per_epoch, time.time() - start_time, run_dir)
+        write_results(run_dir, results)
+        best = f"best top-1 {state.best_top1:.2f}% (step {state.best_step})" if state.best_top1 >= 0 else "not evaluated"
+        log.info("%s: %s, %d steps (%d skipped), %.0f images/s, %.0f s; outputs in %s", status, best, state.step,
+                 state.skipped_steps, results["images_per_s"] or 0, results["wall_seconds"], run_dir)
+        logger.close()
+        return results
 
     metrics: dict[str, float] = {}
     window = TrainWindow(device)
-    with logging_redirect_tqdm():
-        while state.step < total_steps:
+    with logging_redirect_tqdm(), StopRequest() as stop:
+        while state.step < total_steps and not stop:
             data.train_sampler.set_epoch(state.epoch, start=state.batch_in_epoch * cfg.data.batch_size)
             bar = tqdm(total=data.steps_per_epoch, initial=state.batch_in_epoch, disable=not t.progress,
                        desc=f"epoch {state.epoch + 1}/{t.epochs}", dynamic_ncols=True, leave=False)
             window.start()
-            for images, targets in data.train_loader:
-                images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-                loss, grad_norm = train_step(step_fn, model, images, targets, optimizer, scaler, criterion,
-                                             amp_dtype, t.accum_steps, cfg.optim.clip_grad)
-                scheduler.step()
-                state.step += 1
-                state.batch_in_epoch += 1
-                window.add(loss, grad_norm, len(images))
-                bar.update()
-                if due(state.step, t.log_every) or state.step == total_steps:
-                    log_train(logger, bar, window, state, scheduler.get_last_lr()[0])
-                epoch_done = state.batch_in_epoch == data.steps_per_epoch
-                if epoch_done:
-                    state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-                final = state.step >= total_steps
-                window.pause()
-                if final or (due(state.step, t.eval_every) if t.eval_every else epoch_done):
-                    metrics = run_eval()
-                    save(metrics)
-                elif epoch_done or due(state.step, t.ckpt_every):
-                    save(None)
-                if final:
-                    break
-                window.start()
+            try:
+                for images, targets, unreadable in data.train_loader:
+                    if data.train_unreadable:
+                        data.train_unreadable.check(unreadable)
+                    images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+                    loss, grad_norm, finite = train_step(step_fn, model, images, targets, optimizer, scaler,
+                                                         criterion, amp_dtype, t.accum_steps, cfg.optim.clip_grad)
+                    scheduler.step()
+                    state.step += 1
+                    state.batch_in_epoch += 1
+                    count_step(state, finite, t.max_bad_steps)
+                    if finite and ema is not None:
+                        ema.update_parameters(model)
+                    window.add(loss, grad_norm, len(images), finite)
+                    bar.update()
+                    if due(state.step, t.log_every) or state.step == total_steps:
+                        log_train(logger, bar, window, state, scheduler.get_last_lr()[0], scaler)
+                    if state.bad_in_a_row >= t.max_bad_steps:
+                        finish("diverged", metrics)
+                        raise RunStopped(diverged_message(state, run_dir), exit_code=3)
+                    epoch_done = state.batch_in_epoch == data.steps_per_epoch
+                    if epoch_done:
+                        state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+                        if data.train_unreadable:
+                            data.train_unreadable.report(state.epoch)
+                    final = state.step >= total_steps
+                    window.pause()
+                    if final or (due(state.step, t.eval_every) if t.eval_every else epoch_done):
+                        metrics = run_eval()
+                        save(best=state.best_step == state.step)
+                    elif epoch_done or due(state.step, t.ckpt_every):
+                        save()
+                    if final or stop:
+                        break
+                    window.start()
+            except RuntimeError:
+                if not stop:  # else: the signal also ended the loader's workers; the last step is whole
+                    raise
             window.pause()
             bar.close()
+        if stop:
+            save()
+            finish("interrupted", metrics)
+            raise RunStopped(f"stopped by {stop.name} at step {state.step}; checkpoints/last.pt holds it: rerun the "
+                             f"same command with resume=auto (or resume={run_dir}) to continue", stop.exit_code)
         if not metrics:  # resumed a run that had already finished
             log.info("the run already reached its last step (%d); raise trainer.epochs or trainer.max_steps to "
                      "train longer", total_steps)
             metrics = run_eval()
-            save(metrics)
+            save(best=state.best_step == state.step)
+    return finish("completed", metrics)
 
-    results = {
-        "status": "completed", "best_top1": state.best_top1, "best_step": state.best_step,
-        "final_top1": metrics["top1"], "final_top5": metrics["top5"], "final_loss": metrics["loss"],
-        "epochs": state.epoch + state.batch_in_epoch / data.steps_per_epoch, "steps": state.step,
+
+def build_ema(model: nn.Module, decay: float | None, ckpt: dict | None) -> AveragedModel | None:
+    """An EMA of the weights (and buffers), restored from the checkpoint when it has one."""
+    if decay is None:
+        return None
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+    if ckpt and ckpt.get("ema"):
+        ema.load_state_dict(ckpt["ema"])
+    elif ckpt:
+        log.warning("the checkpoint has no EMA weights; the EMA starts from the current weights")
+    return ema
+
+
+def count_step(state: TrainState, finite: bool, max_bad_steps: int) -> None:
+    if finite:
+        state.bad_in_a_row = 0
+        return
+    state.skipped_steps += 1
+    state.bad_in_a_row += 1
+    log.warning("step %d: non-finite loss or gradient norm, update skipped (%d in a row, the run stops at %d)",
+                state.step, state.bad_in_a_row, max_bad_steps)
+
+
+def diverged_message(state: TrainState, run_dir: Path) -> str:
+    return (f"{state.bad_in_a_row} steps in a row had a non-finite loss or gradient norm (up to step {state.step}), so "
+            f"the run stopped; the checkpoints in {run_dir / 'checkpoints'} are from before. Lower optim.lr, set "
+            f"optim.clip_grad, or use trainer.precision=bf16 or fp32, and start again or resume")
+
+
+def summary(status: str, state: TrainState, metrics: dict[str, float], steps_per_epoch: int, wall_seconds: float,
+            run_dir: Path) -> dict[str, Any]:
+    """results.json: how the run ended and its numbers (final_* are null if it never evaluated)."""
+    return {
+        "status": status, "best_top1": state.best_top1 if state.best_top1 >= 0 else None,
+        "best_step": state.best_step, "final_top1": metrics.get("top1"), "final_top5": metrics.get("top5"),
+        "final_loss": metrics.get("loss"), "epochs": state.epoch + state.batch_in_epoch / steps_per_epoch,
+        "steps": state.step, "skipped_steps": state.skipped_steps,
         "images_per_s": state.images_seen / state.train_seconds if state.train_seconds else None,
-        "wall_seconds": time.time() - start_time, "run_dir": str(run_dir),
+        "wall_seconds": wall_seconds, "run_dir": str(run_dir),
     }
-    write_results(run_dir, results)
-    log.info("done: best top-1 %.2f%% (step %d), final top-1 %.2f%%, %d steps, %.0f images/s, %.0f s; outputs in %s",
-             state.best_top1, state.best_step, metrics["top1"], state.step, results["images_per_s"] or 0,
-             results["wall_seconds"], run_dir)
-    logger.close()
-    return results
 
 
 def train_step(step_fn: nn.Module, model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
@@ -176,7 +245,8 @@ def train_step(step_fn: nn.Module, model: nn.Module, images: torch.Tensor, targe
                amp_dtype: torch.dtype | None, accum_steps: int, clip_grad: float | None):
     """One optimiser step over a global batch split into `accum_steps` micro-batches.
 
-    Returns the mean loss and the pre-clip gradient norm as device tensors (no host sync).
+    Returns the mean loss and pre-clip gradient norm (device tensors) and whether both were finite;
+    if not, the update is skipped. That check is the step's one host sync.
     """
     optimizer.zero_grad(set_to_none=True)
     total = torch.zeros((), device=images.device)
@@ -187,19 +257,24 @@ def train_step(step_fn: nn.Module, model: nn.Module, images: torch.Tensor, targe
         total += loss.detach()
     scaler.unscale_(optimizer)
     grad_norm = nn.utils.clip_grad_norm_(model.parameters(), clip_grad or math.inf)
-    scaler.step(optimizer)
+    # With fp16 an overflowing gradient is routine: the scaler skips that step and lowers its scale.
+    finite = bool(torch.isfinite(total) if scaler.is_enabled() else torch.isfinite(total) & torch.isfinite(grad_norm))
+    if finite:
+        scaler.step(optimizer)
     scaler.update()
-    return total, grad_norm
+    return total, grad_norm, finite
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None,
-             progress: bool = False) -> dict[str, float]:
+             progress: bool = False, unreadable=None) -> dict[str, float]:
     """Mean cross-entropy, top-1 and top-5 accuracy (%) over the whole loader."""
     was_training = model.training
     model.eval()
     totals = torch.zeros(4, device=device, dtype=torch.float64)  # loss sum, top-1 hits, top-5 hits, count
-    for images, targets in tqdm(loader, desc="eval", leave=False, disable=not progress, dynamic_ncols=True):
+    for images, targets, bad in tqdm(loader, desc="eval", leave=False, disable=not progress, dynamic_ncols=True):
+        if unreadable is not None:
+            unreadable.check(bad)
         images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             logits = model(images)
@@ -211,20 +286,25 @@ def evaluate(model: nn.Module, loader, device: torch.device, amp_dtype: torch.dt
     return {"loss": loss / count, "top1": 100 * top1 / count, "top5": 100 * top5 / count}
 
 
-def log_train(logger: RunLogger, bar, window: TrainWindow, state: TrainState, lr: float) -> None:
+def log_train(logger: RunLogger, bar, window: TrainWindow, state: TrainState, lr: float,
+              scaler: torch.amp.GradScaler) -> None:
     values, images, seconds = window.read()
-    values["lr"] = lr
+    values.update(lr=lr, skipped_steps=state.skipped_steps)
+    if scaler.is_enabled():
+        values["loss_scale"] = scaler.get_scale()
     state.images_seen += images
     state.train_seconds += seconds
     logger.scalars("train", state.step, values)
     bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{lr:.2e}", img_s=f"{values['images_per_s']:.0f}")
 
 
-def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, state: TrainState, cfg: Config,
-                     overrides: Sequence[str], class_names: list[str]) -> dict[str, Any]:
+def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: AveragedModel | None, state: TrainState,
+                     cfg: Config, overrides: Sequence[str], class_names: list[str]) -> dict[str, Any]:
+    """Everything a resumed run needs, as plain tensors and primitives (see README, 'What is in a checkpoint')."""
     return {
         "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict(), "ema": None, **asdict(state), "rng": rng_state(),
+        "scaler": scaler.state_dict(), "ema": ema.state_dict() if ema is not None else None, **asdict(state),
+        "rng": rng_state(),
         "config": cfg.to_dict(), "overrides": list(overrides), "class_names": list(class_names),
         "versions": versions(),
     }

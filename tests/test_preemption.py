@@ -1,0 +1,67 @@
+"""Stop signals through the real command line: checkpoint, exit 143/130, and `resume=auto` finishes
+exactly like an uninterrupted run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from test_cli import TINY, vit_train
+
+ARGS = [*TINY, "data.train_size=256", "trainer.epochs=20", "trainer.log_every=1"]  # 8 steps per epoch, 160 steps
+
+
+def train_losses(run):
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [(e["step"], e["loss"]) for e in map(json.loads, lines) if e["split"] == "train"]
+
+
+def wait_for_step(run, step, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        if (run / "metrics.jsonl").exists() and any(s >= step for s, _ in train_losses(run)):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"step {step} not reached")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    where = tmp_path_factory.mktemp("uninterrupted")
+    done = vit_train(*ARGS, f"hydra.run.dir={where / 'run'}", cwd=where)
+    assert done.returncode == 0, done.stderr
+    return where / "run"
+
+
+@pytest.mark.parametrize("sig, exit_code, workers", [(signal.SIGTERM, 143, 2), (signal.SIGINT, 130, 0)],
+                         ids=["sigterm-2-workers", "sigint"])
+def test_stop_signal_then_resume_auto_equals_an_uninterrupted_run(tmp_path, uninterrupted, sig, exit_code, workers):
+    run = tmp_path / "run"
+    command = [*ARGS, f"data.num_workers={workers}", f"hydra.run.dir={run}", "resume=auto"]
+    proc = subprocess.Popen([sys.executable, "-m", "vit_train", *command], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for_step(run, 3, proc)
+    os.killpg(proc.pid, sig)  # the whole process group, loader workers too, as a cluster or a terminal does
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == exit_code, err
+    assert "Traceback" not in err and "rerun the same command with resume=auto" in err
+    stopped = json.loads((run / "results.json").read_text())
+    assert stopped["status"] == "interrupted" and 3 <= stopped["steps"] < 160
+    ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert ckpt["step"] == stopped["steps"]
+
+    again = vit_train(*command, cwd=tmp_path)  # the same command again
+    assert again.returncode == 0, again.stderr
+    assert json.loads((run / "results.json").read_text())["steps"] == 160
+    assert train_losses(run) == train_losses(uninterrupted)  # every step once, the same losses
+    final = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    expected = torch.load(uninterrupted / "checkpoints" / "last.pt", weights_only=True)
+    for part in ("model", "optimizer"):
+        flat_a, flat_b = torch.utils._pytree.tree_flatten(final[part])[0], torch.utils._pytree.tree_flatten(expected[part])[0]
+        assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(flat_a, flat_b))

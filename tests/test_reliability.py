@@ -1,0 +1,225 @@
+"""Never lose a run: exact resume, checkpoint fallback and atomicity, skipped non-finite steps,
+the overwrite guard, safe loading."""
+
+import json
+import math
+import signal
+
+import pytest
+import torch
+
+import vit_train.checkpoint as checkpoint_module
+from vit_train.checkpoint import (check_compatible, export_safetensors, load_checkpoint, load_weights, restore_rng,
+                                  save_checkpoint)
+from vit_train.data.sampler import TransformedDataset
+from vit_train.errors import CheckpointError, RunStopped
+from vit_train.model import build_model
+from vit_train.preemption import StopRequest
+from vit_train.trainer import train
+
+# Everything a resumed run must reproduce; timing fields (images_seen, train_seconds) aside.
+EXACT_KEYS = ("model", "optimizer", "scheduler", "scaler", "ema", "epoch", "step", "batch_in_epoch", "best_top1",
+              "best_step", "skipped_steps", "rng")
+
+
+def assert_identical(a, b, where="checkpoint"):
+    """Tensors equal bit for bit (torch.equal), everything else ==, recursively."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), where
+        for key in a:
+            assert_identical(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def train_losses(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {e["step"]: e["loss"] for e in map(json.loads, lines) if e["split"] == "train"}
+
+
+@pytest.mark.parametrize("workers, trainer", [
+    (0, {}),
+    (2, {}),
+    (0, {"ema_decay": 0.9}),
+    (0, {"precision": "fp16"}),
+], ids=["workers0", "workers2", "ema", "fp16"])
+def test_resume_at_any_step_is_bit_identical_to_an_uninterrupted_run(tmp_path, make_config, workers, trainer):
+    """16 steps over 2 epochs, a checkpoint kept at every step; resuming from step 5 (mid-epoch) and
+    step 8 (epoch end) reproduces the weights, optimiser, EMA, scaler, RNG and every logged loss."""
+    sections = dict(trainer={"ckpt_every": 1, "log_every": 1, "keep_last": 100, **trainer},
+                    data={"num_workers": workers}, model={"drop_path": 0.2, "dropout": 0.1})  # RNG-dependent
+    full = tmp_path / "full"
+    train(make_config(**sections), full)
+    expected = torch.load(full / "checkpoints" / "last.pt", weights_only=True)
+    losses = train_losses(full)
+    assert len(losses) == 16
+    for stop in (5, 8):
+        resumed = tmp_path / f"from_{stop}"
+        snapshot = full / "checkpoints" / f"step_{stop:08d}.pt"
+        train(make_config(**sections, resume=str(snapshot)), resumed)
+        got = torch.load(resumed / "checkpoints" / "last.pt", weights_only=True)
+        for key in EXACT_KEYS:
+            assert_identical(expected[key], got[key], key)
+        assert train_losses(resumed) == {s: v for s, v in losses.items() if s > stop}
+    if trainer.get("ema_decay"):
+        assert expected["ema"] is not None and not torch.equal(expected["ema"]["module.head.weight"],
+                                                              expected["model"]["head.weight"])
+        logged = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]
+        assert [e["step"] for e in logged if e["split"] == "val_ema"] == [8, 16]  # evaluated beside the model
+    if trainer.get("precision") == "fp16":
+        assert expected["scaler"]["scale"] > 0
+
+
+def test_keep_last_keeps_that_many_versions(tmp_path, make_config):
+    train(make_config(trainer={"ckpt_every": 2, "max_steps": 7, "keep_last": 3}), tmp_path)
+    folder = tmp_path / "checkpoints"
+    assert sorted(p.name for p in folder.glob("step_*.pt")) == ["step_00000004.pt", "step_00000006.pt",
+                                                                "step_00000007.pt"]
+    assert load_checkpoint(folder / "last.pt")["step"] == 7
+    assert (folder / "last.pt").stat().st_ino == (folder / "step_00000007.pt").stat().st_ino  # a link, not a copy
+
+
+def test_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, make_config, caplog):
+    train(make_config(trainer={"ckpt_every": 2, "max_steps": 6, "keep_last": 2, "log_every": 1}), tmp_path)
+    last = tmp_path / "checkpoints" / "last.pt"
+    last.write_bytes(last.read_bytes()[:1000])  # also truncates step_6.pt: the same file
+    results = train(make_config(trainer={"ckpt_every": 2, "max_steps": 8, "keep_last": 2, "log_every": 1},
+                                resume="auto"), tmp_path)
+    assert "last.pt cannot be read" in caplog.text and "trying the next newest" in caplog.text
+    assert "resumed from" in caplog.text and "step_00000004.pt at epoch 0, step 4" in caplog.text
+    assert results["steps"] == 8
+    assert sorted(train_losses(tmp_path)) == list(range(1, 9))  # steps 5-6 logged once, by the resumed run
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint_and_no_temp_file(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    save_checkpoint({"step": 1, "weights": torch.ones(3)}, path)
+    real_save = torch.save
+
+    def disk_full(state, f):
+        real_save(state, f)  # some bytes reach the temporary file
+        f.truncate(10)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", disk_full)
+    with pytest.raises(CheckpointError, match="No space left on device.*previous checkpoint there is intact"):
+        save_checkpoint({"step": 2, "weights": torch.zeros(3)}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_a_half_written_temp_file_is_never_renamed_over_the_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    save_checkpoint({"step": 1}, path)
+    monkeypatch.setattr(checkpoint_module.torch, "save", lambda state, f: f.write(b"PK\x03\x04 half a zip"))
+    with pytest.raises(CheckpointError):  # the verification load refuses it before the rename
+        save_checkpoint({"step": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True)["step"] == 1 and not list(tmp_path.glob("*.tmp"))
+
+
+def nan_images_for(monkeypatch, poisoned):
+    """Make the images of the base indices `poisoned` (a set, or 'all') NaN."""
+    real = TransformedDataset.__getitem__
+
+    def getitem(self, key):
+        image, label, unreadable = real(self, key)
+        index = key[0] if isinstance(key, tuple) else key
+        if poisoned == "all" or index in poisoned:
+            image = torch.full_like(image, math.nan)
+        return image, label, unreadable
+
+    monkeypatch.setattr(TransformedDataset, "__getitem__", getitem)
+
+
+def test_a_nan_batch_is_skipped_and_counted(tmp_path, make_config, monkeypatch):
+    nan_images_for(monkeypatch, {7})  # one sample: one poisoned batch per epoch
+    results = train(make_config(trainer={"log_every": 1}), tmp_path)
+    assert results["status"] == "completed" and results["skipped_steps"] == 2 and results["steps"] == 16
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
+    assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train_log = [e for e in logged if e["split"] == "train"]
+    assert train_log[-1]["skipped_steps"] == 2
+    skipped = [e["step"] for e in train_log if e["loss"] is None]  # a window of one skipped step has no loss
+    assert len(skipped) == 2 and all(e["grad_norm"] is None for e in train_log if e["step"] in skipped)
+    assert all(math.isfinite(e["loss"]) for e in train_log if e["step"] not in skipped)
+
+
+def test_consecutive_bad_steps_stop_the_run_keeping_the_last_good_checkpoint(tmp_path, make_config, monkeypatch):
+    train(make_config(trainer={"epochs": 1}), tmp_path)  # a good checkpoint at step 8
+    before = (tmp_path / "checkpoints" / "last.pt").read_bytes()
+    nan_images_for(monkeypatch, "all")
+    with pytest.raises(RunStopped, match="3 steps in a row had a non-finite loss") as stopped:
+        train(make_config(trainer={"epochs": 2, "max_bad_steps": 3}, resume="auto"), tmp_path)
+    assert stopped.value.exit_code == 3
+    assert (tmp_path / "checkpoints" / "last.pt").read_bytes() == before
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["status"] == "diverged" and results["steps"] == 11 and results["skipped_steps"] == 3
+
+
+def test_a_second_run_in_a_directory_with_checkpoints_is_refused(tmp_path, make_config):
+    train(make_config(trainer={"max_steps": 2}), tmp_path)
+    before = (tmp_path / "checkpoints" / "last.pt").read_bytes()
+    with pytest.raises(CheckpointError, match="already holds checkpoints; continue that run with resume=auto"):
+        train(make_config(trainer={"max_steps": 2}), tmp_path)
+    assert (tmp_path / "checkpoints" / "last.pt").read_bytes() == before
+
+
+def test_compatibility_refuses_image_size_and_classes_and_allows_more_epochs(make_config):
+    saved = make_config()
+    ckpt = {"config": saved.to_dict(), "class_names": ["a", "b"]}
+    with pytest.raises(CheckpointError, match=r"model.img_size: 16 -> 32"):
+        check_compatible(ckpt, make_config(model={"img_size": 32}).to_dict())
+    with pytest.raises(CheckpointError, match="classes: 2 saved, 3 in the data now"):
+        check_compatible(ckpt, saved.to_dict(), ["a", "b", "c"])
+    assert check_compatible(ckpt, make_config(trainer={"epochs": 9}).to_dict()) == ["trainer.epochs: 2 -> 9"]
+
+
+def test_a_failed_rng_restore_is_an_error():
+    with pytest.raises(CheckpointError, match="RNG states cannot be restored"):
+        restore_rng({"python": (3, (1, 2), None), "numpy": None, "torch": torch.zeros(3), "cuda": []})
+
+
+def test_stop_request_sets_a_flag_and_a_second_ctrl_c_stops_at_once():
+    with StopRequest() as stop:
+        assert not stop
+        signal.raise_signal(signal.SIGUSR1)
+        assert stop and stop.name == "SIGUSR1" and stop.exit_code == 138
+    with StopRequest() as stop:
+        signal.raise_signal(signal.SIGINT)
+        assert stop.exit_code == 130
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+
+
+def test_weights_round_trip_through_safetensors(tmp_path, make_config):
+    pytest.importorskip("safetensors")
+    train(make_config(trainer={"max_steps": 2}), tmp_path)
+    ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    export_safetensors(ckpt, tmp_path / "model.safetensors")
+    weights, metadata = load_weights(tmp_path / "model.safetensors")
+    assert_identical(ckpt["model"], weights)
+    assert metadata["class_names"] == ckpt["class_names"] and metadata["config"] == ckpt["config"]
+    model = build_model(make_config().model, 10).eval()
+    model.load_state_dict(weights)
+    assert load_weights(tmp_path / "checkpoints" / "last.pt")[1]["class_names"] == ckpt["class_names"]
+
+
+def test_load_weights_refuses_a_malicious_pickle_without_running_code(tmp_path):
+    class Exploit:
+        def __reduce__(self):
+            return (open, (str(tmp_path / "pwned"), "w"))
+
+    torch.save({"weight": Exploit()}, tmp_path / "evil.pth")
+    with pytest.raises(CheckpointError, match="holds a pickled object"):
+        load_weights(tmp_path / "evil.pth")
+    assert not (tmp_path / "pwned").exists()

@@ -1,0 +1,53 @@
+"""Pre-emption: SIGTERM, SIGINT and SIGUSR1 ask the training loop to checkpoint and stop.
+
+Clusters send SIGTERM (or, with `--signal`, SIGUSR1) some time before they kill a job; Ctrl-C
+sends SIGINT. The handler only sets a flag, which the loop reads between steps, so the checkpoint
+always holds a whole step. A second Ctrl-C stops at once, without a checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+log = logging.getLogger("vit_train")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+class StopRequest:
+    """A context manager installing the handlers; true once a stop signal has arrived."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "StopRequest":
+        if threading.current_thread() is threading.main_thread():  # Python allows handlers only there
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame) -> None:
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            raise KeyboardInterrupt  # the second Ctrl-C
+        self.signum = signum
+        log.warning("received %s: checkpointing after this step, then stopping (Ctrl-C again to stop at once)",
+                    self.name)
+
+    def __bool__(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's convention for a process ended by a signal: 128 + its number (SIGTERM 143, SIGINT 130)."""
+        return 128 + (self.signum or 0)
