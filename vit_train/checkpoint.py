@@ -223,8 +223,16 @@ def versions() -> dict[str, str]:
             "python": platform.python_version(), "format": str(FORMAT_VERSION)}
 
 
+def _require_safetensors() -> None:
+    try:
+        import safetensors  # noqa: F401
+    except ImportError:
+        raise CheckpointError("safetensors is not installed: pip install 'vit-train[export]'") from None
+
+
 def export_safetensors(ckpt: dict[str, Any], path: Path) -> None:
     """The checkpoint's model weights as safetensors, with the config and class names as metadata."""
+    _require_safetensors()
     from safetensors.torch import save_file
 
     metadata = {"format": "vit-train", "config": json.dumps(ckpt["config"]),
@@ -236,6 +244,7 @@ def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(state dict, metadata) from a .safetensors file, a vit-train checkpoint or a plain state dict."""
     path = Path(path)
     if path.suffix == ".safetensors":
+        _require_safetensors()
         from safetensors import SafetensorError, safe_open
 
         try:
