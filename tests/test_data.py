@@ -1,6 +1,5 @@
 import hashlib
 import http.server
-import io
 import pickle
 import shutil
 import tarfile
