@@ -182,16 +182,24 @@ def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
     return [(k, old.get(k), new.get(k)) for k in keys if k != "resume" and old.get(k) != new.get(k)]
 
 
-def check_compatible(ckpt: dict, current: dict, class_names: list[str] | None = None) -> list[str]:
-    """Refuse a config that changes the model's shape or classes; return the other changes, as text."""
+def check_compatible(ckpt: dict, current: dict) -> list[str]:
+    """Refuse a config that changes the model's shape or data set; return the other changes, as text."""
     changes = config_changes(ckpt["config"], current)
     refused = [f"{k}: {a!r} -> {b!r}" for k, a, b in changes if k in STRUCTURE_KEYS]
-    if class_names is not None and list(class_names) != list(ckpt["class_names"]):
-        refused.append(f"classes: {len(ckpt['class_names'])} saved, {len(class_names)} in the data now")
     if refused:
-        raise CheckpointError("the checkpoint does not fit this config (" + "; ".join(refused) + "); resume with the "
-                              "run's own settings, or start a new run (model.pretrained will load weights)")
+        _refuse(refused)
     return [f"{k}: {a!r} -> {b!r}" for k, a, b in changes if k not in STRUCTURE_KEYS]
+
+
+def check_classes(ckpt: dict, class_names: list[str]) -> None:
+    """Refuse data whose classes differ from the checkpoint's (known only once the data is loaded)."""
+    if list(class_names) != list(ckpt["class_names"]):
+        _refuse([f"classes: {len(ckpt['class_names'])} saved, {len(class_names)} in the data now"])
+
+
+def _refuse(differences: list[str]) -> None:
+    raise CheckpointError("the checkpoint does not fit this config (" + "; ".join(differences) + "); resume with the "
+                          "run's own settings, or start a new run (model.pretrained will load weights)")
 
 
 def rng_state() -> dict[str, Any]:

@@ -21,7 +21,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from .checkpoint import (check_compatible, find_resume_checkpoint, restore_rng, rng_state, run_checkpoints,
+from .checkpoint import (check_classes, check_compatible, find_resume_checkpoint, restore_rng, rng_state, run_checkpoints,
                          save_run_checkpoint, versions)
 from .config import Config
 from .data import build_data
@@ -94,7 +94,7 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     state = TrainState()
     if ckpt:
-        check_compatible(ckpt, cfg.to_dict(), data.class_names)
+        check_classes(ckpt, data.class_names)
         state = restore(ckpt, model, optimizer, scaler)
     ema = build_ema(model, t.ema_decay, ckpt)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.schedule, data.steps_per_epoch, total_steps, state.step)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch.utils.data import DataLoader
@@ -61,8 +61,8 @@ class Data:
     train_sampler: EpochSampler  # set_epoch(epoch, start) before each pass over train_loader
     class_names: list[str]
     steps_per_epoch: int  # optimiser steps (global batches) per epoch; the last partial batch is dropped
-    train_unreadable: UnreadableImages | None = field(default=None)  # image folders only
-    val_unreadable: UnreadableImages | None = field(default=None)
+    train_unreadable: UnreadableImages | None = None  # image folders only
+    val_unreadable: UnreadableImages | None = None
 
 
 def _worker_signals(worker_id: int) -> None:
