@@ -12,7 +12,8 @@ CONFIGS = Path(_config_dir())
 GROUP_FILES = sorted(
     (path.parent.name, path.stem) for path in CONFIGS.glob("*/*.yaml") if path.parent.name != "hydra"
 )
-NEEDS = {("data", "imagefolder"): ["data.root=/somewhere"]}
+NEEDS = {("data", "imagefolder"): ["data.root=/somewhere"]} | {
+    ("experiment", name): ["data.root=/somewhere"] for _, name in GROUP_FILES if name.startswith("imagenet")}
 
 
 def composed(overrides: list[str]) -> dict:
@@ -95,3 +96,35 @@ def test_ints_widen_to_floats_and_config_round_trips():
     cfg = Config.from_dict({"optim": {"lr": 1}})
     assert isinstance(cfg.optim.lr, float)
     assert Config.from_dict(cfg.to_dict()) == cfg
+
+
+EXPERIMENTS = [name for group, name in GROUP_FILES if group == "experiment"]
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_recipe_states_its_command_hardware_and_expected_accuracy(name):
+    header = (CONFIGS / "experiment" / f"{name}.yaml").read_text().split("defaults:")[0]
+    assert header.startswith("# @package _global_")
+    assert f"command:  vit-train experiment={name}" in header
+    assert "hardware:" in header and "expected:" in header
+    assert name == "quickstart" or "Not yet reproduced here." in header
+
+
+@pytest.mark.parametrize("name, lr, expected", [
+    ("cifar10_vit_tiny", 1e-3, {"model.embed_dim": 192, "data.name": "cifar10", "aug.name": "autoaug",
+                                "aug.mixup_alpha": 0.8, "aug.cutmix_alpha": 1.0, "data.repeated_aug": 3,
+                                "model.drop_path": 0.1, "trainer.epochs": 100}),
+    ("imagenet_deit_small", 5e-4 * 1024 / 512, {"model.embed_dim": 384, "aug.name": "deit", "aug.mixup_alpha": 0.8,
+                                                "aug.cutmix_alpha": 1.0, "aug.random_erasing": 0.25,
+                                                "aug.label_smoothing": 0.1, "data.repeated_aug": 3,
+                                                "trainer.ema_decay": 0.99996, "trainer.epochs": 300}),
+    ("imagenet_vit_s16_90ep", 1e-3, {"model.pool": "mean", "model.pos_embed": "sincos2d", "aug.randaug_m": 10,
+                                     "aug.mixup_alpha": 0.2, "optim.weight_decay": 0.1, "trainer.epochs": 90}),
+])
+def test_recipes_carry_their_sources_settings(name, lr, expected):
+    cfg = Config.from_dict(composed([f"experiment={name}", *NEEDS.get(("experiment", name), [])]))
+    assert cfg.lr == pytest.approx(lr)
+    plain = cfg.to_dict()
+    for key, value in expected.items():
+        section, leaf = key.split(".")
+        assert plain[section][leaf] == value, key

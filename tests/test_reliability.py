@@ -43,17 +43,23 @@ def train_losses(run_dir):
     return {e["step"]: e["loss"] for e in map(json.loads, lines) if e["split"] == "train"}
 
 
-@pytest.mark.parametrize("workers, trainer", [
-    (0, {}),
-    (2, {}),
-    (0, {"ema_decay": 0.9}),
-    (0, {"precision": "fp16"}),
-], ids=["workers0", "workers2", "ema", "fp16"])
-def test_resume_at_any_step_is_bit_identical_to_an_uninterrupted_run(tmp_path, make_config, workers, trainer):
+DEIT_AUG = {"name": "deit", "mixup_alpha": 0.8, "cutmix_alpha": 1.0, "random_erasing": 0.25, "label_smoothing": 0.1}
+
+
+@pytest.mark.parametrize("workers, trainer, extra", [
+    (0, {}, {}),
+    (2, {}, {}),
+    (0, {"ema_decay": 0.9}, {}),
+    (0, {"precision": "fp16"}, {}),
+    (2, {}, {"aug": DEIT_AUG, "repeated_aug": 2}),
+], ids=["workers0", "workers2", "ema", "fp16", "deit-aug"])
+def test_resume_at_any_step_is_bit_identical_to_an_uninterrupted_run(tmp_path, make_config, workers, trainer, extra):
     """16 steps over 2 epochs, a checkpoint kept at every step; resuming from step 5 (mid-epoch) and
-    step 8 (epoch end) reproduces the weights, optimiser, EMA, scaler, RNG and every logged loss."""
+    step 8 (epoch end) reproduces the weights, optimiser, EMA, scaler, RNG and every logged loss.
+    deit-aug: RandAugment, erasing, MixUp/CutMix and repeated augmentation resume exactly too."""
     sections = dict(trainer={"ckpt_every": 1, "log_every": 1, "keep_last": 100, **trainer},
-                    data={"num_workers": workers}, model={"drop_path": 0.2, "dropout": 0.1})  # RNG-dependent
+                    data={"num_workers": workers, "repeated_aug": extra.get("repeated_aug", 1)},
+                    aug=extra.get("aug", {}), model={"drop_path": 0.2, "dropout": 0.1})  # RNG-dependent
     full = tmp_path / "full"
     train(make_config(**sections), full)
     expected = torch.load(full / "checkpoints" / "last.pt", weights_only=True)

@@ -7,7 +7,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from vit_train.checkpoint import REQUIRED_KEYS
 from vit_train.errors import CheckpointError, ConfigError
-from vit_train.trainer import train
+from vit_train.trainer import build_ema, train
 
 
 def read_jsonl(run_dir, split):
@@ -166,3 +166,34 @@ def test_compiled_model_trains_like_the_eager_one(tmp_path, make_config):
     assert set(compiled) == set(eager)  # saved from the plain module: no "_orig_mod." prefixes
     for name in eager:
         torch.testing.assert_close(compiled[name], eager[name], rtol=1e-4, atol=1e-5)
+
+
+def test_ema_moves_toward_the_model_at_its_decay():
+    model = torch.nn.Linear(3, 2)
+    ema = build_ema(model, 0.9, None)
+    ema.update_parameters(model)  # the first update copies the weights
+    before = ema.module.weight.detach().clone()
+    with torch.no_grad():
+        model.weight += 1.0
+    ema.update_parameters(model)
+    torch.testing.assert_close(ema.module.weight, before + 0.1)  # 0.9 * old + 0.1 * (old + 1)
+
+
+def test_best_checkpoint_follows_the_better_of_model_and_ema(tmp_path, make_config):
+    results = train(make_config(trainer={"ema_decay": 0.5, "eval_every": 2}), tmp_path)
+    scores = [(e["step"], 0, e["top1"], "model") for e in read_jsonl(tmp_path, "val")]
+    scores += [(e["step"], 1, e["top1"], "ema") for e in read_jsonl(tmp_path, "val_ema")]
+    best = max(top1 for _, _, top1, _ in scores)
+    step, _, _, source = min(s for s in scores if s[2] == best)  # the first to reach it; the model wins ties
+    assert (results["best_top1"], results["best_step"], results["best_source"]) == (best, step, source)
+    saved = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=True)
+    assert (saved["step"], saved["best_source"]) == (step, source)
+    assert results["final_ema_top1"] == read_jsonl(tmp_path, "val_ema")[-1]["top1"]
+
+
+def test_lr_scales_linearly_with_the_global_batch(tmp_path, make_config):
+    cfg = make_config(optim={"lr": 1e-3, "lr_base_batch": 16}, schedule={"name": "constant", "warmup_epochs": 0},
+                      trainer={"max_steps": 2})
+    assert cfg.lr == pytest.approx(2e-3)  # batch 32 = 2 x 16
+    train(cfg, tmp_path)
+    assert [e["lr"] for e in read_jsonl(tmp_path, "train")] == [pytest.approx(2e-3)]

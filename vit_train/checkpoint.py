@@ -266,8 +266,9 @@ def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise CheckpointError(f"{path} cannot be read ({_load_failure(e)})") from None
-    if isinstance(data, dict) and "model" in data and isinstance(data["model"], dict):
-        return data["model"], {"config": data.get("config"), "class_names": data.get("class_names")}
+    for key in ("model", "state_dict"):  # vit-train and DeiT checkpoints; Lightning-style files
+        if isinstance(data, dict) and isinstance(data.get(key), dict):
+            return data[key], {"config": data.get("config"), "class_names": data.get("class_names")}
     if isinstance(data, dict) and all(isinstance(v, torch.Tensor) for v in data.values()):
         return data, {}
     raise CheckpointError(f"{path} holds neither a vit-train checkpoint nor a state dict of tensors")

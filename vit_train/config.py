@@ -40,6 +40,7 @@ class ModelConfig:
     dropout: float = 0.0  # dropout on embeddings and on attention/MLP outputs
     attn_dropout: float = 0.0  # dropout on attention weights
     drop_path: float = 0.0  # stochastic depth of the last block; rises linearly from 0 over depth
+    pretrained: Optional[str] = None  # weights to start from: a vit-train checkpoint, .safetensors or timm .pth
 
 
 @dataclass
@@ -55,14 +56,26 @@ class DataConfig:
     seed: int = 0  # shapes only: seed of the generated images (independent of the run's seed)
     bad_images: Literal["skip", "error"] = "skip"  # image folders: replace an unreadable image, or stop
     max_bad_fraction: float = 0.01  # skip: stop once more than this fraction of a split is unreadable
+    repeated_aug: int = 1  # repeated augmentation (DeiT): each image this many times per epoch, differently augmented
 
 
 @dataclass
 class AugConfig:
-    name: Literal["none", "basic"] = "basic"  # basic: random crop (+padding) and horizontal flip
+    # none: resize/normalise only; basic: random crop (+padding) and flip; randaug, autoaug, trivial:
+    # basic + RandAugment / AutoAugment / TrivialAugmentWide; deit: basic + RandAugment (with DeiT's
+    # batch mixing and erasing set in aug/deit.yaml)
+    name: Literal["none", "basic", "randaug", "autoaug", "trivial", "deit"] = "basic"
     crop_padding: Optional[int] = None  # small images: crop padding in pixels; null = img_size // 8
     scale_min: float = 0.08  # image folders: smallest area fraction of RandomResizedCrop
     hflip: float = 0.5  # probability of a horizontal flip
+    randaug_n: int = 2  # randaug, deit: RandAugment operations per image
+    randaug_m: int = 9  # randaug, deit: RandAugment magnitude, 0-30
+    autoaug_policy: Optional[Literal["cifar10", "imagenet", "svhn"]] = None  # autoaug; null: cifar10 for small images
+    mixup_alpha: float = 0.0  # MixUp Beta(alpha, alpha) over the batch; 0 = off
+    cutmix_alpha: float = 0.0  # CutMix Beta(alpha, alpha) over the batch; 0 = off
+    mix_prob: float = 1.0  # probability that a batch is mixed at all (when mixup or cutmix is on)
+    switch_prob: float = 0.5  # both on: probability of CutMix rather than MixUp for a batch
+    random_erasing: float = 0.0  # probability of erasing a random rectangle (per-pixel noise) per image
     label_smoothing: float = 0.0  # cross-entropy label smoothing
 
 
@@ -75,6 +88,7 @@ class OptimConfig:
     eps: float = 1e-8  # AdamW
     momentum: float = 0.9  # SGD (Nesterov)
     clip_grad: Optional[float] = 1.0  # max global gradient norm; null = no clipping
+    lr_base_batch: Optional[int] = None  # linear scaling: lr applies at this global batch; null = lr as given
 
 
 @dataclass
@@ -122,6 +136,12 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @property
+    def lr(self) -> float:
+        """The peak learning rate, scaled by data.batch_size / optim.lr_base_batch when that is set."""
+        base = self.optim.lr_base_batch
+        return self.optim.lr * (self.data.batch_size / base if base else 1.0)
+
     def validate(self) -> "Config":
         """Fill data-set defaults and refuse combinations that cannot run; returns self."""
         m, d, t = self.model, self.data, self.trainer
@@ -136,12 +156,12 @@ class Config:
             ("data.val_size", d.val_size), ("optim.lr", self.optim.lr),
             ("trainer.epochs", t.epochs), ("trainer.accum_steps", t.accum_steps),
             ("trainer.log_every", t.log_every), ("trainer.keep_last", t.keep_last),
-            ("trainer.max_bad_steps", t.max_bad_steps),
+            ("trainer.max_bad_steps", t.max_bad_steps), ("data.repeated_aug", d.repeated_aug),
         )
         _require(t.ema_decay is None or 0.0 < t.ema_decay < 1.0, f"trainer.ema_decay must be in (0, 1), got {t.ema_decay}")
         for key, value in (("data.eval_batch_size", d.eval_batch_size), ("trainer.max_steps", t.max_steps),
                            ("trainer.eval_every", t.eval_every), ("trainer.ckpt_every", t.ckpt_every),
-                           ("optim.clip_grad", self.optim.clip_grad)):
+                           ("optim.clip_grad", self.optim.clip_grad), ("optim.lr_base_batch", self.optim.lr_base_batch)):
             if value is not None:
                 _positive((key, value))
         _require(m.img_size % m.patch_size == 0, f"model.img_size ({m.img_size}) must be divisible by "
@@ -153,8 +173,7 @@ class Config:
         for key, value in (("model.dropout", m.dropout), ("model.attn_dropout", m.attn_dropout),
                            ("model.drop_path", m.drop_path), ("aug.label_smoothing", self.aug.label_smoothing)):
             _require(0.0 <= value < 1.0, f"{key} must be in [0, 1), got {value}")
-        _require(0.0 <= self.aug.hflip <= 1.0, f"aug.hflip must be in [0, 1], got {self.aug.hflip}")
-        _require(0.0 < self.aug.scale_min <= 1.0, f"aug.scale_min must be in (0, 1], got {self.aug.scale_min}")
+        self._validate_aug()
         _require(0.0 <= d.max_bad_fraction <= 1.0, f"data.max_bad_fraction must be in [0, 1], got {d.max_bad_fraction}")
         _require(d.num_workers >= 0, f"data.num_workers must be >= 0, got {d.num_workers}")
         _require(d.batch_size % t.accum_steps == 0, f"data.batch_size ({d.batch_size}) must be divisible "
@@ -166,9 +185,20 @@ class Config:
         _require(len(self.optim.betas) == 2, f"optim.betas must have two values, got {self.optim.betas}")
         _require(self.schedule.warmup_epochs >= 0,
                  f"schedule.warmup_epochs must be >= 0, got {self.schedule.warmup_epochs}")
-        _require(0 <= self.schedule.min_lr <= self.optim.lr, f"schedule.min_lr ({self.schedule.min_lr}) must be "
-                 f"between 0 and optim.lr ({self.optim.lr})")
+        _require(0 <= self.schedule.min_lr <= self.lr, f"schedule.min_lr ({self.schedule.min_lr}) must be "
+                 f"between 0 and optim.lr ({self.lr:g}{' after batch scaling' if self.optim.lr_base_batch else ''})")
         return self
+
+    def _validate_aug(self) -> None:
+        a = self.aug
+        for key, value in (("aug.hflip", a.hflip), ("aug.mix_prob", a.mix_prob), ("aug.switch_prob", a.switch_prob),
+                           ("aug.random_erasing", a.random_erasing)):
+            _require(0.0 <= value <= 1.0, f"{key} must be in [0, 1], got {value}")
+        _require(0.0 < a.scale_min <= 1.0, f"aug.scale_min must be in (0, 1], got {a.scale_min}")
+        _require(a.mixup_alpha >= 0 and a.cutmix_alpha >= 0, f"aug.mixup_alpha and aug.cutmix_alpha must be >= 0 "
+                 f"(0 = off), got {a.mixup_alpha} and {a.cutmix_alpha}")
+        _require(0 <= a.randaug_m <= 30, f"aug.randaug_m must be in [0, 30], got {a.randaug_m}")
+        _require(a.randaug_n >= 0, f"aug.randaug_n must be >= 0, got {a.randaug_n}")
 
 
 def known_keys(cls: type = Config, prefix: str = "") -> list[str]:
@@ -184,7 +214,10 @@ def known_keys(cls: type = Config, prefix: str = "") -> list[str]:
 # Names users bring from other trainers (timm, Lightning, DeiT), for "did you mean" hints.
 ALIASES = {"learning_rate": "lr", "wd": "weight_decay", "grad_clip": "clip_grad", "clip_grad_norm": "clip_grad",
            "max_epochs": "epochs", "warmup": "warmup_epochs", "drop_path_rate": "drop_path", "workers": "num_workers",
-           "batch": "batch_size", "patch": "patch_size", "input_size": "img_size", "global_pool": "pool"}
+           "batch": "batch_size", "patch": "patch_size", "input_size": "img_size", "global_pool": "pool",
+           "mixup": "mixup_alpha", "cutmix": "cutmix_alpha", "reprob": "random_erasing", "smoothing": "label_smoothing",
+           "mixup_prob": "mix_prob", "mixup_switch_prob": "switch_prob", "repeated_aug_count": "repeated_aug",
+           "model_ema_decay": "ema_decay", "finetune": "pretrained"}
 
 
 def unknown_key_message(key: str, valid: list[str]) -> str:

@@ -67,8 +67,9 @@ class TrainWindow:
 
     def __init__(self, device: torch.device):
         self.loss = torch.zeros((), device=device)
+        self.hits = torch.zeros((), device=device, dtype=torch.long)
         self.grad_norm: torch.Tensor | None = None
-        self.steps = self.images = 0
+        self.steps = self.images = self.counted = 0
         self.seconds = 0.0
         self._started: float | None = None
 
@@ -80,26 +81,31 @@ class TrainWindow:
             self.seconds += time.perf_counter() - self._started
             self._started = None
 
-    def add(self, loss: torch.Tensor, grad_norm: torch.Tensor, images: int, finite: bool = True) -> None:
+    def add(self, loss: torch.Tensor, grad_norm: torch.Tensor, hits: torch.Tensor, images: int,
+            finite: bool = True) -> None:
         self.images += images
         if finite:  # a skipped step's loss would make the window's mean NaN; it is counted apart
             self.loss += loss
+            self.hits += hits
             self.grad_norm = grad_norm
             self.steps += 1
+            self.counted += images
 
     def read(self) -> tuple[dict[str, float], int, float]:
-        """(mean loss, last gradient norm and images/s; images; seconds) since the last read.
+        """(mean loss, top-1 %, last gradient norm and images/s; images; seconds) since the last read.
 
         Starts a new window.
         """
         self.pause()
         values = {"loss": self.loss.item() / self.steps if self.steps else math.nan,
+                  "top1": 100 * self.hits.item() / self.counted if self.counted else math.nan,
                   "grad_norm": float(self.grad_norm) if self.grad_norm is not None else math.nan,
                   "images_per_s": self.images / max(self.seconds, 1e-9)}
         read = (values, self.images, self.seconds)
         self.loss.zero_()
+        self.hits.zero_()
         self.grad_norm = None
-        self.steps = self.images = 0
+        self.steps = self.images = self.counted = 0
         self.seconds = 0.0
         self.start()
         return read

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -25,11 +24,14 @@ from .checkpoint import (check_classes, check_compatible, find_resume_checkpoint
                          save_run_checkpoint, versions)
 from .config import Config
 from .data import build_data
+from .data.mix import BatchMix
+from .evaluate import evaluate
 from .errors import CheckpointError, ConfigError, RunStopped
 from .metrics import RunLogger, TrainWindow, write_results
 from .model import build_model
 from .optim import build_optimizer, build_scheduler
 from .preemption import StopRequest
+from .pretrained import load_pretrained
 
 log = logging.getLogger("vit_train")
 
@@ -41,6 +43,7 @@ class TrainState:
     batch_in_epoch: int = 0  # batches of the current epoch already trained on
     best_top1: float = -1.0  # best val top-1 so far (%), -1 before the first eval
     best_step: int = 0
+    best_source: str = "model"  # which weights scored best_top1: "model" or "ema"
     skipped_steps: int = 0  # steps whose update was skipped for a non-finite loss or gradient norm
     bad_in_a_row: int = 0
     images_seen: int = 0  # training images processed, and the seconds they took: for images/s
@@ -87,8 +90,11 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
 
     torch.manual_seed(cfg.seed)
     data = build_data(cfg, device)
-    model = build_model(cfg.model, len(data.class_names)).to(device)
-    optimizer = build_optimizer(model, cfg.optim, device)
+    model = build_model(cfg.model, len(data.class_names))
+    if cfg.model.pretrained and not ckpt:
+        load_pretrained(model, cfg.model.pretrained)
+    model.to(device)
+    optimizer = build_optimizer(model, cfg.optim, device, lr=cfg.lr)
     total_steps = min(t.epochs * data.steps_per_epoch, t.max_steps or math.inf)
     amp_dtype = autocast_dtype(t.precision, device)
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
@@ -97,9 +103,11 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
         check_classes(ckpt, data.class_names)
         state = restore(ckpt, model, optimizer, scaler)
     ema = build_ema(model, t.ema_decay, ckpt)
-    scheduler = build_scheduler(optimizer, cfg.optim, cfg.schedule, data.steps_per_epoch, total_steps, state.step)
+    scheduler = build_scheduler(optimizer, cfg.optim, cfg.schedule, data.steps_per_epoch, total_steps, state.step,
+                                lr=cfg.lr)
     step_fn = torch.compile(model) if t.compile else model
-    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.aug.label_smoothing)
+    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.aug.label_smoothing)  # takes class indices or probabilities
+    mix = BatchMix(cfg.aug, len(data.class_names), cfg.seed) if BatchMix.wanted(cfg.aug) else None
 
     logger = RunLogger(run_dir, resume_step=state.step if ckpt else None)
     if ckpt:
@@ -117,16 +125,21 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
                                              data.class_names), run_dir / "checkpoints", t.keep_last, best)
 
     def run_eval() -> dict[str, float]:
+        """Evaluates the model (and its EMA); best.pt follows whichever of the two scores higher."""
         metrics = evaluate(step_fn, data.val_loader, device, amp_dtype, t.progress, data.val_unreadable)
-        if metrics["top1"] > state.best_top1:
-            state.best_top1, state.best_step = metrics["top1"], state.step
         logger.scalars("val", state.step, metrics)
-        log.info("step %d (epoch %d): val loss %.4f, top-1 %.2f%%, top-5 %.2f%% (best %.2f%%)", state.step,
-                 state.epoch, metrics["loss"], metrics["top1"], metrics["top5"], state.best_top1)
+        scores, ema_text = {"model": metrics["top1"]}, ""
         if ema is not None:
             ema_metrics = evaluate(ema.module, data.val_loader, device, amp_dtype, t.progress)
             logger.scalars("val_ema", state.step, ema_metrics)
-            log.info("step %d: EMA val top-1 %.2f%%, top-5 %.2f%%", state.step, ema_metrics["top1"], ema_metrics["top5"])
+            metrics["ema_top1"] = scores["ema"] = ema_metrics["top1"]
+            ema_text = f", EMA top-1 {ema_metrics['top1']:.2f}%"
+        source = max(scores, key=scores.get)  # the raw model wins a tie
+        if scores[source] > state.best_top1:
+            state.best_top1, state.best_step, state.best_source = scores[source], state.step, source
+        log.info("step %d (epoch %d): val loss %.4f, top-1 %.2f%%, top-5 %.2f%%%s (best %.2f%%, %s)", state.step,
+                 state.epoch, metrics["loss"], metrics["top1"], metrics["top5"], ema_text, state.best_top1,
+                 state.best_source)
         return metrics
 
     def finish(status: str, metrics: dict[str, float]) -> dict[str, Any]:
@@ -151,15 +164,17 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
                     if data.train_unreadable:
                         data.train_unreadable.check(unreadable)
                     images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-                    loss, grad_norm, finite = train_step(step_fn, model, images, targets, optimizer, scaler,
-                                                         criterion, amp_dtype, t.accum_steps, cfg.optim.clip_grad)
+                    if mix is not None:
+                        images, targets = mix(images, targets, state.step)
+                    loss, grad_norm, hits, finite = train_step(step_fn, model, images, targets, optimizer, scaler,
+                                                               criterion, amp_dtype, t.accum_steps, cfg.optim.clip_grad)
                     scheduler.step()
                     state.step += 1
                     state.batch_in_epoch += 1
                     count_step(state, finite, t.max_bad_steps)
                     if finite and ema is not None:
                         ema.update_parameters(model)
-                    window.add(loss, grad_norm, len(images), finite)
+                    window.add(loss, grad_norm, hits, len(images), finite)
                     bar.update()
                     if due(state.step, t.log_every) or state.step == total_steps:
                         log_train(logger, bar, window, state, scheduler.get_last_lr()[0], scaler)
@@ -232,8 +247,8 @@ def summary(status: str, state: TrainState, metrics: dict[str, float], steps_per
     """results.json: how the run ended and its numbers (final_* are null if it never evaluated)."""
     return {
         "status": status, "best_top1": state.best_top1 if state.best_top1 >= 0 else None,
-        "best_step": state.best_step, "final_top1": metrics.get("top1"), "final_top5": metrics.get("top5"),
-        "final_loss": metrics.get("loss"), "epochs": state.epoch + state.batch_in_epoch / steps_per_epoch,
+        "best_step": state.best_step, "best_source": state.best_source, "final_top1": metrics.get("top1"),
+        "final_top5": metrics.get("top5"), "final_loss": metrics.get("loss"), "final_ema_top1": metrics.get("ema_top1"), "epochs": state.epoch + state.batch_in_epoch / steps_per_epoch,
         "steps": state.step, "skipped_steps": state.skipped_steps,
         "images_per_s": state.images_seen / state.train_seconds if state.train_seconds else None,
         "wall_seconds": wall_seconds, "run_dir": str(run_dir),
@@ -245,16 +260,21 @@ def train_step(step_fn: nn.Module, model: nn.Module, images: torch.Tensor, targe
                amp_dtype: torch.dtype | None, accum_steps: int, clip_grad: float | None):
     """One optimiser step over a global batch split into `accum_steps` micro-batches.
 
-    Returns the mean loss and pre-clip gradient norm (device tensors) and whether both were finite;
-    if not, the update is skipped. That check is the step's one host sync.
+    `targets` are class indices (B,) or probabilities (B, classes) from MixUp/CutMix. Returns the
+    mean loss, the pre-clip gradient norm and the top-1 hits (device tensors; with probabilities a
+    hit is the argmax of the target) and whether loss and norm were finite; if not, the update is
+    skipped. That check is the step's one host sync.
     """
     optimizer.zero_grad(set_to_none=True)
     total = torch.zeros((), device=images.device)
+    hits = torch.zeros((), device=images.device, dtype=torch.long)
     for x, y in zip(images.chunk(accum_steps), targets.chunk(accum_steps)):
         with torch.autocast(images.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            loss = criterion(step_fn(x), y) / accum_steps
+            logits = step_fn(x)
+            loss = criterion(logits, y) / accum_steps
         scaler.scale(loss).backward()
         total += loss.detach()
+        hits += (logits.detach().argmax(1) == (y.argmax(1) if y.ndim == 2 else y)).sum()
     scaler.unscale_(optimizer)
     grad_norm = nn.utils.clip_grad_norm_(model.parameters(), clip_grad or math.inf)
     # With fp16 an overflowing gradient is routine: the scaler skips that step and lowers its scale.
@@ -262,28 +282,7 @@ def train_step(step_fn: nn.Module, model: nn.Module, images: torch.Tensor, targe
     if finite:
         scaler.step(optimizer)
     scaler.update()
-    return total, grad_norm, finite
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None,
-             progress: bool = False, unreadable=None) -> dict[str, float]:
-    """Mean cross-entropy, top-1 and top-5 accuracy (%) over the whole loader."""
-    was_training = model.training
-    model.eval()
-    totals = torch.zeros(4, device=device, dtype=torch.float64)  # loss sum, top-1 hits, top-5 hits, count
-    for images, targets, bad in tqdm(loader, desc="eval", leave=False, disable=not progress, dynamic_ncols=True):
-        if unreadable is not None:
-            unreadable.check(bad)
-        images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            logits = model(images)
-        hits = logits.topk(min(5, logits.shape[1]), dim=1).indices == targets[:, None]  # (B, k)
-        totals += torch.stack([F.cross_entropy(logits.float(), targets, reduction="sum"), hits[:, 0].sum(),
-                               hits.any(dim=1).sum(), torch.tensor(len(targets), device=device)]).double()
-    model.train(was_training)
-    loss, top1, top5, count = totals.tolist()
-    return {"loss": loss / count, "top1": 100 * top1 / count, "top5": 100 * top5 / count}
+    return total, grad_norm, hits, finite
 
 
 def log_train(logger: RunLogger, bar, window: TrainWindow, state: TrainState, lr: float,

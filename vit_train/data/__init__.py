@@ -96,7 +96,7 @@ def build_data(cfg: Config, device: torch.device, world_size: int = 1) -> Data:
     if len(train_base) < d.batch_size:
         raise DataError(f"data.batch_size ({d.batch_size}) is larger than the training set ({len(train_base)} "
                         f"images); lower data.batch_size")
-    sampler = EpochSampler(len(train_base), cfg.seed)
+    sampler = EpochSampler(len(train_base), cfg.seed, d.repeated_aug)
     workers = dict(num_workers=d.num_workers, persistent_workers=d.num_workers > 0,
                    pin_memory=device.type == "cuda", worker_init_fn=_worker_signals)
     # Each loader owns a generator, so creating an iterator never draws from the global RNG.

@@ -21,10 +21,15 @@ def epoch_generator(seed: int, epoch: int) -> torch.Generator:
 
 
 class EpochSampler(Sampler):
-    """A fresh permutation per (seed, epoch), skipping the first `start` samples on resume."""
+    """A fresh permutation per (seed, epoch), skipping the first `start` samples on resume.
 
-    def __init__(self, size: int, seed: int):
-        self.size, self.seed = size, seed
+    With `repeats` > 1 (DeiT's repeated augmentation) the epoch keeps its length but holds the
+    first size / repeats images of the permutation, each `repeats` times in a row: the copies land
+    in one global batch and get different augmentations (each position has its own sample seed).
+    """
+
+    def __init__(self, size: int, seed: int, repeats: int = 1):
+        self.size, self.seed, self.repeats = size, seed, repeats
         self.epoch, self.start = 0, 0
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
@@ -32,7 +37,7 @@ class EpochSampler(Sampler):
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         g = epoch_generator(self.seed, self.epoch)
-        order = torch.randperm(self.size, generator=g)
+        order = torch.randperm(self.size, generator=g).repeat_interleave(self.repeats)[:self.size]
         sample_seeds = torch.randint(0, 2**62, (self.size,), generator=g)
         yield from zip(order[self.start:].tolist(), sample_seeds[self.start:].tolist())
 

@@ -10,22 +10,42 @@ from ..config import AugConfig
 CROP_FRACTION = 0.875  # eval: resize to size / 0.875, then centre-crop size (the ImageNet convention)
 
 
+def policy(aug: AugConfig, small_images: bool) -> list[v2.Transform]:
+    """The automatic augmentation policy `aug.name` selects (applied after crop and flip)."""
+    if aug.name in ("randaug", "deit"):
+        return [v2.RandAugment(num_ops=aug.randaug_n, magnitude=aug.randaug_m)]
+    if aug.name == "autoaug":
+        name = aug.autoaug_policy or ("cifar10" if small_images else "imagenet")
+        return [v2.AutoAugment(v2.AutoAugmentPolicy(name))]
+    if aug.name == "trivial":
+        return [v2.TrivialAugmentWide()]
+    return []
+
+
 def build_transforms(aug: AugConfig, img_size: int, stats: tuple, native_size: int | None) -> tuple[v2.Compose, v2.Compose]:
     """(train, eval) transforms ending in normalised float tensors.
 
     `native_size` set: inputs are uint8 tensors of that side (CIFAR, shapes), augmented by padded
     random crops. `native_size` None: inputs are PIL images of any size (image folders), augmented
-    by RandomResizedCrop and evaluated by resize + centre crop.
+    by RandomResizedCrop and evaluated by resize + centre crop. Training then runs the policy
+    (RandAugment, ...) on uint8 pixels, normalises, and erases a random rectangle (with per-pixel
+    noise, as DeiT does) with probability `aug.random_erasing`.
     """
     finish = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(*stats)]
     if native_size is not None:
         resize = [v2.Resize(img_size, antialias=True)] if native_size != img_size else []
         padding = img_size // 8 if aug.crop_padding is None else aug.crop_padding
-        train = [v2.RandomCrop(img_size, padding=padding), v2.RandomHorizontalFlip(aug.hflip)]
-        return v2.Compose(resize + (train if aug.name == "basic" else []) + finish), v2.Compose(resize + finish)
-    evaluate = [v2.Resize(int(img_size / CROP_FRACTION), antialias=True), v2.CenterCrop(img_size)]
+        crop = [v2.RandomCrop(img_size, padding=padding), v2.RandomHorizontalFlip(aug.hflip)]
+        evaluate = resize
+    else:
+        resize = []
+        crop = [v2.RandomResizedCrop(img_size, scale=(aug.scale_min, 1.0), antialias=True),
+                v2.RandomHorizontalFlip(aug.hflip)]
+        evaluate = [v2.Resize(int(img_size / CROP_FRACTION), antialias=True), v2.CenterCrop(img_size)]
     if aug.name == "none":
-        return v2.Compose(evaluate + finish), v2.Compose(evaluate + finish)
-    train = [v2.RandomResizedCrop(img_size, scale=(aug.scale_min, 1.0), antialias=True),
-             v2.RandomHorizontalFlip(aug.hflip)]
-    return v2.Compose(train + finish), v2.Compose(evaluate + finish)
+        train = evaluate + finish
+    else:
+        train = resize + crop + [v2.ToImage()] + policy(aug, native_size is not None) + finish
+    if aug.random_erasing > 0:
+        train.append(v2.RandomErasing(aug.random_erasing, value="random"))
+    return v2.Compose(train), v2.Compose(evaluate + finish)
