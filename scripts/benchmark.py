@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from vit_train.config import ModelConfig
 from vit_train.model import build_model
-from vit_train.trainer import autocast_dtype
+from vit_train.evaluate import autocast_dtype
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model"
 

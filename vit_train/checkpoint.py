@@ -240,12 +240,16 @@ def _require_safetensors() -> None:
 
 def export_safetensors(ckpt: dict[str, Any], path: Path) -> None:
     """The checkpoint's model weights as safetensors, with the config and class names as metadata."""
+    save_weights_safetensors(ckpt["model"], path, {"config": ckpt["config"], "class_names": ckpt["class_names"]})
+
+
+def save_weights_safetensors(weights: dict[str, torch.Tensor], path: Path, metadata: dict[str, Any]) -> None:
+    """A state dict as safetensors; metadata values are stored as JSON text (safetensors keeps strings only)."""
     _require_safetensors()
     from safetensors.torch import save_file
 
-    metadata = {"format": "vit-train", "config": json.dumps(ckpt["config"]),
-                "class_names": json.dumps(ckpt["class_names"])}
-    save_file({k: v.contiguous() for k, v in ckpt["model"].items()}, str(path), metadata=metadata)
+    text = {"format": "vit-train", **{k: json.dumps(v) for k, v in metadata.items()}}
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(path), metadata=text)
 
 
 def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -261,7 +265,7 @@ def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
                 metadata = f.metadata() or {}
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{path} is not a readable safetensors file ({e})") from None
-        return weights, {k: json.loads(v) if k in ("config", "class_names") else v for k, v in metadata.items()}
+        return weights, {k: _json_or_text(v) for k, v in metadata.items()}
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
@@ -272,3 +276,10 @@ def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     if isinstance(data, dict) and all(isinstance(v, torch.Tensor) for v in data.values()):
         return data, {}
     raise CheckpointError(f"{path} holds neither a vit-train checkpoint nor a state dict of tensors")
+
+
+def _json_or_text(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:  # metadata written by another tool
+        return value

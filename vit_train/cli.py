@@ -17,19 +17,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from .config import Config, known_keys, unknown_key_message
+from .config import Config, config_dir as _config_dir, known_keys, unknown_key_message
 from .errors import ConfigError, RunStopped, UserError
 
 GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer", "experiment", "hydra")
-
-
-def _config_dir() -> str:
-    """configs/ inside the installed package (wheel), else at the top of the source checkout."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "configs", here.parent / "configs"):
-        if (candidate / "train.yaml").is_file():
-            return str(candidate)
-    raise RuntimeError(f"vit-train's configs/ folder is missing (looked in {here} and {here.parent})")
 
 
 def _is_resume_path(resume: object) -> bool:

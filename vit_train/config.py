@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
@@ -113,6 +114,7 @@ class TrainerConfig:
     keep_last: int = 2  # checkpoint versions kept (last.pt plus step_<N>.pt files); resume falls back on them
     max_bad_steps: int = 20  # consecutive steps with a non-finite loss or gradient norm before the run stops
     ema_decay: Optional[float] = None  # exponential moving average of the weights; null = off, e.g. 0.9998
+    viz_every: Optional[int] = None  # figures (attention maps, confusion, ...) to TensorBoard every N evals; null = off
 
 
 @dataclass
@@ -160,7 +162,7 @@ class Config:
         )
         _require(t.ema_decay is None or 0.0 < t.ema_decay < 1.0, f"trainer.ema_decay must be in (0, 1), got {t.ema_decay}")
         for key, value in (("data.eval_batch_size", d.eval_batch_size), ("trainer.max_steps", t.max_steps),
-                           ("trainer.eval_every", t.eval_every), ("trainer.ckpt_every", t.ckpt_every),
+                           ("trainer.eval_every", t.eval_every), ("trainer.ckpt_every", t.ckpt_every), ("trainer.viz_every", t.viz_every),
                            ("optim.clip_grad", self.optim.clip_grad), ("optim.lr_base_batch", self.optim.lr_base_batch)):
             if value is not None:
                 _positive((key, value))
@@ -199,6 +201,15 @@ class Config:
                  f"(0 = off), got {a.mixup_alpha} and {a.cutmix_alpha}")
         _require(0 <= a.randaug_m <= 30, f"aug.randaug_m must be in [0, 30], got {a.randaug_m}")
         _require(a.randaug_n >= 0, f"aug.randaug_n must be >= 0, got {a.randaug_n}")
+
+
+def config_dir() -> str:
+    """configs/ inside the installed package (wheel), else at the top of the source checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "configs", here.parent / "configs"):
+        if (candidate / "train.yaml").is_file():
+            return str(candidate)
+    raise RuntimeError(f"vit-train's configs/ folder is missing (looked in {here} and {here.parent})")
 
 
 def known_keys(cls: type = Config, prefix: str = "") -> list[str]:

@@ -1,4 +1,4 @@
-"""Evaluation of a model over a data loader: loss, top-1 and top-5."""
+"""The device and precision a run uses, and evaluation of a model over a data loader."""
 
 from __future__ import annotations
 
@@ -7,23 +7,51 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from .errors import ConfigError
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device=cuda but no CUDA GPU is visible; use trainer.device=auto or cpu")
+    device = torch.device("cuda" if name != "cpu" and torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 for fp32 matmuls on Ampere and newer
+        torch.backends.cudnn.allow_tf32 = True
+    return device
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype, or None for full fp32."""
+    if precision == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
+
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None,
-             progress: bool = False, unreadable=None) -> dict[str, float]:
-    """Mean cross-entropy, top-1 and top-5 accuracy (%) over the whole loader."""
+             progress: bool = False, unreadable=None, confusion: bool = False) -> dict:
+    """Mean cross-entropy, top-1 and top-5 accuracy (%) over the whole loader; with `confusion`,
+    also the (classes, classes) confusion matrix (rows: true class, columns: predicted) as "confusion"."""
     was_training = model.training
     model.eval()
     totals = torch.zeros(4, device=device, dtype=torch.float64)  # loss sum, top-1 hits, top-5 hits, count
+    matrix = None
     for images, targets, bad in tqdm(loader, desc="eval", leave=False, disable=not progress, dynamic_ncols=True):
         if unreadable is not None:
             unreadable.check(bad)
         images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             logits = model(images)
-        hits = logits.topk(min(5, logits.shape[1]), dim=1).indices == targets[:, None]  # (B, k)
+        classes = logits.shape[1]
+        if confusion:
+            pairs = torch.bincount(targets * classes + logits.argmax(dim=1), minlength=classes * classes)
+            matrix = pairs if matrix is None else matrix + pairs
+        hits = logits.topk(min(5, classes), dim=1).indices == targets[:, None]  # (B, k)
         totals += torch.stack([F.cross_entropy(logits.float(), targets, reduction="sum"), hits[:, 0].sum(),
                                hits.any(dim=1).sum(), torch.tensor(len(targets), device=device)]).double()
     model.train(was_training)
     loss, top1, top5, count = totals.tolist()
-    return {"loss": loss / count, "top1": 100 * top1 / count, "top5": 100 * top5 / count}
+    metrics = {"loss": loss / count, "top1": 100 * top1 / count, "top5": 100 * top5 / count}
+    if confusion:
+        metrics["confusion"] = matrix.reshape(classes, classes).cpu()
+    return metrics

@@ -25,13 +25,15 @@ from .checkpoint import (check_classes, check_compatible, find_resume_checkpoint
 from .config import Config
 from .data import build_data
 from .data.mix import BatchMix
-from .evaluate import evaluate
-from .errors import CheckpointError, ConfigError, RunStopped
+from .errors import CheckpointError, RunStopped
+from .evaluate import autocast_dtype, evaluate, pick_device
+from .inference import preprocess_spec
 from .metrics import RunLogger, TrainWindow, write_results
 from .model import build_model
 from .optim import build_optimizer, build_scheduler
 from .preemption import StopRequest
 from .pretrained import load_pretrained
+from .report import TrainingVisuals
 
 log = logging.getLogger("vit_train")
 
@@ -52,23 +54,6 @@ class TrainState:
 
 def due(step: int, every: int | None) -> bool:
     return bool(every) and step % every == 0
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("trainer.device=cuda but no CUDA GPU is visible; use trainer.device=auto or cpu")
-    device = torch.device("cuda" if name != "cpu" and torch.cuda.is_available() else "cpu")
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("high")  # TF32 for fp32 matmuls on Ampere and newer
-        torch.backends.cudnn.allow_tf32 = True
-    return device
-
-
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype, or None for full fp32."""
-    if precision == "auto":
-        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
 
 
 def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -116,6 +101,7 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
             log.warning("changed since the checkpoint: %s", change)
     else:
         logger.config(cfg.to_dict(), step=0)
+    visuals = TrainingVisuals(logger.tb, t.viz_every, data) if t.viz_every else None
     log.info("%s: %.2fM parameters, %d classes, %d steps (%d per epoch), device %s, precision %s", cfg.model.name,
              sum(p.numel() for p in model.parameters()) / 1e6, len(data.class_names), total_steps,
              data.steps_per_epoch, device, amp_dtype or torch.float32)
@@ -126,7 +112,10 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
 
     def run_eval() -> dict[str, float]:
         """Evaluates the model (and its EMA); best.pt follows whichever of the two scores higher."""
-        metrics = evaluate(step_fn, data.val_loader, device, amp_dtype, t.progress, data.val_unreadable)
+        metrics = evaluate(step_fn, data.val_loader, device, amp_dtype, t.progress, data.val_unreadable,
+                           confusion=visuals is not None)
+        if visuals is not None:
+            visuals.after_eval(model, state.step, metrics.pop("confusion"))
         logger.scalars("val", state.step, metrics)
         scores, ema_text = {"model": metrics["top1"]}, ""
         if ema is not None:
@@ -166,6 +155,8 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
                     images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
                     if mix is not None:
                         images, targets = mix(images, targets, state.step)
+                    if visuals is not None and not visuals.batch_shown:
+                        visuals.training_batch(images, targets, state.step)
                     loss, grad_norm, hits, finite = train_step(step_fn, model, images, targets, optimizer, scaler,
                                                                criterion, amp_dtype, t.accum_steps, cfg.optim.clip_grad)
                     scheduler.step()
@@ -305,6 +296,7 @@ def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: Averag
         "scaler": scaler.state_dict(), "ema": ema.state_dict() if ema is not None else None, **asdict(state),
         "rng": rng_state(),
         "config": cfg.to_dict(), "overrides": list(overrides), "class_names": list(class_names),
+        "preprocess": preprocess_spec(cfg),
         "versions": versions(),
     }
 

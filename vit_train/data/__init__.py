@@ -61,6 +61,7 @@ class Data:
     train_sampler: EpochSampler  # set_epoch(epoch, start) before each pass over train_loader
     class_names: list[str]
     steps_per_epoch: int  # optimiser steps (global batches) per epoch; the last partial batch is dropped
+    stats: tuple = ((0.0,) * 3, (1.0,) * 3)  # (mean, std) the images were normalised with
     train_unreadable: UnreadableImages | None = None  # image folders only
     val_unreadable: UnreadableImages | None = None
 
@@ -72,6 +73,13 @@ def _worker_signals(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
+
+
+def data_stats(name: str) -> tuple:
+    """(mean, std) per channel with which the data set's images are normalised."""
+    if name == "shapes":
+        return SHAPES_STATS
+    return cifar.STATS[name] if name in cifar.FORMATS else imagefolder.STATS
 
 
 def load_splits(cfg: Config):
@@ -105,7 +113,7 @@ def build_data(cfg: Config, device: torch.device, world_size: int = 1) -> Data:
     eval_batch = (d.eval_batch_size or d.batch_size) // world_size
     val_loader = DataLoader(TransformedDataset(val_base, eval_tf), batch_size=max(1, eval_batch),
                             shuffle=False, generator=torch.Generator(), **workers)
-    data = Data(train_loader, val_loader, sampler, class_names, len(train_base) // d.batch_size)
+    data = Data(train_loader, val_loader, sampler, class_names, len(train_base) // d.batch_size, stats)
     if cfg.data.name == "imagefolder":
         data.train_unreadable = UnreadableImages(train_base, "train", d.bad_images, d.max_bad_fraction)
         data.val_unreadable = UnreadableImages(val_base, "val", d.bad_images, d.max_bad_fraction)

@@ -33,6 +33,12 @@ def _masks(u: torch.Tensor, v: torch.Tensor, label: int) -> torch.Tensor:
 
 def generate_shapes(count: int, img_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`count` images (count, 3, img_size, img_size) uint8 and their labels (count,) int64, balanced."""
+    images, labels, _ = generate_shapes_with_masks(count, img_size, seed)
+    return images, labels
+
+
+def generate_shapes_with_masks(count: int, img_size: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """generate_shapes' images and labels, and each shape's pixel mask (count, img_size, img_size) bool."""
     g = torch.Generator().manual_seed(seed)
     labels = torch.arange(count) % len(CLASS_NAMES)
     labels = labels[torch.randperm(count, generator=g)]
@@ -52,4 +58,4 @@ def generate_shapes(count: int, img_size: int, seed: int) -> tuple[torch.Tensor,
         inside[idx] = _masks(u[idx], v[idx], label)
     colour = torch.where(inside[:, None], foreground[:, :, None, None], background[:, :, None, None])
     images = ((colour + noise).clamp(0, 1) * 255).round().to(torch.uint8)
-    return images, labels
+    return images, labels, inside

@@ -1,0 +1,204 @@
+"""vit-eval, attention maps and rollout, figures, vit-predict and vit-export."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torchvision.transforms import v2
+
+from vit_train.data import SHAPES_STATS
+from vit_train.data.shapes import CLASS_NAMES, generate_shapes_with_masks
+from vit_train.inference import export, load_for_inference, predict
+from vit_train.model import VisionTransformer
+from vit_train.pretrained import load_pretrained
+from vit_train.report import evaluate_checkpoint
+from vit_train.trainer import train
+from vit_train.visualize import CELL, DPI, attention_rollout, pooled_attention
+
+pytest.importorskip("matplotlib")
+
+
+def cli(command, *args):
+    code = f"import sys; from vit_train.commands import {command}_main as m; sys.argv[0] = 'x'; m()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+
+
+# --- vit-eval -------------------------------------------------------------------------------------
+
+def test_eval_top1_equals_the_training_runs_final_top1_for_model_and_ema(trained_run, tmp_path):
+    run_dir, results = trained_run
+    last = run_dir / "checkpoints" / "last.pt"
+    raw = evaluate_checkpoint(last, weights="model", attention_images=0, out_dir=tmp_path / "raw", progress=False)
+    ema = evaluate_checkpoint(last, attention_images=0, out_dir=tmp_path / "ema", progress=False)  # auto: EMA
+    assert (raw["weights"], ema["weights"]) == ("model", "ema")
+    assert raw["top1"] == results["final_top1"] and ema["top1"] == results["final_ema_top1"]
+    confusion = torch.tensor(raw["confusion"])
+    assert confusion.sum() == raw["images"] == 500
+    assert 100 * confusion.trace().item() / 500 == pytest.approx(raw["top1"])
+    assert list(raw["per_class"]) == CLASS_NAMES
+    assert json.loads((tmp_path / "raw" / "metrics.json").read_text())["top1"] == raw["top1"]
+
+
+def test_vit_eval_command_prints_the_table_and_writes_figures(trained_run):
+    run_dir, results = trained_run
+    done = cli("eval", f"ckpt={run_dir / 'checkpoints' / 'best.pt'}", "attention.images=4", "progress=false")
+    assert done.returncode == 0, done.stderr
+    assert "EMA weights" in done.stdout and f"top-1 {results['best_top1']:.2f}%" in done.stdout
+    assert all(name in done.stdout for name in CLASS_NAMES)
+    written = {p.name for p in (run_dir / "eval").iterdir()}
+    assert written == {"metrics.json", "attention.png", "attention_heads.png", "position_similarity.png",
+                       "patch_filters.png", "confusion.png"}
+    attention = Image.open(run_dir / "eval" / "attention.png")
+    depth = 3
+    assert attention.size == (round((depth + 2) * CELL * DPI), round(4 * CELL * DPI))  # 4 images, one per row
+    for name in written - {"metrics.json"}:
+        pixels = torch.tensor(np.array(Image.open(run_dir / "eval" / name).convert("L")), dtype=torch.float)
+        assert pixels.std() > 20, f"{name} looks blank"
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "missing ckpt=..."),
+    (["ckpt=x.pt", "atention.images=3"], "unknown option 'atention.images'"),
+    (["ckpt=x.pt", "data.rot=/x"], "did you mean 'data.root'"),
+    (["ckpt=x.pt", "data=mnist"], "no data option 'mnist'"),
+    (["ckpt=missing.pt"], "checkpoint missing.pt does not exist"),
+])
+def test_vit_eval_bad_arguments_are_one_line_and_exit_2(args, message):
+    done = cli("eval", *args)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_eval_on_data_with_other_classes_is_refused(trained_run, tmp_path):
+    run_dir, _ = trained_run
+    folders = tmp_path / "images"
+    for split in ("train", "val"):
+        (folders / split / "cat").mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(folders / split / "cat" / "a.png")
+    done = cli("eval", f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", "data=imagefolder", f"data.root={folders}",
+               "data.batch_size=1")
+    assert done.returncode == 2 and "classes: 10 saved, 1 in the data now" in done.stderr
+
+
+# --- attention maps and rollout -------------------------------------------------------------------
+
+def test_attention_rows_sum_to_one_and_rollout_has_one_value_per_patch():
+    model = VisionTransformer(img_size=32, patch_size=8, num_classes=10, embed_dim=32, depth=3, num_heads=2).eval()
+    _, maps = model.attention_maps(torch.randn(2, 3, 32, 32))
+    for weights in maps:
+        assert weights.shape == (2, 2, 17, 17)
+        torch.testing.assert_close(weights.sum(-1), torch.ones(2, 2, 17))
+    assert pooled_attention(maps, 1).shape == (2, 3, 2, 16)  # (B, layers, heads, patches)
+    rollout = attention_rollout(maps, 1)
+    assert rollout.shape == (2, 16) and (rollout >= 0).all()
+    torch.testing.assert_close(rollout.sum(-1), torch.ones(2))
+
+
+def test_rollout_of_one_layer_with_uniform_attention_is_uniform():
+    uniform = torch.full((1, 2, 5, 5), 0.2)  # every token attends to all 5 equally
+    torch.testing.assert_close(attention_rollout([uniform, uniform], num_prefix=1), torch.full((1, 4), 0.25))
+
+
+def rollout_mass_in_box(model, count=200):
+    images, _, masks = generate_shapes_with_masks(count, 32, seed=12345)  # images the model never saw
+    _, maps = model.attention_maps(v2.Normalize(*SHAPES_STATS)(images.float() / 255))
+    rollout = attention_rollout(maps, model.num_prefix_tokens)
+    grid = model.patch_embed.grid_size
+    side = 32 // grid
+    per_pixel = rollout.reshape(-1, grid, grid).repeat_interleave(side, 1).repeat_interleave(side, 2) / side**2
+    box = masks.any(2)[:, :, None] & masks.any(1)[:, None, :]  # each shape's bounding box
+    return (per_pixel * box).sum((1, 2)), box.float().mean((1, 2))
+
+
+def test_rollout_points_at_the_shape(trained_run):
+    """After the short training, 35% of the rollout mass lies in the shape's bounding box, which covers
+    20% of the image: 2.0x its area on average (an untrained model: 1.00x), and more than its area in
+    every one of 200 new images."""
+    run_dir, _ = trained_run
+    model, *_ = load_for_inference(run_dir / "checkpoints" / "last.pt")
+    mass, area = rollout_mass_in_box(model)
+    assert (mass / area).mean() > 1.6
+    assert (mass > area).float().mean() > 0.95
+    torch.manual_seed(0)
+    untrained = VisionTransformer(img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=3, num_heads=4,
+                                  mlp_ratio=2.0, pool="mean", pos_embed="sincos2d").eval()
+    mass, area = rollout_mass_in_box(untrained)
+    assert (mass / area).mean() == pytest.approx(1.0, abs=0.05)
+
+
+def test_training_logs_figures_to_tensorboard_every_viz_every_evals(tmp_path, make_config):
+    train(make_config(trainer={"viz_every": 2, "eval_every": 2, "max_steps": 8},
+                      aug={"mixup_alpha": 0.8}), tmp_path)
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0})
+    events.Reload()
+    assert [e.step for e in events.Images("figures/attention")] == [4, 8]  # evals at 2, 4, 6, 8: every 2nd
+    assert {"figures/confusion", "figures/position_similarity", "figures/patch_filters"} <= set(events.Tags()["images"])
+    assert [e.step for e in events.Images("figures/training_images")] == [0]
+
+
+# --- vit-predict ----------------------------------------------------------------------------------
+
+def test_predict_names_the_shape_in_image_files(trained_run, tmp_path):
+    run_dir, _ = trained_run
+    images, labels, _ = generate_shapes_with_masks(10, 32, seed=777)
+    files = []
+    for i, image in enumerate(images):
+        files.append(str(tmp_path / f"{i}.png"))
+        Image.fromarray(image.permute(1, 2, 0).numpy()).save(files[-1])
+    model, cfg, ckpt, _ = load_for_inference(run_dir / "checkpoints" / "best.pt")
+    results = predict(model, ckpt, cfg, files, top_k=3)
+    with torch.no_grad():
+        expected = model(v2.Normalize(*SHAPES_STATS)(images.float() / 255)).softmax(1)
+    for result, probs in zip(results, expected):
+        assert result["top"][0]["class"] == CLASS_NAMES[probs.argmax()]  # files: the same input as the tensors
+        assert result["top"][0]["probability"] == pytest.approx(probs.max().item(), abs=1e-6)
+        assert len(result["top"]) == 3
+    correct = sum(r["top"][0]["class"] == CLASS_NAMES[y] for r, y in zip(results, labels.tolist()))
+    assert correct >= 7  # the model is ~90% accurate
+    done = cli("predict", f"ckpt={run_dir / 'checkpoints' / 'best.pt'}", f"images=[{files[0]},{files[1]}]", "--json")
+    assert done.returncode == 0, done.stderr
+    assert [r["top"][0]["class"] for r in json.loads(done.stdout)] == [r["top"][0]["class"] for r in results[:2]]
+
+
+# --- vit-export -----------------------------------------------------------------------------------
+
+def test_safetensors_export_loads_back_with_identical_outputs_here_and_in_timm(trained_run, tmp_path):
+    timm = pytest.importorskip("timm")
+    run_dir, _ = trained_run
+    model, cfg, ckpt, source = load_for_inference(run_dir / "checkpoints" / "last.pt")
+    export(model, cfg, ckpt, source, "safetensors", tmp_path / "m.safetensors")
+    x = torch.randn(4, 3, 32, 32)
+    again = VisionTransformer(img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=3, num_heads=4,
+                              mlp_ratio=2.0, pool="mean", pos_embed="sincos2d").eval()
+    report = load_pretrained(again, tmp_path / "m.safetensors")
+    assert report["reinitialised"] == [] and report["resized"] == []
+    reference = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=3, num_heads=4, mlp_ratio=2.0,
+        global_pool="avg", class_token=False, fc_norm=False).eval()
+    from safetensors.torch import load_file
+    reference.load_state_dict(load_file(str(tmp_path / "m.safetensors")))
+    with torch.no_grad():
+        assert torch.equal(again(x), model(x))
+        torch.testing.assert_close(reference(x), model(x), rtol=0, atol=1e-5)
+
+
+def test_onnx_export_matches_pytorch_at_another_batch_size(trained_run, tmp_path):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    run_dir, _ = trained_run
+    done = cli("export", f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", "format=onnx", f"out={tmp_path / 'm.onnx'}",
+               "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout[done.stdout.index("{"):])
+    assert result["checked"] and result["max_abs_diff"] < 1e-4 and result["weights"] == "ema"
+    import onnxruntime
+    model, *_ = load_for_inference(run_dir / "checkpoints" / "last.pt")
+    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    x = torch.randn(7, 3, 32, 32)
+    got = torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x), rtol=0, atol=1e-4)

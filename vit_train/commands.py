@@ -1,0 +1,155 @@
+"""vit-eval, vit-predict and vit-export: key=value arguments in the style of vit-train's overrides.
+
+    vit-eval ckpt=PATH [data=cifar10] [data.root=...] [weights=auto|model|ema] [attention.images=8] [out=DIR] [--json]
+    vit-predict ckpt=PATH images=[a.jpg,b.png] [top_k=5] [weights=auto|model|ema] [--json]
+    vit-export ckpt=PATH format=safetensors|onnx [out=PATH] [weights=auto|model|ema]
+
+Bad input ends with one line on stderr and exit status 2, as for vit-train.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from .config import config_dir, known_keys, unknown_key_message
+from .errors import ConfigError, UserError
+
+GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer")
+CONFIG_SECTIONS = ("data", "trainer")  # what vit-eval may change in a checkpoint's config
+
+
+def parse_args(argv: list[str], options: dict[str, Any], config: bool = False) -> tuple[dict, dict, bool]:
+    """(options, config overrides, --json) from key=value arguments.
+
+    `options` maps each option to its default (... = required). With `config`, `data=NAME` picks a
+    data group file and `data.KEY=VALUE` / `trainer.KEY=VALUE` override single keys.
+    """
+    values, overrides, as_json = dict(options), {}, False
+    valid = known_keys()
+    for arg in argv:
+        if arg == "--json":
+            as_json = True
+            continue
+        key, sep, text = arg.partition("=")
+        if not sep:
+            raise ConfigError(f"'{arg}' is not key=value (options: {', '.join(options)})")
+        value = yaml.safe_load(text) if text else None
+        if key in options:
+            values[key] = value
+        elif config and key in CONFIG_SECTIONS and key in GROUPS:
+            overrides[key] = group_file(key, str(value))
+        elif config and key.split(".")[0] in CONFIG_SECTIONS:
+            if key not in valid:
+                raise ConfigError(unknown_key_message(key, valid))
+            section, leaf = key.split(".", 1)
+            overrides.setdefault(section, {})[leaf] = value
+        else:
+            extra = ", or data=NAME / data.KEY=VALUE / trainer.KEY=VALUE" if config else ""
+            raise ConfigError(f"unknown option '{key}' (options: {', '.join(options)}{extra})")
+    missing = [k for k, v in values.items() if v is ...]
+    if missing:
+        raise ConfigError(f"missing {', '.join(f'{k}=...' for k in missing)}")
+    return values, overrides, as_json
+
+
+def group_file(group: str, name: str) -> dict:
+    path = Path(config_dir()) / group / f"{name}.yaml"
+    if not path.is_file():
+        choices = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ConfigError(f"no {group} option '{name}' (choices: {', '.join(choices)})")
+    plain = yaml.safe_load(path.read_text()) or {}
+    plain.pop("defaults", None)
+    return plain
+
+
+def run(prog: str, work: Callable[[list[str]], None]) -> None:
+    """Run a command's work; bad input becomes one line on stderr and exit status 2."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr, force=True)
+    logging.getLogger("vit_train").setLevel(logging.INFO)
+    argv = sys.argv[1:]
+    if {"-h", "--help"} & set(argv):
+        print(__doc__.split("\n\n")[1].replace("    ", "", 1))
+        return
+    try:
+        work(argv)
+    except UserError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _eval(argv: list[str]) -> None:
+    opts, overrides, as_json = parse_args(argv, {"ckpt": ..., "weights": "auto", "attention.images": 8,
+                                                 "out": None, "progress": True}, config=True)
+    from .report import evaluate_checkpoint  # torch is imported only once the arguments are known to be valid
+
+    results = evaluate_checkpoint(str(opts["ckpt"]), overrides, opts["weights"], int(opts["attention.images"]),
+                                  opts["out"], bool(opts["progress"]))
+    if as_json:
+        print(json.dumps(results, indent=2))
+        return
+    weights = "EMA weights" if results["weights"] == "ema" else "model weights (no EMA)" \
+        if results["weights"] == "model" else results["weights"]
+    print(f"{results['checkpoint']} (step {results['step']}, {weights}) on {results['data']} val, "
+          f"{results['images']} images")
+    print(f"top-1 {results['top1']:.2f}%   top-5 {results['top5']:.2f}%   loss {results['loss']:.4f}\n")
+    width = max(len(name) for name in results["per_class"])
+    counts = [sum(row) for row in results["confusion"]]
+    print(f"{'class':<{width}}  top-1    images")
+    for (name, acc), count in zip(results["per_class"].items(), counts):
+        print(f"{name:<{width}}  {'-' if acc is None else f'{acc:5.1f}%'}  {count:>7}")
+    print(f"\nwritten to {results['out_dir']}: metrics.json" +
+          "".join(f", {Path(f).name}" for f in results["figures"]))
+
+
+def _predict(argv: list[str]) -> None:
+    opts, _, as_json = parse_args(argv, {"ckpt": ..., "images": ..., "top_k": 5, "weights": "auto"})
+    from .inference import load_for_inference, predict
+
+    files = opts["images"] if isinstance(opts["images"], list) else [opts["images"]]
+    model, cfg, ckpt, _ = load_for_inference(str(opts["ckpt"]), opts["weights"])
+    results = predict(model, ckpt, cfg, [str(f) for f in files], int(opts["top_k"]))
+    if as_json:
+        print(json.dumps(results, indent=2))
+        return
+    for result in results:
+        print(result["file"] + ": " + ", ".join(f"{t['class']} {t['probability']:.3f}" for t in result["top"]))
+
+
+def _export(argv: list[str]) -> None:
+    opts, _, as_json = parse_args(argv, {"ckpt": ..., "format": "safetensors", "out": None, "weights": "auto"})
+    if opts["format"] not in ("safetensors", "onnx"):
+        raise ConfigError(f"format must be safetensors or onnx; got {opts['format']!r}")
+    from .inference import export, load_for_inference
+
+    ckpt_path = Path(str(opts["ckpt"]))
+    model, cfg, ckpt, source = load_for_inference(ckpt_path, opts["weights"])
+    run_dir = ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else ckpt_path.parent
+    fmt = str(opts["format"])
+    out = Path(opts["out"]) if opts["out"] else run_dir / "export" / f"{ckpt_path.stem}.{fmt}"
+    result = export(model, cfg, ckpt, source, fmt, out)
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    checked = ""
+    if fmt == "onnx":
+        checked = (f"; outputs match PyTorch's (max abs diff {result['max_abs_diff']:.1e})" if result["checked"]
+                   else "; not checked (pip install onnxruntime)")
+    print(f"wrote {out} ({fmt}, {source} weights){checked}")
+
+
+def eval_main() -> None:
+    run("vit-eval", _eval)
+
+
+def predict_main() -> None:
+    run("vit-predict", _predict)
+
+
+def export_main() -> None:
+    run("vit-export", _export)

@@ -1,0 +1,141 @@
+"""Using a trained checkpoint: its weights (model or EMA), its preprocessing, prediction and export.
+
+A checkpoint carries everything needed here: the config (so the model can be rebuilt), the class
+names and the preprocessing (resize, crop, normalisation), so no data set is needed.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from PIL import Image, UnidentifiedImageError
+from torchvision.transforms import v2
+
+from .checkpoint import load_checkpoint, save_weights_safetensors
+from .config import Config
+from .data import data_stats
+from .data.transforms import CROP_FRACTION
+from .errors import CheckpointError, ConfigError, DataError
+from .model import VisionTransformer, build_model
+
+log = logging.getLogger("vit_train")
+
+Weights = Literal["auto", "model", "ema"]
+
+
+def preprocess_spec(cfg: Config) -> dict[str, Any]:
+    """How an image becomes the model's input, as plain data: resize the short side to `resize`,
+    centre-crop `size`, scale to [0, 1], normalise by `mean` and `std`."""
+    size = cfg.model.img_size
+    small = cfg.data.name != "imagefolder"  # 32x32-style data sets are evaluated at full frame
+    mean, std = data_stats(cfg.data.name)
+    return {"size": size, "resize": size if small else int(size / CROP_FRACTION), "mean": list(mean), "std": list(std)}
+
+
+def preprocess(spec: dict[str, Any]) -> v2.Compose:
+    return v2.Compose([v2.ToImage(), v2.RGB(), v2.Resize(spec["resize"], antialias=True), v2.CenterCrop(spec["size"]),
+                       v2.ToDtype(torch.float32, scale=True), v2.Normalize(spec["mean"], spec["std"])])
+
+
+def ema_weights(ema_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model's state dict inside an AveragedModel's (keys 'module.*', plus its 'n_averaged')."""
+    return {k.removeprefix("module."): v for k, v in ema_state.items() if k.startswith("module.")}
+
+
+def load_for_inference(path: str | Path, weights: Weights = "auto",
+                       overrides: dict | None = None) -> tuple[VisionTransformer, Config, dict, str]:
+    """(model in eval mode on the CPU, config, checkpoint, "model" or "ema") from a vit-train checkpoint.
+
+    weights=auto takes the EMA weights when the checkpoint has them. `overrides` (plain nested dict)
+    are merged into the saved config, e.g. another data root; the model's shape cannot change.
+    """
+    ckpt = load_checkpoint(Path(path))
+    plain = _merge(ckpt["config"], overrides or {})
+    changed = [f"model.{k}" for k in plain["model"] if plain["model"][k] != ckpt["config"]["model"].get(k)]
+    if changed:
+        raise ConfigError(f"{', '.join(changed)} cannot change for a trained checkpoint")
+    cfg = Config.from_dict({**plain, "resume": None})
+    if weights not in ("auto", "model", "ema"):
+        raise ConfigError(f"weights must be auto, model or ema; got {weights!r}")
+    if weights == "ema" and not ckpt.get("ema"):
+        raise CheckpointError(f"{path} has no EMA weights (the run had trainer.ema_decay=null); use weights=model")
+    source = "ema" if weights == "ema" or (weights == "auto" and ckpt.get("ema")) else "model"
+    model = build_model(cfg.model, len(ckpt["class_names"]))
+    model.load_state_dict(ema_weights(ckpt["ema"]) if source == "ema" else ckpt["model"])
+    return model.eval(), cfg, ckpt, source
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(base.get(key) or {}, value) if isinstance(value, dict) else value
+    return out
+
+
+def read_image(path: str | Path) -> Image.Image:
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return image
+    except FileNotFoundError:
+        raise DataError(f"image {path} does not exist") from None
+    except (UnidentifiedImageError, OSError) as e:
+        raise DataError(f"{path} cannot be read as an image ({e})") from None
+
+
+@torch.no_grad()
+def predict(model: VisionTransformer, ckpt: dict, cfg: Config, files: list[str], top_k: int = 5) -> list[dict]:
+    """For each file, the `top_k` classes with their probabilities, most likely first."""
+    if not files:
+        raise ConfigError("no images given: images=[a.jpg,b.png]")
+    transform = preprocess(ckpt.get("preprocess") or preprocess_spec(cfg))
+    batch = torch.stack([transform(read_image(f)) for f in files])
+    probs = model(batch).float().softmax(dim=1)
+    top = probs.topk(min(top_k, probs.shape[1]), dim=1)
+    names = ckpt["class_names"]
+    return [{"file": str(f), "top": [{"class": names[i], "probability": p}
+                                     for p, i in zip(values.tolist(), indices.tolist())]}
+            for f, values, indices in zip(files, top.values, top.indices)]
+
+
+def export(model: VisionTransformer, cfg: Config, ckpt: dict, source: str, fmt: str, out: Path) -> dict[str, Any]:
+    """Write the weights as safetensors (config, class names, preprocessing in the metadata) or ONNX
+    (input 'images' with a dynamic batch axis, output 'logits'); returns what was written and checked."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    spec = ckpt.get("preprocess") or preprocess_spec(cfg)
+    if fmt == "safetensors":
+        save_weights_safetensors(model.state_dict(), out, {"config": cfg.to_dict(), "class_names": ckpt["class_names"],
+                                                            "preprocess": spec, "weights": source})
+        return {"path": str(out), "format": fmt, "weights": source}
+    if fmt != "onnx":
+        raise ConfigError(f"format must be safetensors or onnx; got {fmt!r}")
+    return {"path": str(out), "format": fmt, "weights": source, **export_onnx(model, cfg.model.img_size, out)}
+
+
+def export_onnx(model: VisionTransformer, img_size: int, out: Path) -> dict[str, Any]:
+    try:
+        import onnx  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError:
+        raise ConfigError("ONNX export needs onnx and onnxscript: pip install 'vit-train[export]'") from None
+    example = torch.randn(2, 3, img_size, img_size)
+    batch = torch.export.Dim("batch", min=1)
+    torch.onnx.export(model, (example,), str(out), input_names=["images"], output_names=["logits"],
+                      dynamic_shapes={"x": {0: batch}}, dynamo=True, verbose=False)
+    try:
+        import onnxruntime
+    except ImportError:
+        log.warning("onnxruntime is not installed, so the ONNX file was not checked against PyTorch")
+        return {"checked": False}
+    check = torch.randn(3, 3, img_size, img_size)  # another batch size than the example's
+    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(session.run(None, {"images": check.numpy()})[0])
+    with torch.no_grad():
+        diff = (got - model(check)).abs().max().item()
+    if diff > 1e-3:
+        raise CheckpointError(f"the ONNX model's outputs differ from PyTorch's by {diff:.2e}; {out} is not trustworthy")
+    return {"checked": True, "max_abs_diff": diff}
+

@@ -1,0 +1,193 @@
+"""Looking inside a ViT: attention per layer and head, attention rollout, and figures.
+
+The tensor functions need only torch. The figures use matplotlib's object-oriented API (no pyplot,
+no display), so they render headless; matplotlib is the optional extra `[viz]`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .errors import ConfigError
+
+CELL = 1.6  # inches per image tile
+DPI = 100  # so a tile is 160 x 160 pixels
+
+
+def pooled_attention(maps: list[torch.Tensor], num_prefix: int) -> torch.Tensor:
+    """(B, layers, heads, patches): the attention the pooled token pays to each patch.
+
+    With a class token (num_prefix 1) that is the class token's row; with mean pooling, which has
+    no such token, the mean of all tokens' rows.
+    """
+    stacked = torch.stack(maps, dim=1)  # (B, L, H, T, T)
+    rows = stacked[..., 0, :] if num_prefix else stacked.mean(dim=-2)
+    return rows[..., num_prefix:]
+
+
+def attention_rollout(maps: list[torch.Tensor], num_prefix: int) -> torch.Tensor:
+    """Attention rollout (Abnar and Zuidema 2020) over all layers: (B, patches), each row summing to 1.
+
+    Each layer's head-averaged attention gets the residual connection as 0.5 A + 0.5 I, rows are
+    renormalised, and the layers are multiplied from the first to the last; the result's row of the
+    class token (mean pooling: the mean over rows) is read over the patches.
+    """
+    result = None
+    for weights in maps:
+        a = weights.mean(dim=1)  # (B, T, T)
+        a = 0.5 * a + 0.5 * torch.eye(a.shape[-1], device=a.device, dtype=a.dtype)
+        a = a / a.sum(dim=-1, keepdim=True)
+        result = a if result is None else a @ result
+    row = result[:, 0] if num_prefix else result.mean(dim=1)
+    patches = row[:, num_prefix:]
+    return patches / patches.sum(dim=-1, keepdim=True)
+
+
+def position_similarity(pos_embed: torch.Tensor, num_prefix: int) -> torch.Tensor:
+    """(patches, patches) cosine similarity between the patch positions' embeddings."""
+    pos = F.normalize(pos_embed[0, num_prefix:].float(), dim=-1)
+    return pos @ pos.T
+
+
+def denormalize(images: torch.Tensor, stats: tuple) -> torch.Tensor:
+    """Normalised (B, 3, H, W) images back to [0, 1] for display."""
+    mean = torch.tensor(stats[0], device=images.device)[:, None, None]
+    std = torch.tensor(stats[1], device=images.device)[:, None, None]
+    return (images.float() * std + mean).clamp(0, 1)
+
+
+def upsample(maps: torch.Tensor, grid: int, size: int) -> torch.Tensor:
+    """(..., grid*grid) patch values -> (..., size, size), bilinear, for overlays."""
+    lead = maps.shape[:-1]
+    square = maps.reshape(-1, 1, grid, grid).float()
+    return F.interpolate(square, size=(size, size), mode="bilinear", align_corners=False).reshape(*lead, size, size)
+
+
+# --- figures --------------------------------------------------------------------------------------
+
+def _new_figure(rows: int, cols: int):
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ConfigError("figures need matplotlib: pip install 'vit-train[viz]'") from None
+    fig = Figure(figsize=(cols * CELL, rows * CELL), dpi=DPI)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax in axes.flat:
+        ax.set_axis_off()
+    header = 0.45 / (rows * CELL)  # room for the title and the first row's two-line titles
+    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1 - header, wspace=0.05, hspace=0.35)
+    return fig, axes
+
+
+def _show(ax, image: torch.Tensor, title: str = "", heat: torch.Tensor | None = None) -> None:
+    ax.imshow(image.permute(1, 2, 0).cpu().numpy())
+    if heat is not None:
+        ax.imshow(heat.cpu().numpy(), cmap="inferno", alpha=0.6)
+    if title:
+        ax.set_title(title, fontsize=8)
+
+
+def attention_figure(images: torch.Tensor, rollout: torch.Tensor, layers: torch.Tensor, labels: list[str],
+                     mean_pool: bool):
+    """One row per image: the image, its rollout, then each layer's head-averaged pooled attention.
+
+    images (B, 3, S, S) in [0, 1]; rollout (B, N); layers (B, L, N).
+    """
+    count, depth = len(images), layers.shape[1]
+    grid, size = math.isqrt(rollout.shape[-1]), images.shape[-1]
+    fig, axes = _new_figure(count, depth + 2)
+    who = "mean over tokens (mean pooling)" if mean_pool else "class token"
+    fig.suptitle(f"attention of the {who}: rollout over all layers, then each layer (mean over heads)", fontsize=9)
+    for i in range(count):
+        _show(axes[i, 0], images[i], labels[i])
+        _show(axes[i, 1], images[i], "rollout" if i == 0 else "", upsample(rollout[i], grid, size))
+        for layer in range(depth):
+            heat = upsample(layers[i, layer], grid, size)
+            _show(axes[i, layer + 2], images[i], f"layer {layer + 1}" if i == 0 else "", heat)
+    return fig
+
+
+def heads_figure(image: torch.Tensor, attention: torch.Tensor, mean_pool: bool):
+    """Layers x heads grid of one image's pooled attention; attention (L, H, N)."""
+    depth, heads = attention.shape[:2]
+    grid, size = math.isqrt(attention.shape[-1]), image.shape[-1]
+    fig, axes = _new_figure(depth, heads)
+    fig.suptitle(f"{'mean-token' if mean_pool else 'class-token'} attention per layer (rows) and head (columns)",
+                 fontsize=9)
+    for layer in range(depth):
+        for head in range(heads):
+            _show(axes[layer, head], image, f"L{layer + 1} H{head + 1}", upsample(attention[layer, head], grid, size))
+    return fig
+
+
+def confusion_figure(confusion: torch.Tensor, class_names: list[str]):
+    """Row-normalised confusion matrix (rows: true class, columns: predicted), counts written in."""
+    classes = len(class_names)
+    side = max(4, min(16, 0.45 * classes + 2)) / CELL
+    fig, axes = _new_figure(1, 1)
+    fig.set_size_inches(side * CELL, side * CELL)
+    ax = axes[0, 0]
+    ax.set_axis_on()
+    rates = confusion.float() / confusion.sum(dim=1, keepdim=True).clamp(min=1)
+    ax.imshow(rates.numpy(), cmap="Blues", vmin=0, vmax=1)
+    if classes <= 30:
+        ax.set_xticks(range(classes), class_names, rotation=90, fontsize=7)
+        ax.set_yticks(range(classes), class_names, fontsize=7)
+        for t in range(classes):
+            for p in range(classes):
+                if confusion[t, p]:
+                    ax.text(p, t, str(int(confusion[t, p])), ha="center", va="center", fontsize=6,
+                            color="white" if rates[t, p] > 0.5 else "black")
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    fig.subplots_adjust(left=0.2, right=0.98, bottom=0.2, top=0.92)
+    ax.set_title(f"confusion matrix: {int(confusion.trace())} of {int(confusion.sum())} correct", fontsize=9)
+    return fig
+
+
+def position_figure(similarity: torch.Tensor):
+    """One tile per patch position: that position's cosine similarity to every other (the ViT paper's fig. 7)."""
+    grid = math.isqrt(similarity.shape[0])
+    fig, axes = _new_figure(1, 1)
+    fig.set_size_inches(max(4, grid * 0.5), max(4, grid * 0.5))
+    # (row, col of the position, row, col of the other) -> tiles, with a blank line between tiles
+    padded = F.pad(similarity.reshape(grid, grid, grid, grid), (0, 1, 0, 1), value=float("nan"))
+    tiles = padded.permute(0, 2, 1, 3).reshape(grid * (grid + 1), grid * (grid + 1))
+    axes[0, 0].imshow(tiles.numpy(), cmap="viridis")
+    axes[0, 0].set_title(f"position embedding cosine similarity, {similarity.min():.2f} (dark) to 1 (light)",
+                         fontsize=9)
+    return fig
+
+
+def filters_figure(weight: torch.Tensor, limit: int = 64):
+    """The first `limit` patch-embedding filters (embed_dim, 3, p, p) as RGB tiles, each scaled to [0, 1]."""
+    w = weight[:limit].float()
+    low, high = w.amin(dim=(1, 2, 3), keepdim=True), w.amax(dim=(1, 2, 3), keepdim=True)
+    w = (w - low) / (high - low).clamp(min=1e-8)
+    side = math.ceil(math.sqrt(len(w)))
+    fig, axes = _new_figure(side, side)
+    fig.set_size_inches(side * 0.6, side * 0.6 + 0.3)
+    fig.subplots_adjust(top=1 - 0.3 / (side * 0.6 + 0.3))
+    fig.suptitle("patch embedding filters (first layer)", fontsize=9)
+    for i, f in enumerate(w):
+        _show(axes[i // side, i % side], f)
+    return fig
+
+
+def images_figure(images: torch.Tensor, titles: list[str], columns: int = 8):
+    """A grid of [0, 1] images with titles (e.g. training images after augmentation)."""
+    rows = math.ceil(len(images) / columns)
+    fig, axes = _new_figure(rows, min(columns, len(images)))
+    for i, image in enumerate(images):
+        _show(axes[i // columns, i % columns], image, titles[i])
+    return fig
+
+
+def save_figure(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    return path
