@@ -65,3 +65,21 @@ def test_stop_signal_then_resume_auto_equals_an_uninterrupted_run(tmp_path, unin
     for part in ("model", "optimizer"):
         flat_a, flat_b = torch.utils._pytree.tree_flatten(final[part])[0], torch.utils._pytree.tree_flatten(expected[part])[0]
         assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(flat_a, flat_b))
+
+
+def test_a_handler_installed_before_gets_the_signal_after_the_stop():
+    """E.g. submitit's SIGUSR1 handler, which requeues the job: it runs once the loop has stopped."""
+    import os
+    import signal
+
+    from vit_train.preemption import StopRequest
+
+    called = []
+    before = signal.signal(signal.SIGUSR1, lambda signum, frame: called.append(signum))
+    try:
+        with StopRequest() as stop:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            assert stop and stop.exit_code == 138 and called == []  # ours took it
+        assert called == [signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, before)

@@ -3,24 +3,40 @@
 `vit-train [overrides]` composes configs/train.yaml with the overrides, validates it into a typed
 `Config` and hands it to `trainer.train`. `resume=PATH` continues that run in its own directory,
 from the config saved in its checkpoint, with any new key overrides applied on top.
+
+`vit-train -m ...` runs a sweep: each job returns its objective (`sweep.objective`) to the sweeper;
+a job that fails is recorded in its results.json and the sweep goes on; a job that already
+completed in the same sweep directory is skipped and an unfinished one resumes; at the end
+`SweepSummary` writes the sweep's summary and exits 1 if any job did not complete.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import math
 import shutil
 import sys
+import traceback
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from .config import Config, config_dir as _config_dir, known_keys, unknown_key_message
 from .errors import ConfigError, RunStopped, UserError
 
-GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer", "experiment", "hydra")
+GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer", "experiment", "hparams_search", "hydra")
+# Optional plugins a command line may ask for, and the extra that installs each.
+PLUGINS = {"hparams_search=optuna": ("hydra_plugins.hydra_optuna_sweeper", "sweep"),
+           "hydra/sweeper=optuna": ("hydra_plugins.hydra_optuna_sweeper", "sweep"),
+           "hydra/launcher=joblib": ("hydra_plugins.hydra_joblib_launcher", "sweep"),
+           "hydra/launcher=parallel": ("hydra_plugins.hydra_joblib_launcher", "sweep"),
+           "hydra/launcher=slurm": ("hydra_plugins.hydra_submitit_launcher", "slurm")}
 
 
 def _is_resume_path(resume: object) -> bool:
@@ -53,9 +69,12 @@ OmegaConf.register_new_resolver("vit_output_subdir", _output_subdir, replace=Tru
 
 
 def check_override_keys(args: list[str]) -> None:
-    """Refuse command-line keys the schema does not know, naming the closest valid key."""
+    """Refuse command-line keys the schema does not know, naming the closest valid key, and plugins
+    that are not installed, naming the extra that installs them."""
     valid = known_keys()
     for arg in args:
+        if arg in PLUGINS and importlib.util.find_spec(PLUGINS[arg][0]) is None:
+            raise ConfigError(f"{arg} needs a Hydra plugin that is not installed: pip install 'vit-train[{PLUGINS[arg][1]}]'")
         if arg.startswith("-") or "=" not in arg:
             continue
         key = arg.split("=", 1)[0].lstrip("+~")
@@ -95,7 +114,10 @@ def compose_config(cfg: DictConfig) -> tuple[Config, list[str]]:
 @hydra.main(version_base="1.3", config_path=_config_dir(), config_name="train")
 def _train_app(cfg: DictConfig) -> float:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        return _sweep_job(cfg, run_dir, list(hydra_cfg.overrides.task), hydra_cfg.job.num)
     try:
         config, overrides = compose_config(cfg)
         from .trainer import train  # torch is imported only once the config is known to be valid
@@ -113,6 +135,83 @@ def _train_app(cfg: DictConfig) -> float:
         print("vit-train: interrupted", file=sys.stderr)
         sys.exit(130)
     return results["best_top1"]
+
+
+def _sweep_job(cfg: DictConfig, run_dir: Path, overrides: list[str], job: int) -> float:
+    """One job of a sweep: its objective, or NaN after recording why it failed (the sweep goes on).
+
+    A stop signal still stops the whole sweep (after the job's checkpoint): re-running the same
+    command with the same hydra.sweep.dir skips completed jobs and resumes the others.
+    """
+    from . import sweep
+
+    log = logging.getLogger("vit_train")
+    objective = str(cfg.sweep.objective)
+    try:
+        done = sweep.finished_job(run_dir, overrides)
+        if done is not None:
+            log.info("job %d (%s) already completed in %s; skipped", job, " ".join(overrides), run_dir)
+            return sweep.objective_value(done, objective)
+        config, _ = compose_config(cfg)
+        from .checkpoint import run_checkpoints
+
+        if run_checkpoints(run_dir):
+            sweep.check_same_job(run_dir, overrides)
+            config.resume = "auto"  # an unfinished job of this sweep continues from its checkpoint
+        lock = None
+        if config.sweep.devices:
+            index, lock = sweep.claim_device(run_dir.parent, config.sweep.devices, job)
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.set_device(index)
+                log.info("job %d runs on GPU %d (of %d shared by this sweep)", job, index, config.sweep.devices)
+            else:
+                log.info("job %d holds slot %d of %d (no GPU visible: the slots only limit concurrency)", job, index,
+                         config.sweep.devices)
+        from .trainer import train
+
+        try:
+            results = train(config, run_dir, overrides)
+        finally:
+            if lock is not None:
+                lock.close()
+        return sweep.objective_value(results, objective)
+    except RunStopped as e:
+        if e.exit_code != 3:  # a stop signal ends the sweep; a diverged job is recorded and the sweep goes on
+            print(f"vit-train: {e}", file=sys.stderr)
+            sys.exit(e.exit_code)
+        log.error("job %d (%s) diverged: %s", job, " ".join(overrides), e)
+    except KeyboardInterrupt:
+        print("vit-train: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - any failure of one job is recorded; the sweep goes on
+        text = str(e) if isinstance(e, UserError) else traceback.format_exc()
+        log.error("job %d (%s) failed: %s", job, " ".join(overrides), text.strip().splitlines()[-1])
+        from .metrics import write_results
+
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_results(run_dir, sweep.failure_record(text, run_dir))
+    return math.nan
+
+
+class SweepSummary(Callback):
+    """After a sweep: the summary table (printed, summary.csv, summary.md), TensorBoard HParams, and
+    exit status 1 when any job did not complete."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        from .sweep import summarize
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if not sweep_dir.is_dir():
+            return
+        rows = summarize(sweep_dir, str(config.sweep.objective), str(config.sweep.direction))
+        failed = [r["job"] for r in rows if r["status"] != "completed"]
+        if failed:
+            print(f"vit-train: {len(failed)} of {len(rows)} jobs did not complete (jobs {', '.join(failed)}); see "
+                  f"their results.json; re-run the same command with hydra.sweep.dir={sweep_dir} to retry them",
+                  file=sys.stderr)
+            sys.exit(1)
 
 
 def train_main() -> None:

@@ -118,6 +118,14 @@ class TrainerConfig:
 
 
 @dataclass
+class SweepConfig:
+    # what a multirun job returns to the sweeper (a results.json key) and which way is better
+    objective: Literal["best_top1", "final_top1", "final_top5", "final_loss", "final_ema_top1"] = "best_top1"
+    direction: Literal["maximize", "minimize"] = "maximize"
+    devices: Optional[int] = None  # GPUs shared by parallel jobs: each job takes a free one; null = as trainer.device
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -125,6 +133,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     seed: int = 0  # seeds the model init, data order and augmentation
     resume: Optional[str] = None  # null, auto (newest checkpoint in the run dir), or a path
     name: str = ""  # free-form run name, for logs
@@ -163,6 +172,7 @@ class Config:
         _require(t.ema_decay is None or 0.0 < t.ema_decay < 1.0, f"trainer.ema_decay must be in (0, 1), got {t.ema_decay}")
         for key, value in (("data.eval_batch_size", d.eval_batch_size), ("trainer.max_steps", t.max_steps),
                            ("trainer.eval_every", t.eval_every), ("trainer.ckpt_every", t.ckpt_every), ("trainer.viz_every", t.viz_every),
+                           ("sweep.devices", self.sweep.devices),
                            ("optim.clip_grad", self.optim.clip_grad), ("optim.lr_base_batch", self.optim.lr_base_batch)):
             if value is not None:
                 _positive((key, value))

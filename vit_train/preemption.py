@@ -2,7 +2,8 @@
 
 Clusters send SIGTERM (or, with `--signal`, SIGUSR1) some time before they kill a job; Ctrl-C
 sends SIGINT. The handler only sets a flag, which the loop reads between steps, so the checkpoint
-always holds a whole step. A second Ctrl-C stops at once, without a checkpoint.
+always holds a whole step. A second Ctrl-C stops at once, without a checkpoint. A handler that
+was installed before (a cluster tool's) is called once the loop has stopped.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ class StopRequest:
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        # A handler that was there before ours (submitit's requeue on SIGUSR1, say) still gets the
+        # signal, now that the checkpoint is written. Python's own Ctrl-C handler is not chained.
+        previous = self._previous.get(self.signum)
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(self.signum, None)
 
     def _handle(self, signum: int, frame) -> None:
         if signum == signal.SIGINT and self.signum == signal.SIGINT:

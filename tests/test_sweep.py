@@ -1,0 +1,138 @@
+"""Sweeps through the real command line: grid, failed jobs, re-runs, Optuna, parallel jobs, summary."""
+
+import csv
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from test_cli import TINY, vit_train
+from vit_train.cli import check_override_keys
+from vit_train.errors import ConfigError
+from vit_train.sweep import claim_device
+
+SHORT = [*TINY, "trainer.epochs=1"]  # 4 steps per job
+
+
+def results(job_dir):
+    return json.loads((job_dir / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    """A 2x2 grid in one sweep directory: (sweep dir, the finished command)."""
+    tmp = tmp_path_factory.mktemp("grid")
+    sweep_dir = tmp / "sweep"
+    args = ["-m", *SHORT, "optim.lr=1e-3,5e-4", "model.patch_size=4,8", f"hydra.sweep.dir={sweep_dir}"]
+    return sweep_dir, args, vit_train(*args, cwd=tmp)
+
+
+def test_a_grid_runs_every_job_in_its_own_directory_and_summarises_them(grid):
+    sweep_dir, _, done = grid
+    assert done.returncode == 0, done.stderr
+    jobs = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir())
+    assert jobs == ["0", "1", "2", "3"]
+    swept = []
+    for job in jobs:
+        overrides = yaml.safe_load((sweep_dir / job / ".hydra" / "overrides.yaml").read_text())
+        swept.append(tuple(o for o in overrides if o.startswith(("optim.lr", "model.patch_size"))))
+        assert results(sweep_dir / job)["status"] == "completed"
+        assert (sweep_dir / job / "checkpoints" / "best.pt").is_file()
+        assert list((sweep_dir / job / "tb" / "hparams").glob("events.out.tfevents.*"))  # HParams tab
+    assert sorted(swept) == sorted((f"optim.lr={lr}", f"model.patch_size={p}") for lr in ("0.001", "0.0005")
+                                   for p in (4, 8))
+    rows = list(csv.DictReader((sweep_dir / "summary.csv").open()))
+    assert sorted(r["job"] for r in rows) == jobs
+    for row in rows:
+        assert float(row["best_top1"]) == results(sweep_dir / row["job"])["best_top1"]
+        assert float(row["objective"]) == float(row["best_top1"])  # sweep.objective=best_top1 by default
+    objectives = [float(r["objective"]) for r in rows]
+    assert objectives == sorted(objectives, reverse=True)  # best first
+    table = (sweep_dir / "summary.md").read_text()
+    assert table.count("| completed |") == 4 and "model.patch_size=8" in table and "data.val_size" not in table
+    assert table in done.stdout
+
+
+def test_rerunning_the_sweep_skips_finished_jobs_and_resumes_unfinished_ones(grid, tmp_path):
+    sweep_dir, args, first = grid
+    assert first.returncode == 0, first.stderr
+    before = {job: results(sweep_dir / job) for job in "0123"}
+    (sweep_dir / "2" / "results.json").unlink()  # job 2 "did not finish": it has checkpoints but no results
+    again = vit_train(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("already completed") == 3
+    assert "resumed from" in again.stdout  # job 2, from its own checkpoint
+    for job in "013":
+        assert results(sweep_dir / job) == before[job]  # untouched
+    assert results(sweep_dir / "2")["best_top1"] == before["2"]["best_top1"]
+
+
+def test_a_failing_job_is_recorded_the_others_finish_and_the_exit_status_says_so(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    done = vit_train("-m", *SHORT, "model.patch_size=4,5,8", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert done.returncode == 1
+    failed = results(sweep_dir / "1")
+    assert failed["status"] == "failed" and "must be divisible by model.patch_size (5)" in failed["error"]
+    assert [results(sweep_dir / j)["status"] for j in "02"] == ["completed", "completed"]
+    assert "1 of 3 jobs did not complete (jobs 1)" in done.stderr
+    summary = subprocess.run([sys.executable, "-c", "from vit_train.sweep import main; main()", str(sweep_dir)],
+                             capture_output=True, text=True)
+    assert summary.returncode == 1 and "| 1 | failed |" in summary.stdout
+
+
+def test_a_sweep_directory_of_another_grid_is_not_resumed_into(grid, tmp_path):
+    sweep_dir, _, first = grid
+    assert first.returncode == 0
+    other = vit_train("-m", *SHORT, "optim.lr=2e-3", "model.patch_size=8", f"hydra.sweep.dir={sweep_dir}",
+                      cwd=tmp_path)
+    assert other.returncode == 1
+    assert "holds a job of another sweep" in results(sweep_dir / "0")["error"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None,
+                    reason="the [sweep] extra is not installed")
+def test_optuna_search_runs_its_trials(tmp_path):
+    sweep_dir = tmp_path / "optuna"
+    done = vit_train("hparams_search=optuna", "hydra.sweeper.n_trials=3", *SHORT, f"hydra.sweep.dir={sweep_dir}",
+                     cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    trials = [results(sweep_dir / j) for j in "012"]
+    assert all(t["status"] == "completed" for t in trials)
+    lrs = {yaml.safe_load((sweep_dir / j / ".hydra" / "overrides.yaml").read_text())[0] for j in "012"}
+    assert len(lrs) == 3 and all(lr.startswith("optim.lr=") for lr in lrs)  # three different points
+    assert f"Best value: {max(t['best_top1'] for t in trials)}" in done.stdout + done.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None,
+                    reason="the [sweep] extra is not installed")
+def test_two_jobs_run_in_parallel_each_in_its_own_device_slot(tmp_path):
+    sweep_dir = tmp_path / "parallel"
+    done = vit_train("-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "sweep.devices=2", *SHORT,
+                     "optim.lr=1e-3,5e-4", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert [results(sweep_dir / j)["status"] for j in "01"] == ["completed", "completed"]
+    lines = (done.stdout + done.stderr).splitlines()
+    slots = sorted(line.split("holds slot ")[1][0] for line in lines if "holds slot" in line)
+    assert slots == ["0", "1"]
+
+
+def test_device_slots_are_exclusive_while_held(tmp_path):
+    first, lock0 = claim_device(tmp_path, 2, job=0)
+    second, lock1 = claim_device(tmp_path, 2, job=1)
+    assert (first, second) == (0, 1)
+    lock0.close()
+    third, lock2 = claim_device(tmp_path, 2, job=2)
+    assert third == 0
+    lock1.close()
+    lock2.close()
+
+
+def test_a_missing_plugin_names_the_extra(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"pip install 'vit-train\[sweep\]'"):
+        check_override_keys(["hparams_search=optuna"])
+    with pytest.raises(ConfigError, match=r"pip install 'vit-train\[slurm\]'"):
+        check_override_keys(["-m", "hydra/launcher=slurm"])
