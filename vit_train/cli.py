@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import math
+import os
 import shutil
 import sys
 import traceback
@@ -56,8 +57,11 @@ def _resumes_existing(resume: object) -> bool:
 
 
 def _output_subdir(resume: object, run_dir: str) -> str | None:
-    """.hydra/, unless the directory already holds a run: its record of how it started is kept."""
-    return None if _resumes_existing(resume) or (Path(run_dir) / "checkpoints").is_dir() else ".hydra"
+    """.hydra/, unless the directory already holds a run (its record of how it started is kept), or
+    this is not the first of several processes (rank 0 keeps the record)."""
+    if _resumes_existing(resume) or (Path(run_dir) / "checkpoints").is_dir() or os.environ.get("RANK", "0") != "0":
+        return None
+    return ".hydra"
 
 
 # hydra.run.dir and hydra.output_subdir read these, so `resume=PATH` runs in PATH's own directory
@@ -120,6 +124,8 @@ def _train_app(cfg: DictConfig) -> float:
         return _sweep_job(cfg, run_dir, list(hydra_cfg.overrides.task), hydra_cfg.job.num)
     try:
         config, overrides = compose_config(cfg)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: rank 0's run directory for every process
+            run_dir = _shared_run_dir(config, run_dir)
         from .trainer import train  # torch is imported only once the config is known to be valid
 
         results = train(config, run_dir, overrides)
@@ -134,7 +140,37 @@ def _train_app(cfg: DictConfig) -> float:
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once, keeping the last checkpoint
         print("vit-train: interrupted", file=sys.stderr)
         sys.exit(130)
+    finally:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            from . import distributed
+
+            distributed.cleanup()
     return results["best_top1"]
+
+
+def _shared_run_dir(config: Config, run_dir: Path) -> Path:
+    """Join the process group and use rank 0's run directory (Hydra's timestamp can differ between
+    processes started a second apart); an elastic restart (torchrun --max-restarts) resumes."""
+    from . import distributed
+
+    ctx = distributed.setup(config.trainer.device)
+    run_id, restart = os.environ.get("TORCHELASTIC_RUN_ID", ""), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    chosen = run_dir
+    if ctx.is_main and restart and run_id:  # the directory the first attempt of this torchrun chose
+        for marker in run_dir.parent.parent.glob("*/*/.torchrun_run_id"):
+            if marker.read_text() == run_id:
+                chosen = marker.parent
+    shared = Path(distributed.broadcast(str(chosen)))
+    if shared != run_dir and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra"}:
+        shutil.rmtree(run_dir, ignore_errors=True)  # the directory Hydra made for this process (or all), unused
+    if ctx.is_main and run_id:
+        shared.mkdir(parents=True, exist_ok=True)
+        (shared / ".torchrun_run_id").write_text(run_id)
+    if restart and config.resume is None:
+        config.resume = "auto"
+        if ctx.is_main:
+            logging.getLogger("vit_train").info("restart %d of the process group: resuming in %s", restart, shared)
+    return shared
 
 
 def _sweep_job(cfg: DictConfig, run_dir: Path, overrides: list[str], job: int) -> float:

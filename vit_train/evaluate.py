@@ -7,13 +7,16 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from .distributed import sum_all
 from .errors import ConfigError
 
 
-def pick_device(name: str) -> torch.device:
+def pick_device(name: str, index: int | None = None) -> torch.device:
+    """The device trainer.device names; `index`: which GPU (a process's local rank under torchrun)."""
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("trainer.device=cuda but no CUDA GPU is visible; use trainer.device=auto or cpu")
-    device = torch.device("cuda" if name != "cpu" and torch.cuda.is_available() else "cpu")
+    cuda = name != "cpu" and torch.cuda.is_available()
+    device = torch.device("cuda", index) if cuda and index is not None else torch.device("cuda" if cuda else "cpu")
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for fp32 matmuls on Ampere and newer
         torch.backends.cudnn.allow_tf32 = True
@@ -50,6 +53,9 @@ def evaluate(model: nn.Module, loader, device: torch.device, amp_dtype: torch.dt
         totals += torch.stack([F.cross_entropy(logits.float(), targets, reduction="sum"), hits[:, 0].sum(),
                                hits.any(dim=1).sum(), torch.tensor(len(targets), device=device)]).double()
     model.train(was_training)
+    sum_all(totals)  # with several processes, each evaluated its share: the sums are the whole set's
+    if confusion:
+        matrix = sum_all(matrix)
     loss, top1, top5, count = totals.tolist()
     metrics = {"loss": loss / count, "top1": 100 * top1 / count, "top5": 100 * top5 / count}
     if confusion:

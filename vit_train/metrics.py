@@ -58,6 +58,21 @@ class RunLogger:
         self.file_handler.close()
 
 
+class NullLogger:
+    """What processes other than rank 0 log with: nothing (rank 0 writes the run's files)."""
+
+    tb = None
+
+    def scalars(self, split: str, step: int, values: dict[str, float]) -> None:
+        pass
+
+    def config(self, config: dict[str, Any], step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class TrainWindow:
     """Train metrics between two logs, summed on the device and read once per log (one host sync).
 

@@ -18,10 +18,16 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 class StopRequest:
-    """A context manager installing the handlers; true once a stop signal has arrived."""
+    """A context manager installing the handlers; true once a stop signal has arrived.
 
-    def __init__(self) -> None:
-        self.signum: int | None = None
+    `deferred` (several processes): a signal only counts once `agree` is called with it, so that
+    every process changes its mind at the same step.
+    """
+
+    def __init__(self, deferred: bool = False) -> None:
+        self.signum: int | None = None  # the stop in effect
+        self.received: int | None = None  # the last signal this process got
+        self.deferred = deferred
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "StopRequest":
@@ -40,11 +46,20 @@ class StopRequest:
             previous(self.signum, None)
 
     def _handle(self, signum: int, frame) -> None:
-        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
             raise KeyboardInterrupt  # the second Ctrl-C
-        self.signum = signum
+        self.received = signum
+        if not self.deferred:
+            self.signum = signum
         log.warning("received %s: checkpointing after this step, then stopping (Ctrl-C again to stop at once)",
-                    self.name)
+                    signal.Signals(signum).name)
+
+    def agree(self, signum: int) -> None:
+        """The stop all processes agreed on (the largest signal number any of them received)."""
+        if signum and not self.signum:
+            self.signum = signum
+            if self.received is None:
+                log.warning("another process received %s: checkpointing after this step, then stopping", self.name)
 
     def __bool__(self) -> bool:
         return self.signum is not None

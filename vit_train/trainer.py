@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -18,38 +17,22 @@ from torch import nn
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-
-from .checkpoint import (check_classes, check_compatible, find_resume_checkpoint, restore_rng, rng_state, run_checkpoints,
-                         save_run_checkpoint, versions)
+from . import distributed
+from .checkpoint import check_classes, check_compatible, find_resume_checkpoint, run_checkpoints, save_run_checkpoint
 from .config import Config
 from .data import build_data
 from .data.mix import BatchMix
 from .errors import CheckpointError, RunStopped
 from .evaluate import autocast_dtype, evaluate, pick_device
-from .inference import preprocess_spec
-from .metrics import RunLogger, TrainWindow, write_results
+from .metrics import NullLogger, RunLogger, TrainWindow, write_results
 from .model import build_model
 from .optim import build_optimizer, build_scheduler
 from .preemption import StopRequest
 from .pretrained import load_pretrained
 from .report import TrainingVisuals
+from .state import TrainState, build_ema, checkpoint_state, restore
 
 log = logging.getLogger("vit_train")
-
-
-@dataclass
-class TrainState:
-    epoch: int = 0  # epochs completed
-    step: int = 0  # optimiser steps completed (skipped ones included)
-    batch_in_epoch: int = 0  # batches of the current epoch already trained on
-    best_top1: float = -1.0  # best val top-1 so far (%), -1 before the first eval
-    best_step: int = 0
-    best_source: str = "model"  # which weights scored best_top1: "model" or "ema"
-    skipped_steps: int = 0  # steps whose update was skipped for a non-finite loss or gradient norm
-    bad_in_a_row: int = 0
-    images_seen: int = 0  # training images processed, and the seconds they took: for images/s
-    train_seconds: float = 0.0
 
 
 def due(step: int, every: int | None) -> bool:
@@ -63,10 +46,15 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
     results.json, and for a signal a checkpoint to resume from).
     """
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     start_time = time.time()
     t = cfg.trainer
-    device = pick_device(t.device)
+    ctx = distributed.setup(t.device)  # several processes under torchrun; else rank 0 of 1
+    distributed.check_batch(cfg.data.batch_size, t.accum_steps)
+    if ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        log.setLevel(logging.WARNING)  # rank 0 reports; the others only warn
+    device = pick_device(t.device, ctx.local_rank)
     ckpt_path, ckpt = find_resume_checkpoint(cfg.resume, run_dir) or (None, None)
     if ckpt is None and run_checkpoints(run_dir):
         raise CheckpointError(f"{run_dir} already holds checkpoints; continue that run with resume=auto (or "
@@ -74,7 +62,7 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
     changes = check_compatible(ckpt, cfg.to_dict()) if ckpt else []
 
     torch.manual_seed(cfg.seed)
-    data = build_data(cfg, device)
+    data = build_data(cfg, device, ctx.rank, ctx.world_size)
     model = build_model(cfg.model, len(data.class_names))
     if cfg.model.pretrained and not ckpt:
         load_pretrained(model, cfg.model.pretrained)
@@ -87,39 +75,48 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
     if ckpt:
         check_classes(ckpt, data.class_names)
         state = restore(ckpt, model, optimizer, scaler)
+    if ctx.enabled:  # dropout and drop path draw differently on each process
+        torch.manual_seed(cfg.seed * 1_000_003 + 7919 * state.step + ctx.rank)
     ema = build_ema(model, t.ema_decay, ckpt)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.schedule, data.steps_per_epoch, total_steps, state.step,
                                 lr=cfg.lr)
-    step_fn = torch.compile(model) if t.compile else model
+    ddp = distributed.wrap(model)  # DistributedDataParallel with several processes, else the model itself
+    step_fn = torch.compile(ddp) if t.compile else ddp
+    eval_fn = model if ctx.enabled else step_fn  # each process evaluates its share with the plain module
+    progress = t.progress and ctx.is_main
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.aug.label_smoothing)  # takes class indices or probabilities
     mix = BatchMix(cfg.aug, len(data.class_names), cfg.seed) if BatchMix.wanted(cfg.aug) else None
 
-    logger = RunLogger(run_dir, resume_step=state.step if ckpt else None)
+    logger = RunLogger(run_dir, resume_step=state.step if ckpt else None) if ctx.is_main else NullLogger()
     if ckpt:
         log.info("resumed from %s at epoch %d, step %d", ckpt_path, state.epoch, state.step)
         for change in changes:
             log.warning("changed since the checkpoint: %s", change)
     else:
         logger.config(cfg.to_dict(), step=0)
-    visuals = TrainingVisuals(logger.tb, t.viz_every, data) if t.viz_every else None
-    log.info("%s: %.2fM parameters, %d classes, %d steps (%d per epoch), device %s, precision %s", cfg.model.name,
+    visuals = TrainingVisuals(logger.tb, t.viz_every, data) if t.viz_every and ctx.is_main else None
+    log.info("%s: %.2fM parameters, %d classes, %d steps (%d per epoch), device %s%s, precision %s", cfg.model.name,
              sum(p.numel() for p in model.parameters()) / 1e6, len(data.class_names), total_steps,
-             data.steps_per_epoch, device, amp_dtype or torch.float32)
+             data.steps_per_epoch, device, f" x {ctx.world_size} processes" if ctx.enabled else "",
+             amp_dtype or torch.float32)
 
     def save(best: bool = False) -> None:
-        save_run_checkpoint(checkpoint_state(model, optimizer, scheduler, scaler, ema, state, cfg, overrides,
-                                             data.class_names), run_dir / "checkpoints", t.keep_last, best)
+        distributed.barrier()
+        if ctx.is_main:  # one writer; the weights are the same on every process
+            save_run_checkpoint(checkpoint_state(model, optimizer, scheduler, scaler, ema, state, cfg, overrides,
+                                                 data.class_names), run_dir / "checkpoints", t.keep_last, best)
+        distributed.barrier()
 
     def run_eval() -> dict[str, float]:
         """Evaluates the model (and its EMA); best.pt follows whichever of the two scores higher."""
-        metrics = evaluate(step_fn, data.val_loader, device, amp_dtype, t.progress, data.val_unreadable,
+        metrics = evaluate(eval_fn, data.val_loader, device, amp_dtype, progress, data.val_unreadable,
                            confusion=visuals is not None)
         if visuals is not None:
             visuals.after_eval(model, state.step, metrics.pop("confusion"))
         logger.scalars("val", state.step, metrics)
         scores, ema_text = {"model": metrics["top1"]}, ""
         if ema is not None:
-            ema_metrics = evaluate(ema.module, data.val_loader, device, amp_dtype, t.progress)
+            ema_metrics = evaluate(ema.module, data.val_loader, device, amp_dtype, progress)
             logger.scalars("val_ema", state.step, ema_metrics)
             metrics["ema_top1"] = scores["ema"] = ema_metrics["top1"]
             ema_text = f", EMA top-1 {ema_metrics['top1']:.2f}%"
@@ -133,7 +130,8 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
 
     def finish(status: str, metrics: dict[str, float]) -> dict[str, Any]:
         results = summary(status, state, metrics, data.steps_per_epoch, time.time() - start_time, run_dir)
-        write_results(run_dir, results)
+        if ctx.is_main:
+            write_results(run_dir, results)
         best = f"best top-1 {state.best_top1:.2f}% (step {state.best_step})" if state.best_top1 >= 0 else "not evaluated"
         log.info("%s: %s, %d steps (%d skipped), %.0f images/s, %.0f s; outputs in %s", status, best, state.step,
                  state.skipped_steps, results["images_per_s"] or 0, results["wall_seconds"], run_dir)
@@ -142,10 +140,10 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
 
     metrics: dict[str, float] = {}
     window = TrainWindow(device)
-    with logging_redirect_tqdm(), StopRequest() as stop:
+    with logging_redirect_tqdm(), StopRequest(deferred=ctx.enabled) as stop:
         while state.step < total_steps and not stop:
             data.train_sampler.set_epoch(state.epoch, start=state.batch_in_epoch * cfg.data.batch_size)
-            bar = tqdm(total=data.steps_per_epoch, initial=state.batch_in_epoch, disable=not t.progress,
+            bar = tqdm(total=data.steps_per_epoch, initial=state.batch_in_epoch, disable=not progress,
                        desc=f"epoch {state.epoch + 1}/{t.epochs}", dynamic_ncols=True, leave=False)
             window.start()
             try:
@@ -159,13 +157,15 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
                         visuals.training_batch(images, targets, state.step)
                     loss, grad_norm, hits, finite = train_step(step_fn, model, images, targets, optimizer, scaler,
                                                                criterion, amp_dtype, t.accum_steps, cfg.optim.clip_grad)
+                    if ctx.enabled:  # every process stops at the same step, whichever got the signal
+                        stop.agree(distributed.max_all(stop.received or 0, device))
                     scheduler.step()
                     state.step += 1
                     state.batch_in_epoch += 1
                     count_step(state, finite, t.max_bad_steps)
                     if finite and ema is not None:
                         ema.update_parameters(model)
-                    window.add(loss, grad_norm, hits, len(images), finite)
+                    window.add(loss, grad_norm, hits, len(images) * ctx.world_size, finite)
                     bar.update()
                     if due(state.step, t.log_every) or state.step == total_steps:
                         log_train(logger, bar, window, state, scheduler.get_last_lr()[0], scaler)
@@ -188,7 +188,7 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
                         break
                     window.start()
             except RuntimeError:
-                if not stop:  # else: the signal also ended the loader's workers; the last step is whole
+                if not stop.received:  # else: the signal also ended the loader's workers; the last step is whole
                     raise
             window.pause()
             bar.close()
@@ -203,18 +203,6 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
             metrics = run_eval()
             save(best=state.best_step == state.step)
     return finish("completed", metrics)
-
-
-def build_ema(model: nn.Module, decay: float | None, ckpt: dict | None) -> AveragedModel | None:
-    """An EMA of the weights (and buffers), restored from the checkpoint when it has one."""
-    if decay is None:
-        return None
-    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
-    if ckpt and ckpt.get("ema"):
-        ema.load_state_dict(ckpt["ema"])
-    elif ckpt:
-        log.warning("the checkpoint has no EMA weights; the EMA starts from the current weights")
-    return ema
 
 
 def count_step(state: TrainState, finite: bool, max_bad_steps: int) -> None:
@@ -239,7 +227,8 @@ def summary(status: str, state: TrainState, metrics: dict[str, float], steps_per
     return {
         "status": status, "best_top1": state.best_top1 if state.best_top1 >= 0 else None,
         "best_step": state.best_step, "best_source": state.best_source, "final_top1": metrics.get("top1"),
-        "final_top5": metrics.get("top5"), "final_loss": metrics.get("loss"), "final_ema_top1": metrics.get("ema_top1"), "epochs": state.epoch + state.batch_in_epoch / steps_per_epoch,
+        "final_top5": metrics.get("top5"), "final_loss": metrics.get("loss"), "final_ema_top1": metrics.get("ema_top1"),
+        "epochs": state.epoch + state.batch_in_epoch / steps_per_epoch,
         "steps": state.step, "skipped_steps": state.skipped_steps,
         "images_per_s": state.images_seen / state.train_seconds if state.train_seconds else None,
         "wall_seconds": wall_seconds, "run_dir": str(run_dir),
@@ -259,13 +248,16 @@ def train_step(step_fn: nn.Module, model: nn.Module, images: torch.Tensor, targe
     optimizer.zero_grad(set_to_none=True)
     total = torch.zeros((), device=images.device)
     hits = torch.zeros((), device=images.device, dtype=torch.long)
-    for x, y in zip(images.chunk(accum_steps), targets.chunk(accum_steps)):
-        with torch.autocast(images.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            logits = step_fn(x)
-            loss = criterion(logits, y) / accum_steps
-        scaler.scale(loss).backward()
+    chunks = list(zip(images.chunk(accum_steps), targets.chunk(accum_steps)))
+    for i, (x, y) in enumerate(chunks):
+        with distributed.no_sync(step_fn, last=i == len(chunks) - 1):  # one gradient all-reduce per step
+            with torch.autocast(images.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                logits = step_fn(x)
+                loss = criterion(logits, y) / accum_steps
+            scaler.scale(loss).backward()
         total += loss.detach()
         hits += (logits.detach().argmax(1) == (y.argmax(1) if y.ndim == 2 else y)).sum()
+    total, hits = distributed.mean_loss_and_hits(total, hits)  # over processes: the same on each
     scaler.unscale_(optimizer)
     grad_norm = nn.utils.clip_grad_norm_(model.parameters(), clip_grad or math.inf)
     # With fp16 an overflowing gradient is routine: the scaler skips that step and lowers its scale.
@@ -288,27 +280,3 @@ def log_train(logger: RunLogger, bar, window: TrainWindow, state: TrainState, lr
     bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{lr:.2e}", img_s=f"{values['images_per_s']:.0f}")
 
 
-def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: AveragedModel | None, state: TrainState,
-                     cfg: Config, overrides: Sequence[str], class_names: list[str]) -> dict[str, Any]:
-    """Everything a resumed run needs, as plain tensors and primitives (see README, 'What is in a checkpoint')."""
-    return {
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict(), "ema": ema.state_dict() if ema is not None else None, **asdict(state),
-        "rng": rng_state(),
-        "config": cfg.to_dict(), "overrides": list(overrides), "class_names": list(class_names),
-        "preprocess": preprocess_spec(cfg),
-        "versions": versions(),
-    }
-
-
-def restore(ckpt: dict, model: nn.Module, optimizer, scaler) -> TrainState:
-    """Load weights, optimiser, scaler and RNG states; returns the loop's position."""
-    try:
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-    except (RuntimeError, ValueError, KeyError) as e:
-        raise CheckpointError(f"the checkpoint's weights do not fit this model: {str(e).splitlines()[0]}") from None
-    if ckpt.get("scaler"):
-        scaler.load_state_dict(ckpt["scaler"])
-    restore_rng(ckpt["rng"])
-    return TrainState(**{k: ckpt[k] for k in TrainState.__dataclass_fields__ if k in ckpt})

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from ..config import Config
 from ..errors import DataError
 from . import cifar, imagefolder
-from .sampler import EpochSampler, TensorImages, TransformedDataset
+from .sampler import EpochSampler, ShardSampler, TensorImages, TransformedDataset
 from .shapes import CLASS_NAMES as SHAPES_CLASSES, generate_shapes
 from .transforms import build_transforms
 
@@ -97,21 +97,23 @@ def load_splits(cfg: Config):
     return train, val, names, imagefolder.STATS, None
 
 
-def build_data(cfg: Config, device: torch.device, world_size: int = 1) -> Data:
+def build_data(cfg: Config, device: torch.device, rank: int = 0, world_size: int = 1) -> Data:
+    """Loaders for this process: with several, each gets its share of every global batch and of the val set."""
     train_base, val_base, class_names, stats, native = load_splits(cfg)
     train_tf, eval_tf = build_transforms(cfg.aug, cfg.model.img_size, stats, native)
     d = cfg.data
     if len(train_base) < d.batch_size:
         raise DataError(f"data.batch_size ({d.batch_size}) is larger than the training set ({len(train_base)} "
                         f"images); lower data.batch_size")
-    sampler = EpochSampler(len(train_base), cfg.seed, d.repeated_aug)
+    sampler = EpochSampler(len(train_base), cfg.seed, d.repeated_aug, d.batch_size, rank, world_size)
     workers = dict(num_workers=d.num_workers, persistent_workers=d.num_workers > 0,
                    pin_memory=device.type == "cuda", worker_init_fn=_worker_signals)
     # Each loader owns a generator, so creating an iterator never draws from the global RNG.
     train_loader = DataLoader(TransformedDataset(train_base, train_tf), batch_size=d.batch_size // world_size,
                               sampler=sampler, drop_last=True, generator=torch.Generator(), **workers)
     eval_batch = (d.eval_batch_size or d.batch_size) // world_size
-    val_loader = DataLoader(TransformedDataset(val_base, eval_tf), batch_size=max(1, eval_batch),
+    val_sampler = ShardSampler(len(val_base), rank, world_size) if world_size > 1 else None
+    val_loader = DataLoader(TransformedDataset(val_base, eval_tf), batch_size=max(1, eval_batch), sampler=val_sampler,
                             shuffle=False, generator=torch.Generator(), **workers)
     data = Data(train_loader, val_loader, sampler, class_names, len(train_base) // d.batch_size, stats)
     if cfg.data.name == "imagefolder":

@@ -1,0 +1,138 @@
+"""Several processes: torchrun with gloo on the CPU, 2 processes, against 1 process."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from test_cli import vit_train
+from vit_train.data.sampler import EpochSampler
+from vit_train.report import evaluate_checkpoint
+
+TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=16", "data.train_size=256",
+        "data.val_size=101", "data.batch_size=32", "trainer.device=cpu", "trainer.progress=false",
+        "trainer.log_every=1", "trainer.accum_steps=2"]  # 8 steps per epoch; 101 val images do not split evenly
+
+
+def torchrun(*args, cwd, nproc=2, restarts=0, wait=True):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               f"--max-restarts={restarts}", "-m", "vit_train", *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    if not wait:
+        return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def logged(run_dir, split):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["split"] == split]
+
+
+def weights(path):
+    return torch.load(path, weights_only=True)["model"]
+
+
+def assert_weights_close(a, b):
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_each_process_takes_its_share_of_the_same_global_batches():
+    single = [i for i, _ in EpochSampler(100, seed=1, batch_size=8)][:96]  # whole global batches
+    shards = [[i for i, _ in EpochSampler(100, seed=1, batch_size=8, rank=r, world_size=2)] for r in range(2)]
+    rebuilt = [i for b in range(12) for r in range(2) for i in shards[r][4 * b:4 * b + 4]]
+    assert rebuilt == single
+    resumed = EpochSampler(100, seed=1, batch_size=8, rank=1, world_size=2)
+    resumed.set_epoch(0, start=16)  # two global batches done
+    assert [i for i, _ in resumed] == shards[1][8:]
+
+
+def test_two_processes_train_like_one_and_write_one_set_of_files(tmp_path):
+    one = vit_train(*TINY, "trainer.epochs=2", f"hydra.run.dir={tmp_path / 'one'}", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    two = torchrun(*TINY, "trainer.epochs=2", cwd=tmp_path)
+    assert two.returncode == 0, two.stdout + two.stderr
+    runs = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]
+    assert len(runs) == 1  # one run directory for both processes
+    run = runs[0]
+    assert len(list((run / "tb").glob("events.out.tfevents.*"))) == 1
+    assert two.stdout.count("completed: best top-1") == 1  # rank 0 reports
+    ones, twos = logged(tmp_path / "one", "train"), logged(run, "train")
+    assert [e["step"] for e in twos] == list(range(1, 17))  # each step logged once
+    for a, b in zip(ones, twos):
+        assert abs(a["loss"] - b["loss"]) < 1e-5 * a["loss"], (a, b)
+    assert_weights_close(weights(tmp_path / "one" / "checkpoints" / "last.pt"), weights(run / "checkpoints" / "last.pt"))
+    # val accuracy over the whole val set (101 images, split 51 + 50), as one process evaluates it
+    results = json.loads((run / "results.json").read_text())
+    alone = evaluate_checkpoint(run / "checkpoints" / "last.pt", attention_images=0, out_dir=tmp_path / "eval",
+                                progress=False)
+    assert alone["images"] == 101 and alone["top1"] == results["final_top1"]
+    assert alone["loss"] == pytest.approx(results["final_loss"], rel=1e-6)
+
+
+def test_a_two_process_checkpoint_resumes_in_one_process(tmp_path):
+    two = torchrun(*TINY, "trainer.epochs=2", "hydra.run.dir=two", cwd=tmp_path)
+    assert two.returncode == 0, two.stdout + two.stderr
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path / "two", copy)
+    for name in ("last.pt", "step_00000016.pt", "best.pt"):
+        (copy / "checkpoints" / name).unlink(missing_ok=True)  # the newest left is step 8, the end of epoch 1
+    one = vit_train(f"resume={copy}", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    assert "resumed from" in one.stdout and "step_00000008.pt" in one.stdout
+    original = {e["step"]: e["loss"] for e in logged(tmp_path / "two", "train")}
+    for e in logged(copy, "train"):
+        assert abs(e["loss"] - original[e["step"]]) < 1e-5 * e["loss"]
+    assert_weights_close(weights(tmp_path / "two" / "checkpoints" / "last.pt"), weights(copy / "checkpoints" / "last.pt"))
+
+
+@pytest.mark.slow
+def test_a_killed_worker_restarts_the_group_which_resumes_and_finishes_at_the_right_step(tmp_path):
+    run = torchrun(*TINY, "trainer.epochs=30", "trainer.ckpt_every=1", cwd=tmp_path, restarts=1, wait=False)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((tmp_path / "outputs").glob("*/*/checkpoints/step_*.pt")):
+        time.sleep(0.05)
+    workers = subprocess.run(["pgrep", "-P", str(run.pid)], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 2
+    os.kill(int(workers[-1]), signal.SIGKILL)
+    output, _ = run.communicate(timeout=300)
+    assert run.returncode == 0, output
+    runs = [p for p in (tmp_path / "outputs").glob("*/*") if (p / "checkpoints").is_dir()]
+    assert len(runs) == 1
+    results = json.loads((runs[0] / "results.json").read_text())
+    assert results["status"] == "completed" and results["steps"] == 240
+    log = (runs[0] / "train.log").read_text()
+    assert "restart 1 of the process group" in output and "resumed from" in log
+    assert [e["step"] for e in logged(runs[0], "train")] == list(range(1, 241))  # no step twice, none missing
+
+
+def test_a_global_batch_that_does_not_split_is_refused(tmp_path):
+    done = torchrun(*TINY, "data.batch_size=34", cwd=tmp_path)
+    assert done.returncode != 0
+    assert "data.batch_size (34) must split evenly over 2 processes x trainer.accum_steps (2)" in done.stderr
+    assert "vit_train/" not in done.stderr  # one line from each process, no traceback from our code
+
+
+@pytest.mark.slow
+def test_a_stop_signal_to_one_process_stops_both_at_the_same_step_with_a_checkpoint(tmp_path):
+    run = torchrun(*TINY, "trainer.epochs=30", "hydra.run.dir=run", cwd=tmp_path, wait=False)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((tmp_path / "run" / "checkpoints").glob("step_*.pt")):
+        time.sleep(0.05)
+    workers = subprocess.run(["pgrep", "-P", str(run.pid)], capture_output=True, text=True).stdout.split()
+    os.kill(int(workers[-1]), signal.SIGUSR1)  # one process only
+    output, _ = run.communicate(timeout=300)
+    assert run.returncode != 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert results["status"] == "interrupted" and saved["step"] == results["steps"] < 240
+    assert "received SIGUSR1" in output and "another process received SIGUSR1" in output
+    resumed = torchrun("hydra.run.dir=run", "resume=auto", *TINY, "trainer.epochs=30", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["steps"] == 240

@@ -1,0 +1,69 @@
+"""What a run carries across a restart: the loop's position, the EMA, and the checkpoint's contents."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from .checkpoint import restore_rng, rng_state, versions
+from .config import Config
+from .errors import CheckpointError
+from .inference import preprocess_spec
+
+log = logging.getLogger("vit_train")
+
+
+@dataclass
+class TrainState:
+    epoch: int = 0  # epochs completed
+    step: int = 0  # optimiser steps completed (skipped ones included)
+    batch_in_epoch: int = 0  # batches of the current epoch already trained on
+    best_top1: float = -1.0  # best val top-1 so far (%), -1 before the first eval
+    best_step: int = 0
+    best_source: str = "model"  # which weights scored best_top1: "model" or "ema"
+    skipped_steps: int = 0  # steps whose update was skipped for a non-finite loss or gradient norm
+    bad_in_a_row: int = 0
+    images_seen: int = 0  # training images processed, and the seconds they took: for images/s
+    train_seconds: float = 0.0
+
+
+def build_ema(model: nn.Module, decay: float | None, ckpt: dict | None) -> AveragedModel | None:
+    """An EMA of the weights (and buffers), restored from the checkpoint when it has one."""
+    if decay is None:
+        return None
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+    if ckpt and ckpt.get("ema"):
+        ema.load_state_dict(ckpt["ema"])
+    elif ckpt:
+        log.warning("the checkpoint has no EMA weights; the EMA starts from the current weights")
+    return ema
+
+
+def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: AveragedModel | None, state: TrainState,
+                     cfg: Config, overrides: Sequence[str], class_names: list[str]) -> dict[str, Any]:
+    """Everything a resumed run needs, as plain tensors and primitives (see README, 'What is in a checkpoint')."""
+    return {
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(), "ema": ema.state_dict() if ema is not None else None, **asdict(state),
+        "rng": rng_state(),
+        "config": cfg.to_dict(), "overrides": list(overrides), "class_names": list(class_names),
+        "preprocess": preprocess_spec(cfg),
+        "versions": versions(),
+    }
+
+
+def restore(ckpt: dict, model: nn.Module, optimizer, scaler) -> TrainState:
+    """Load weights, optimiser, scaler and RNG states; returns the loop's position."""
+    try:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"the checkpoint's weights do not fit this model: {str(e).splitlines()[0]}") from None
+    if ckpt.get("scaler"):
+        scaler.load_state_dict(ckpt["scaler"])
+    restore_rng(ckpt["rng"])
+    return TrainState(**{k: ckpt[k] for k in TrainState.__dataclass_fields__ if k in ckpt})
