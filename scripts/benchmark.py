@@ -1,8 +1,12 @@
-"""Training throughput of this project's ViT against timm's VisionTransformer, in one process.
+"""Training throughput of this project's ViT against timm's VisionTransformer, in one process, and
+the data pipelines' throughput on their own.
 
 Both models get the same shape and the same weights; each round times a few full training steps
 (forward, backward, AdamW step) of each, interleaved, so machine noise hits both alike. Reports
-images/s per model and precision and the ratio ours / timm (median over rounds).
+images/s per model and precision, the ratio ours / timm (median over rounds), achieved TFLOP/s and,
+where the peak is known (a GPU in vit_train.speed.PEAKS, or --peak-tflops), MFU. Then the small-image
+pipelines alone (crop + flip + normalise of uint8 images): the on-device pipeline and the CPU
+DataLoader, in images/s.
 
     python scripts/benchmark.py                                  # vit_tiny, 32x32, patch 4, batch 128
     python scripts/benchmark.py --model vit_small --img-size 224 --patch-size 16 --batch-size 64
@@ -21,9 +25,13 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from vit_train.config import ModelConfig
-from vit_train.model import build_model
+from vit_train.config import AugConfig, ModelConfig
+from vit_train.data.device import DeviceTrainPipeline
+from vit_train.data.sampler import EpochSampler, TensorImages, TransformedDataset
+from vit_train.data.transforms import build_transforms
 from vit_train.evaluate import autocast_dtype
+from vit_train.model import build_model
+from vit_train.speed import flops_per_image, peak_tflops
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model"
 
@@ -62,6 +70,31 @@ def images_per_second(model: torch.nn.Module, batch: tuple, steps: int, dtype: t
     return steps * len(images) / (time.perf_counter() - start)
 
 
+def pipeline_images_per_second(kind: str, count: int, img_size: int, batch_size: int, device: torch.device,
+                               workers: int) -> float:
+    """One epoch of `count` random uint8 32x32 images through aug=basic, batches of `batch_size`."""
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (count, 3, 32, 32), dtype=torch.uint8, generator=g)
+    labels = torch.randint(0, 10, (count,), generator=g)
+    stats = ((0.5,) * 3, (0.25,) * 3)
+    sampler = EpochSampler(count, seed=0, batch_size=batch_size)
+    if kind == "device":
+        batches = DeviceTrainPipeline(images, labels, sampler, AugConfig(), img_size, stats, device)
+    else:
+        train_tf, _ = build_transforms(AugConfig(), img_size, stats, 32)
+        batches = torch.utils.data.DataLoader(TransformedDataset(TensorImages(images, labels), train_tf),
+                                              batch_size=batch_size, sampler=sampler, drop_last=True,
+                                              num_workers=workers, pin_memory=device.type == "cuda")
+    seen = 0
+    start = time.perf_counter()
+    for x, _, _ in batches:
+        x = x.to(device, non_blocking=True)
+        seen += len(x)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return seen / (time.perf_counter() - start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="vit_tiny", help="a file name in configs/model/")
@@ -74,6 +107,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="also torch.compile both models")
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    parser.add_argument("--peak-tflops", type=float, default=None, help="peak for MFU where the table has none")
+    parser.add_argument("--pipeline-images", type=int, default=8192, help="images per pipeline measurement; 0 = skip")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader workers for the loader pipeline")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args()
 
@@ -81,6 +117,7 @@ def main() -> None:
     cfg = ModelConfig(**{**OmegaConf.to_container(OmegaConf.load(CONFIGS / f"{args.model}.yaml")),
                          "img_size": args.img_size, "patch_size": args.patch_size})
     torch.manual_seed(0)
+    flops = flops_per_image(cfg, args.num_classes)
     ours = build_model(cfg, args.num_classes).to(device)
     models = {"vit_train": ours, "timm": timm_twin(ours, cfg, args.num_classes).to(device)}
     if args.compile:
@@ -96,21 +133,41 @@ def main() -> None:
             for name, model in models.items():
                 rounds[name].append(images_per_second(model, batch, args.steps, dtype, device))
         ratios = [a / b for a, b in zip(rounds["vit_train"], rounds["timm"])]
-        results.append({"precision": precision, **{f"{n}_images_per_s": statistics.median(r) for n, r in rounds.items()},
-                        "ratio": statistics.median(ratios), "ratios": ratios})
+        result = {"precision": precision, **{f"{n}_images_per_s": statistics.median(r) for n, r in rounds.items()},
+                  "ratio": statistics.median(ratios), "ratios": ratios}
+        peak = peak_tflops(device, dtype, args.peak_tflops)
+        for name in models:
+            tflops = result[f"{name}_images_per_s"] * flops / 1e12
+            result[f"{name}_tflops"] = tflops
+            result[f"{name}_mfu"] = tflops / peak if peak else None
+        results.append(result)
+
+    pipelines = {}
+    if args.pipeline_images:
+        for kind in ("device", "loader"):
+            pipelines[f"{kind}_images_per_s"] = pipeline_images_per_second(
+                kind, args.pipeline_images, args.img_size, args.batch_size, device, args.workers)
+        training = max(r["vit_train_images_per_s"] for r in results)
+        pipelines["device_over_training"] = pipelines["device_images_per_s"] / training
 
     setting = {"model": args.model, "img_size": args.img_size, "patch_size": args.patch_size,
                "batch_size": args.batch_size, "device": str(device), "compile": args.compile,
                "threads": torch.get_num_threads(), "torch": str(torch.__version__), "machine": platform.machine(),
-               "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None}
+               "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
+               "training_gflop_per_image": flops / 1e9}
     if args.json:
-        print(json.dumps({"setting": setting, "results": results}, indent=2))
+        print(json.dumps({"setting": setting, "results": results, "pipelines": pipelines}, indent=2))
         return
     print(", ".join(f"{k}={v}" for k, v in setting.items()))
-    print(f"{'precision':<10}{'vit_train img/s':>16}{'timm img/s':>12}{'ratio':>8}   per round")
+    print(f"{'precision':<10}{'vit_train img/s':>16}{'timm img/s':>12}{'ratio':>8}{'TFLOP/s':>9}{'MFU':>7}   per round")
     for r in results:
+        mfu = f"{100 * r['vit_train_mfu']:.1f}%" if r["vit_train_mfu"] is not None else "-"
         print(f"{r['precision']:<10}{r['vit_train_images_per_s']:>16.1f}{r['timm_images_per_s']:>12.1f}"
-              f"{r['ratio']:>8.3f}   {' '.join(f'{x:.3f}' for x in r['ratios'])}")
+              f"{r['ratio']:>8.3f}{r['vit_train_tflops']:>9.3f}{mfu:>7}   {' '.join(f'{x:.3f}' for x in r['ratios'])}")
+    if pipelines:
+        print(f"pipelines (aug=basic, images/s): on-device {pipelines['device_images_per_s']:.0f}, DataLoader "
+              f"({args.workers} workers) {pipelines['loader_images_per_s']:.0f}; on-device / vit_train training = "
+              f"{pipelines['device_over_training']:.1f}x")
 
 
 if __name__ == "__main__":

@@ -136,3 +136,23 @@ def test_a_stop_signal_to_one_process_stops_both_at_the_same_step_with_a_checkpo
     resumed = torchrun("hydra.run.dir=run", "resume=auto", *TINY, "trainer.epochs=30", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert json.loads((tmp_path / "run" / "results.json").read_text())["steps"] == 240
+
+
+def test_slurm_tasks_get_torchruns_variables(tmp_path, monkeypatch):
+    from vit_train.distributed import from_slurm
+
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\necho node007\necho node008\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    env = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8", "SLURM_JOB_NODELIST": "node[007-008]",
+           "SLURM_JOB_ID": "123456"}
+    from_slurm(env)
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("5", "1", "8")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("node007", str(20000 + 123456 % 20000))
+    single = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}
+    from_slurm(single)
+    assert "RANK" not in single  # one task: not distributed
+    under_torchrun = {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "RANK": "3"}
+    from_slurm(under_torchrun)
+    assert under_torchrun["RANK"] == "3"  # torchrun's variables win

@@ -120,6 +120,10 @@ def _train_app(cfg: DictConfig) -> float:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "RANK" not in os.environ:
+        from .distributed import from_slurm
+
+        from_slurm()  # several SLURM tasks without torchrun: the variables torchrun would set
     if hydra_cfg.mode == RunMode.MULTIRUN:
         return _sweep_job(cfg, run_dir, list(hydra_cfg.overrides.task), hydra_cfg.job.num)
     try:

@@ -51,12 +51,13 @@ class DataConfig:
     download: bool = True  # cifar: download (checksum-verified) when the files are absent
     batch_size: int = 128  # global batch per optimiser step, across all processes
     eval_batch_size: Optional[int] = None  # null = batch_size
-    num_workers: int = 0  # DataLoader worker processes (0 = load in the training process)
+    num_workers: Optional[int] = 0  # DataLoader worker processes (0 = in the training process; null = min(8, CPUs))
     train_size: int = 10000  # shapes only: number of training images
     val_size: int = 2000  # shapes only: number of validation images
     seed: int = 0  # shapes only: seed of the generated images (independent of the run's seed)
     bad_images: Literal["skip", "error"] = "skip"  # image folders: replace an unreadable image, or stop
     max_bad_fraction: float = 0.01  # skip: stop once more than this fraction of a split is unreadable
+    pipeline: Literal["auto", "device", "loader"] = "auto"  # shapes/CIFAR on the training device; auto: on a GPU
     repeated_aug: int = 1  # repeated augmentation (DeiT): each image this many times per epoch, differently augmented
 
 
@@ -106,6 +107,8 @@ class TrainerConfig:
     accum_steps: int = 1  # micro-batches per optimiser step (data.batch_size is split into them)
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on capable GPUs, else fp32
     compile: bool = False  # torch.compile the model
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    peak_tflops: Optional[float] = None  # the device's peak, for MFU; null = from a table of known GPUs
     device: Literal["auto", "cuda", "cpu"] = "auto"  # auto: cuda when available
     eval_every: Optional[int] = None  # evaluate every N steps; null = at the end of each epoch
     ckpt_every: Optional[int] = None  # also write last.pt every N steps; null = each epoch only
@@ -187,7 +190,7 @@ class Config:
             _require(0.0 <= value < 1.0, f"{key} must be in [0, 1), got {value}")
         self._validate_aug()
         _require(0.0 <= d.max_bad_fraction <= 1.0, f"data.max_bad_fraction must be in [0, 1], got {d.max_bad_fraction}")
-        _require(d.num_workers >= 0, f"data.num_workers must be >= 0, got {d.num_workers}")
+        _require(d.num_workers is None or d.num_workers >= 0, f"data.num_workers must be >= 0, got {d.num_workers}")
         _require(d.batch_size % t.accum_steps == 0, f"data.batch_size ({d.batch_size}) must be divisible "
                  f"by trainer.accum_steps ({t.accum_steps})")
         _require(d.name != "imagefolder" or bool(d.root),

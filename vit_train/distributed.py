@@ -1,13 +1,16 @@
 """Several processes (torchrun): the process group, rank helpers and the reductions the loop needs.
 
-torchrun (also one per node under SLURM's srun) sets RANK, LOCAL_RANK and WORLD_SIZE; `setup`
-joins the group (NCCL on CUDA, gloo on the CPU) and pins each process to its GPU. Without
-torchrun everything here is a no-op: world size 1, rank 0.
+torchrun (also one per node under SLURM's srun) sets RANK, LOCAL_RANK and WORLD_SIZE; so does
+`from_slurm` for processes that SLURM starts itself, one task per GPU (srun without torchrun, or
+Hydra's submitit launcher with tasks_per_node > 1). `setup` joins the group (NCCL on CUDA, gloo on
+the CPU) and pins each process to its GPU. Without either, everything here is a no-op: world
+size 1, rank 0.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -36,8 +39,21 @@ _context = Context()
 
 
 def launched() -> bool:
-    """True in a process started by torchrun with more than one process in all."""
+    """True in a process started by torchrun (or as one of several SLURM tasks) with more than one process in all."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def from_slurm(env: dict | None = None) -> None:
+    """Fill torchrun's variables from SLURM's when SLURM started several tasks and torchrun did not."""
+    env = os.environ if env is None else env
+    if "RANK" in env or int(env.get("SLURM_NTASKS", "1")) < 2 or "SLURM_PROCID" not in env:
+        return
+    env.update(RANK=env["SLURM_PROCID"], LOCAL_RANK=env.get("SLURM_LOCALID", "0"), WORLD_SIZE=env["SLURM_NTASKS"])
+    if "MASTER_ADDR" not in env:  # the job's first node
+        nodes = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True,
+                               text=True, check=True).stdout.split()
+        env["MASTER_ADDR"] = nodes[0]
+    env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
 
 
 def setup(device_name: str) -> Context:

@@ -77,10 +77,14 @@ class TrainWindow:
     """Train metrics between two logs, summed on the device and read once per log (one host sync).
 
     The clock runs only between start() and pause(), so evaluation and checkpoint writes do not
-    count as training time.
+    count as training time. `wait` adds time spent waiting for the next batch (data-wait); with
+    `flops_per_image` (and `peak_tflops`) the window reports achieved TFLOP/s (and MFU).
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, flops_per_image: float | None = None, peak_tflops: float | None = None):
+        self.flops_per_image, self.peak_tflops = flops_per_image, peak_tflops
+        self.waited = 0.0
+        self.logs, self.warned = 0, False  # reads so far; whether the data-bound warning was given
         self.loss = torch.zeros((), device=device)
         self.hits = torch.zeros((), device=device, dtype=torch.long)
         self.grad_norm: torch.Tensor | None = None
@@ -95,6 +99,9 @@ class TrainWindow:
         if self._started is not None:
             self.seconds += time.perf_counter() - self._started
             self._started = None
+
+    def wait(self, seconds: float) -> None:
+        self.waited += seconds
 
     def add(self, loss: torch.Tensor, grad_norm: torch.Tensor, hits: torch.Tensor, images: int,
             finite: bool = True) -> None:
@@ -115,13 +122,18 @@ class TrainWindow:
         values = {"loss": self.loss.item() / self.steps if self.steps else math.nan,
                   "top1": 100 * self.hits.item() / self.counted if self.counted else math.nan,
                   "grad_norm": float(self.grad_norm) if self.grad_norm is not None else math.nan,
-                  "images_per_s": self.images / max(self.seconds, 1e-9)}
+                  "images_per_s": self.images / max(self.seconds, 1e-9),
+                  "data_wait": self.waited / max(self.seconds, 1e-9)}  # share of the step time spent waiting for data
+        if self.flops_per_image:
+            values["tflops"] = values["images_per_s"] * self.flops_per_image / 1e12
+            if self.peak_tflops:
+                values["mfu"] = values["tflops"] / self.peak_tflops
         read = (values, self.images, self.seconds)
         self.loss.zero_()
         self.hits.zero_()
         self.grad_norm = None
         self.steps = self.images = self.counted = 0
-        self.seconds = 0.0
+        self.seconds = self.waited = 0.0
         self.start()
         return read
 

@@ -128,7 +128,7 @@ class VisionTransformer(nn.Module):
             prefix = torch.zeros(self.num_prefix_tokens, embed_dim)  # the class token gets no position
             self.register_buffer("pos_embed", torch.cat([prefix, sincos])[None])
         self.pos_drop = nn.Dropout(drop_rate)
-        rates = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth rises with depth
+        rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # stochastic depth rises with depth
         self.blocks = nn.Sequential(*[
             Block(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rate) for rate in rates
         ])

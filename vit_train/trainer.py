@@ -30,9 +30,12 @@ from .optim import build_optimizer, build_scheduler
 from .preemption import StopRequest
 from .pretrained import load_pretrained
 from .report import TrainingVisuals
+from .speed import flops_per_image, peak_tflops
 from .state import TrainState, build_ema, checkpoint_state, restore
 
 log = logging.getLogger("vit_train")
+
+DATA_BOUND = 0.2  # warn when more than this share of the step time waits for data
 
 
 def due(step: int, every: int | None) -> bool:
@@ -81,7 +84,7 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.schedule, data.steps_per_epoch, total_steps, state.step,
                                 lr=cfg.lr)
     ddp = distributed.wrap(model)  # DistributedDataParallel with several processes, else the model itself
-    step_fn = torch.compile(ddp) if t.compile else ddp
+    step_fn = torch.compile(ddp, mode=t.compile_mode) if t.compile else ddp
     eval_fn = model if ctx.enabled else step_fn  # each process evaluates its share with the plain module
     progress = t.progress and ctx.is_main
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.aug.label_smoothing)  # takes class indices or probabilities
@@ -139,15 +142,21 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
         return results
 
     metrics: dict[str, float] = {}
-    window = TrainWindow(device)
+    flops = flops_per_image(cfg.model, len(data.class_names))
+    window = TrainWindow(device, flops, peak_tflops(device, amp_dtype, t.peak_tflops))
+    log.info("%.2f GFLOP per training image; peak %s", flops / 1e9,
+             f"{window.peak_tflops:g} TFLOP/s (MFU logged)" if window.peak_tflops else
+             "unknown (set trainer.peak_tflops to log MFU)")
     with logging_redirect_tqdm(), StopRequest(deferred=ctx.enabled) as stop:
         while state.step < total_steps and not stop:
             data.train_sampler.set_epoch(state.epoch, start=state.batch_in_epoch * cfg.data.batch_size)
             bar = tqdm(total=data.steps_per_epoch, initial=state.batch_in_epoch, disable=not progress,
                        desc=f"epoch {state.epoch + 1}/{t.epochs}", dynamic_ncols=True, leave=False)
             window.start()
+            fetch = time.perf_counter()
             try:
                 for images, targets, unreadable in data.train_loader:
+                    window.wait(time.perf_counter() - fetch)
                     if data.train_unreadable:
                         data.train_unreadable.check(unreadable)
                     images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
@@ -187,6 +196,7 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
                     if final or stop:
                         break
                     window.start()
+                    fetch = time.perf_counter()
             except RuntimeError:
                 if not stop.received:  # else: the signal also ended the loader's workers; the last step is whole
                     raise
@@ -277,6 +287,13 @@ def log_train(logger: RunLogger, bar, window: TrainWindow, state: TrainState, lr
     state.images_seen += images
     state.train_seconds += seconds
     logger.scalars("train", state.step, values)
-    bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{lr:.2e}", img_s=f"{values['images_per_s']:.0f}")
+    extra = {"mfu": f"{100 * values['mfu']:.1f}%"} if "mfu" in values else {}
+    bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{lr:.2e}", img_s=f"{values['images_per_s']:.0f}",
+                    wait=f"{100 * values['data_wait']:.0f}%", **extra)
+    window.logs += 1
+    if values["data_wait"] > DATA_BOUND and window.logs > 1 and not window.warned:  # the first window warms up
+        window.warned = True
+        log.warning("the run is data-bound: %.0f%% of the step time waits for data. Raise data.num_workers, or on "
+                    "a GPU use data.pipeline=device (shapes/CIFAR)", 100 * values["data_wait"])
 
 

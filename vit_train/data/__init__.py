@@ -11,8 +11,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..config import Config
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from . import cifar, imagefolder
+from .device import DeviceEvalPipeline, DeviceTrainPipeline
 from .sampler import EpochSampler, ShardSampler, TensorImages, TransformedDataset
 from .shapes import CLASS_NAMES as SHAPES_CLASSES, generate_shapes
 from .transforms import build_transforms
@@ -97,6 +98,22 @@ def load_splits(cfg: Config):
     return train, val, names, imagefolder.STATS, None
 
 
+DEVICE_AUGS = ("none", "basic")  # what the on-device pipeline does; the rest need the loader
+
+
+def pipeline(cfg: Config, device: torch.device) -> str:
+    """`device` or `loader`: data.pipeline, with `auto` choosing the device pipeline on a GPU for
+    the small-image data sets when the augmentation is one it does."""
+    d, aug = cfg.data, cfg.aug.name
+    if d.pipeline == "device" and (d.name == "imagefolder" or aug not in DEVICE_AUGS):
+        raise ConfigError(f"data.pipeline=device does aug={' or aug='.join(DEVICE_AUGS)} on shapes and CIFAR; got "
+                          f"data={d.name}, aug={aug}: use data.pipeline=loader (or auto)")
+    if d.pipeline == "auto":
+        small = d.name != "imagefolder" and aug in DEVICE_AUGS
+        return "device" if device.type == "cuda" and small else "loader"
+    return d.pipeline
+
+
 def build_data(cfg: Config, device: torch.device, rank: int = 0, world_size: int = 1) -> Data:
     """Loaders for this process: with several, each gets its share of every global batch and of the val set."""
     train_base, val_base, class_names, stats, native = load_splits(cfg)
@@ -106,16 +123,25 @@ def build_data(cfg: Config, device: torch.device, rank: int = 0, world_size: int
         raise DataError(f"data.batch_size ({d.batch_size}) is larger than the training set ({len(train_base)} "
                         f"images); lower data.batch_size")
     sampler = EpochSampler(len(train_base), cfg.seed, d.repeated_aug, d.batch_size, rank, world_size)
-    workers = dict(num_workers=d.num_workers, persistent_workers=d.num_workers > 0,
-                   pin_memory=device.type == "cuda", worker_init_fn=_worker_signals)
+    eval_batch = max(1, (d.eval_batch_size or d.batch_size) // world_size)
+    steps = len(train_base) // d.batch_size
+    if pipeline(cfg, device) == "device":
+        train = DeviceTrainPipeline(train_base.images, train_base.labels, sampler, cfg.aug, cfg.model.img_size, stats,
+                                    device)
+        val = DeviceEvalPipeline(val_base.images, val_base.labels, eval_batch, cfg.model.img_size, stats, device, rank,
+                                 world_size)
+        log.info("data pipeline: on %s (%d training images held there as uint8)", device, len(train_base))
+        return Data(train, val, sampler, class_names, steps, stats)
+    count = min(8, os.cpu_count() or 1) if d.num_workers is None else d.num_workers
+    workers = dict(num_workers=count, persistent_workers=count > 0, pin_memory=device.type == "cuda",
+                   worker_init_fn=_worker_signals, prefetch_factor=4 if count else None)
     # Each loader owns a generator, so creating an iterator never draws from the global RNG.
     train_loader = DataLoader(TransformedDataset(train_base, train_tf), batch_size=d.batch_size // world_size,
                               sampler=sampler, drop_last=True, generator=torch.Generator(), **workers)
-    eval_batch = (d.eval_batch_size or d.batch_size) // world_size
     val_sampler = ShardSampler(len(val_base), rank, world_size) if world_size > 1 else None
-    val_loader = DataLoader(TransformedDataset(val_base, eval_tf), batch_size=max(1, eval_batch), sampler=val_sampler,
+    val_loader = DataLoader(TransformedDataset(val_base, eval_tf), batch_size=eval_batch, sampler=val_sampler,
                             shuffle=False, generator=torch.Generator(), **workers)
-    data = Data(train_loader, val_loader, sampler, class_names, len(train_base) // d.batch_size, stats)
+    data = Data(train_loader, val_loader, sampler, class_names, steps, stats)
     if cfg.data.name == "imagefolder":
         data.train_unreadable = UnreadableImages(train_base, "train", d.bad_images, d.max_bad_fraction)
         data.val_unreadable = UnreadableImages(val_base, "val", d.bad_images, d.max_bad_fraction)

@@ -1,0 +1,110 @@
+"""The on-device pipeline, FLOP counting and MFU (on the CPU)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vit_train.config import ModelConfig
+from vit_train.data import build_data
+from vit_train.data.mix import BatchMix
+from vit_train.errors import ConfigError
+from vit_train.speed import flops_per_image, peak_tflops
+from vit_train.trainer import train
+
+CPU = torch.device("cpu")
+
+
+def batches(cfg, epoch=0, start=0, split="train"):
+    data = build_data(cfg, CPU)
+    data.train_sampler.set_epoch(epoch, start)
+    loader = data.train_loader if split == "train" else data.val_loader
+    return [(x.clone(), y.clone()) for x, y, _ in loader], data
+
+
+def test_device_and_loader_pipelines_give_the_same_batches_up_to_the_random_crop(make_config):
+    loader, _ = batches(make_config(data={"pipeline": "loader"}))
+    device, data = batches(make_config(data={"pipeline": "device"}))
+    assert len(device) == len(loader) == data.steps_per_epoch
+    for (xd, yd), (xl, yl) in zip(device, loader):
+        assert xd.shape == xl.shape and xd.dtype == xl.dtype == torch.float32
+        assert torch.equal(yd, yl)  # the same images in the same order: the same permutation
+        low, high = xl.amin(), xl.amax()
+        assert xd.amin() >= low - 1e-5 and xd.amax() <= high + 1e-5
+    val_device, _ = batches(make_config(data={"pipeline": "device"}), split="val")
+    val_loader, _ = batches(make_config(data={"pipeline": "loader"}), split="val")
+    for (xd, yd), (xl, yl) in zip(val_device, val_loader):
+        torch.testing.assert_close(xd, xl, rtol=0, atol=1e-6)  # no augmentation: the same pixels
+        assert torch.equal(yd, yl)
+
+
+def crop(image, dy, dx, flip, size=16):
+    out = image[:, dy:dy + size, dx:dx + size]
+    return out.flip(-1) if flip else out
+
+
+def test_each_device_augmented_image_is_a_padded_crop_of_its_image_maybe_flipped(make_config):
+    cfg = make_config(data={"pipeline": "device"}, aug={"name": "none"})
+    plain, _ = batches(cfg)
+    augmented, data = batches(make_config(data={"pipeline": "device"}))
+    pad, flipped, shifted = 16 // 8, 0, 0
+    for (x, _), (reference, _) in zip(augmented, plain):
+        black = (0 - data.stats[0][0]) / data.stats[1][0]  # a zero pixel after normalisation
+        padded = F.pad(reference - black, (pad,) * 4) + black
+        for image, source in zip(x, padded):
+            found = [(dy, dx, flip) for dy in range(2 * pad + 1) for dx in range(2 * pad + 1) for flip in (0, 1)
+                     if torch.allclose(crop(source, dy, dx, flip), image, atol=1e-5)]
+            assert found, "not a crop of its image"
+            flipped += found[0][2]
+            shifted += found[0][:2] != (pad, pad)
+    count = sum(len(x) for x, _ in augmented)
+    assert 0.35 < flipped / count < 0.65 and shifted / count > 0.7
+
+
+def test_device_pipeline_is_deterministic_and_resumes_mid_epoch_exactly(make_config):
+    cfg = make_config(data={"pipeline": "device"})
+    first, _ = batches(cfg, epoch=1)
+    again, _ = batches(cfg, epoch=1)
+    resumed, _ = batches(cfg, epoch=1, start=3 * 32)  # three batches done
+    other_epoch, _ = batches(cfg, epoch=2)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again))
+    assert len(resumed) == len(first) - 3
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first[3:], resumed))
+    assert not torch.equal(first[0][0], other_epoch[0][0])
+
+
+def test_device_batches_mix_into_soft_targets(make_config):
+    cfg = make_config(data={"pipeline": "device"}, aug={"mixup_alpha": 0.8, "cutmix_alpha": 1.0})
+    (x, y), *_ = batches(cfg)[0]
+    mixed, targets = BatchMix(cfg.aug, 10, seed=0)(x, y, step=0)
+    assert mixed.shape == x.shape and targets.shape == (len(y), 10)
+    torch.testing.assert_close(targets.sum(1), torch.ones(len(y)))
+
+
+def test_device_pipeline_trains_and_resumes_bit_identically(tmp_path, make_config):
+    sections = dict(data={"pipeline": "device"}, trainer={"ckpt_every": 1, "keep_last": 100})
+    train(make_config(**sections), tmp_path / "full")
+    train(make_config(**sections, resume=str(tmp_path / "full" / "checkpoints" / "step_00000005.pt")),
+          tmp_path / "resumed")
+    expected = torch.load(tmp_path / "full" / "checkpoints" / "last.pt", weights_only=True)["model"]
+    got = torch.load(tmp_path / "resumed" / "checkpoints" / "last.pt", weights_only=True)["model"]
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+@pytest.mark.parametrize("sections, message", [
+    ({"data": {"pipeline": "device"}, "aug": {"name": "randaug"}}, "data.pipeline=device does aug=none or aug=basic"),
+])
+def test_device_pipeline_refuses_what_it_cannot_do(make_config, sections, message):
+    with pytest.raises(ConfigError, match=message):
+        build_data(make_config(**sections), CPU)
+
+
+def test_training_flops_of_vit_tiny_at_224_match_the_published_count():
+    cfg = ModelConfig(embed_dim=192, depth=12, num_heads=3, mlp_ratio=4.0, img_size=224, patch_size=16)
+    flops = flops_per_image(cfg, num_classes=1000)
+    assert flops == pytest.approx(7.5e9, rel=0.02)  # REFERENCES.md: 7.52 GFLOP (3 x 2.51 forward)
+
+
+def test_peak_flops_come_from_the_table_or_the_config():
+    assert peak_tflops(torch.device("cpu"), torch.float32, None) is None
+    assert peak_tflops(torch.device("cpu"), torch.float32, 1.5) == 1.5
+    assert peak_tflops(torch.device("cuda"), torch.bfloat16, None, name="NVIDIA H200") == 989.0
