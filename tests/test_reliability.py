@@ -229,3 +229,41 @@ def test_load_weights_refuses_a_malicious_pickle_without_running_code(tmp_path):
     with pytest.raises(CheckpointError, match="holds a pickled object"):
         load_weights(tmp_path / "evil.pth")
     assert not (tmp_path / "pwned").exists()
+
+
+@pytest.fixture
+def fused_adamw(monkeypatch):
+    """AdamW with fused=True on the CPU: the path a CUDA run takes, where non-finite steps are
+    skipped on the device by the fused kernel and counted without a host sync."""
+    import vit_train.trainer as trainer
+
+    def build(model, cfg, device, lr=None):
+        from vit_train.optim import param_groups
+
+        return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=lr, fused=True)
+
+    monkeypatch.setattr(trainer, "build_optimizer", build)
+
+
+def test_device_side_skip_counts_nan_batches_without_touching_the_weights(tmp_path, make_config, monkeypatch,
+                                                                        fused_adamw):
+    nan_images_for(monkeypatch, {7})
+    results = train(make_config(trainer={"log_every": 1}), tmp_path)
+    assert results["status"] == "completed" and results["skipped_steps"] == 2 and results["steps"] == 16
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
+    assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
+    assert all(torch.isfinite(t).all() for s in ckpt["optimizer"]["state"].values() for t in s.values())
+    train_log = [e for e in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
+                 if e["split"] == "train"]
+    assert len([e for e in train_log if e["loss"] is None]) == 2 and train_log[-1]["skipped_steps"] == 2
+
+
+def test_device_side_skip_stops_a_diverging_run_at_the_next_log(tmp_path, make_config, monkeypatch, fused_adamw):
+    train(make_config(trainer={"epochs": 1}), tmp_path)  # a good checkpoint at step 8
+    before = (tmp_path / "checkpoints" / "last.pt").read_bytes()
+    nan_images_for(monkeypatch, "all")
+    with pytest.raises(RunStopped, match="4 steps in a row had a non-finite loss"):
+        train(make_config(trainer={"epochs": 2, "max_bad_steps": 3}, resume="auto"), tmp_path)  # log_every 2
+    assert (tmp_path / "checkpoints" / "last.pt").read_bytes() == before
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["status"] == "diverged" and results["steps"] == 12 and results["skipped_steps"] == 4

@@ -87,6 +87,8 @@ class TrainWindow:
         self.logs, self.warned = 0, False  # reads so far; whether the data-bound warning was given
         self.loss = torch.zeros((), device=device)
         self.hits = torch.zeros((), device=device, dtype=torch.long)
+        self.finite_steps = torch.zeros((), device=device, dtype=torch.long)  # device-decided steps, images
+        self.finite_images = torch.zeros((), device=device, dtype=torch.long)
         self.grad_norm: torch.Tensor | None = None
         self.steps = self.images = self.counted = 0
         self.seconds = 0.0
@@ -104,8 +106,15 @@ class TrainWindow:
         self.waited += seconds
 
     def add(self, loss: torch.Tensor, grad_norm: torch.Tensor, hits: torch.Tensor, images: int,
-            finite: bool = True) -> None:
+            finite: bool | torch.Tensor = True) -> None:
         self.images += images
+        if isinstance(finite, torch.Tensor):  # decided on the device: count without a host sync
+            self.loss += torch.where(finite, loss, 0.0)
+            self.hits += torch.where(finite, hits, 0)
+            self.grad_norm = grad_norm if self.grad_norm is None else torch.where(finite, grad_norm, self.grad_norm)
+            self.finite_steps += finite.long()
+            self.finite_images += finite.long() * images
+            return
         if finite:  # a skipped step's loss would make the window's mean NaN; it is counted apart
             self.loss += loss
             self.hits += hits
@@ -119,6 +128,8 @@ class TrainWindow:
         Starts a new window.
         """
         self.pause()
+        self.steps += int(self.finite_steps.item())
+        self.counted += int(self.finite_images.item())
         values = {"loss": self.loss.item() / self.steps if self.steps else math.nan,
                   "top1": 100 * self.hits.item() / self.counted if self.counted else math.nan,
                   "grad_norm": float(self.grad_norm) if self.grad_norm is not None else math.nan,
@@ -131,6 +142,8 @@ class TrainWindow:
         read = (values, self.images, self.seconds)
         self.loss.zero_()
         self.hits.zero_()
+        self.finite_steps.zero_()
+        self.finite_images.zero_()
         self.grad_norm = None
         self.steps = self.images = self.counted = 0
         self.seconds = self.waited = 0.0

@@ -103,7 +103,11 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
              data.steps_per_epoch, device, f" x {ctx.world_size} processes" if ctx.enabled else "",
              amp_dtype or torch.float32)
 
+    counts = DeviceCounts(state, device) if skips_on_device(optimizer, scaler) else None
+
     def save(best: bool = False) -> None:
+        if counts is not None:
+            counts.settle(state, t.max_bad_steps)
         distributed.barrier()
         if ctx.is_main:  # one writer; the weights are the same on every process
             save_run_checkpoint(checkpoint_state(model, optimizer, scheduler, scaler, ema, state, cfg, overrides,
@@ -132,6 +136,8 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
         return metrics
 
     def finish(status: str, metrics: dict[str, float]) -> dict[str, Any]:
+        if counts is not None:
+            counts.settle(state, t.max_bad_steps)
         results = summary(status, state, metrics, data.steps_per_epoch, time.time() - start_time, run_dir)
         if ctx.is_main:
             write_results(run_dir, results)
@@ -171,11 +177,16 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
                     scheduler.step()
                     state.step += 1
                     state.batch_in_epoch += 1
-                    count_step(state, finite, t.max_bad_steps)
-                    if finite and ema is not None:
+                    if counts is not None:
+                        counts.add(finite)
+                    else:
+                        count_step(state, finite, t.max_bad_steps)
+                    if ema is not None and (counts is not None or finite):  # a skipped update left the weights
                         ema.update_parameters(model)
                     window.add(loss, grad_norm, hits, len(images) * ctx.world_size, finite)
                     bar.update()
+                    if counts is not None and (due(state.step, t.log_every) or state.step == total_steps):
+                        counts.settle(state, t.max_bad_steps)
                     if due(state.step, t.log_every) or state.step == total_steps:
                         log_train(logger, bar, window, state, scheduler.get_last_lr()[0], scaler)
                     if state.bad_in_a_row >= t.max_bad_steps:
@@ -213,6 +224,34 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
             metrics = run_eval()
             save(best=state.best_step == state.step)
     return finish("completed", metrics)
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> bool:
+    """True for a fused optimiser without fp16 loss scaling: it can skip a non-finite update by itself."""
+    return bool(optimizer.defaults.get("fused")) and not scaler.is_enabled()
+
+
+class DeviceCounts:
+    """Non-finite steps counted on the device (when the optimiser skips them there), settled into
+    the TrainState at log time and before each checkpoint, so the loop never waits for them."""
+
+    def __init__(self, state: TrainState, device: torch.device):
+        self.skipped = torch.zeros((), dtype=torch.long, device=device)
+        self.run = torch.full((), state.bad_in_a_row, dtype=torch.long, device=device)
+
+    def add(self, finite: torch.Tensor) -> None:
+        bad = (~finite).long()
+        self.skipped += bad
+        self.run = (self.run + 1) * bad  # consecutive non-finite steps
+
+    def settle(self, state: TrainState, max_bad_steps: int) -> None:
+        skipped = int(self.skipped.item())
+        self.skipped.zero_()
+        state.skipped_steps += skipped
+        state.bad_in_a_row = int(self.run.item())
+        if skipped:
+            log.warning("up to step %d: %d non-finite steps skipped (%d in a row now, the run stops at %d)",
+                        state.step, skipped, state.bad_in_a_row, max_bad_steps)
 
 
 def count_step(state: TrainState, finite: bool, max_bad_steps: int) -> None:
@@ -253,7 +292,9 @@ def train_step(step_fn: nn.Module, model: nn.Module, images: torch.Tensor, targe
     `targets` are class indices (B,) or probabilities (B, classes) from MixUp/CutMix. Returns the
     mean loss, the pre-clip gradient norm and the top-1 hits (device tensors; with probabilities a
     hit is the argmax of the target) and whether loss and norm were finite; if not, the update is
-    skipped. That check is the step's one host sync.
+    skipped. With a fused optimiser (AdamW on CUDA) "finite" is a device tensor and the fused kernel
+    skips the update itself (its found_inf input): the step has no host sync. Otherwise the check
+    is the step's one host sync.
     """
     optimizer.zero_grad(set_to_none=True)
     total = torch.zeros((), device=images.device)
@@ -270,6 +311,11 @@ def train_step(step_fn: nn.Module, model: nn.Module, images: torch.Tensor, targe
     total, hits = distributed.mean_loss_and_hits(total, hits)  # over processes: the same on each
     scaler.unscale_(optimizer)
     grad_norm = nn.utils.clip_grad_norm_(model.parameters(), clip_grad or math.inf)
+    if skips_on_device(optimizer, scaler):  # no host sync: the fused kernel skips the update itself
+        finite = torch.isfinite(total) & torch.isfinite(grad_norm)
+        optimizer.grad_scale, optimizer.found_inf = None, (~finite).float()
+        optimizer.step()
+        return total, grad_norm, hits, finite
     # With fp16 an overflowing gradient is routine: the scaler skips that step and lowers its scale.
     finite = bool(torch.isfinite(total) if scaler.is_enabled() else torch.isfinite(total) & torch.isfinite(grad_norm))
     if finite:
