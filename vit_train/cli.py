@@ -28,7 +28,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .config import Config, config_dir as _config_dir, known_keys, unknown_key_message
+from .config import Config, config_dir as _config_dir, known_keys, run_dir_of, unknown_key_message
 from .errors import ConfigError, RunStopped, UserError
 
 GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer", "experiment", "hparams_search", "hydra")
@@ -42,14 +42,6 @@ PLUGINS = {"hparams_search=optuna": ("hydra_plugins.hydra_optuna_sweeper", "swee
 
 def _is_resume_path(resume: object) -> bool:
     return resume not in (None, "auto", "null", "")
-
-
-def run_dir_of(resume: str) -> Path:
-    """The run directory a resume path belongs to (a run dir, its checkpoints/ or a file in it)."""
-    path = Path(resume).expanduser()
-    if path.is_file() or path.suffix == ".pt":
-        path = path.parent
-    return path.parent if path.name == "checkpoints" else path
 
 
 def _resumes_existing(resume: object) -> bool:

@@ -17,10 +17,9 @@ from typing import Any, Callable
 
 import yaml
 
-from .config import config_dir, known_keys, unknown_key_message
+from .config import config_dir, known_keys, run_dir_of, unknown_key_message
 from .errors import ConfigError, UserError
 
-GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer")
 CONFIG_SECTIONS = ("data", "trainer")  # what vit-eval may change in a checkpoint's config
 
 
@@ -42,7 +41,7 @@ def parse_args(argv: list[str], options: dict[str, Any], config: bool = False) -
         value = yaml.safe_load(text) if text else None
         if key in options:
             values[key] = value
-        elif config and key in CONFIG_SECTIONS and key in GROUPS:
+        elif config and key in CONFIG_SECTIONS:
             overrides[key] = group_file(key, str(value))
         elif config and key.split(".")[0] in CONFIG_SECTIONS:
             if key not in valid:
@@ -93,8 +92,7 @@ def _eval(argv: list[str]) -> None:
     if as_json:
         print(json.dumps(results, indent=2))
         return
-    weights = "EMA weights" if results["weights"] == "ema" else "model weights (no EMA)" \
-        if results["weights"] == "model" else results["weights"]
+    weights = {"ema": "EMA weights", "model": "model weights (no EMA)"}[results["weights"]]
     print(f"{results['checkpoint']} (step {results['step']}, {weights}) on {results['data']} val, "
           f"{results['images']} images")
     print(f"top-1 {results['top1']:.2f}%   top-5 {results['top5']:.2f}%   loss {results['loss']:.4f}\n")
@@ -129,9 +127,8 @@ def _export(argv: list[str]) -> None:
 
     ckpt_path = Path(str(opts["ckpt"]))
     model, cfg, ckpt, source = load_for_inference(ckpt_path, opts["weights"])
-    run_dir = ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else ckpt_path.parent
     fmt = str(opts["format"])
-    out = Path(opts["out"]) if opts["out"] else run_dir / "export" / f"{ckpt_path.stem}.{fmt}"
+    out = Path(opts["out"]) if opts["out"] else run_dir_of(str(ckpt_path)) / "export" / f"{ckpt_path.stem}.{fmt}"
     result = export(model, cfg, ckpt, source, fmt, out)
     if as_json:
         print(json.dumps(result, indent=2))

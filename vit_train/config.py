@@ -225,6 +225,14 @@ def config_dir() -> str:
     raise RuntimeError(f"vit-train's configs/ folder is missing (looked in {here} and {here.parent})")
 
 
+def run_dir_of(resume: str) -> Path:
+    """The run directory a checkpoint or resume path belongs to (a run dir, its checkpoints/ or a file in it)."""
+    path = Path(resume).expanduser()
+    if path.is_file() or path.suffix == ".pt":
+        path = path.parent
+    return path.parent if path.name == "checkpoints" else path
+
+
 def known_keys(cls: type = Config, prefix: str = "") -> list[str]:
     """Every dotted key of the schema, sections included (e.g. 'model', 'model.embed_dim')."""
     keys = []

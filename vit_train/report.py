@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .checkpoint import check_classes
+from .config import run_dir_of
 from .data import build_data
 from .errors import ConfigError
 from .evaluate import autocast_dtype, evaluate, pick_device
@@ -91,8 +92,7 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights
     metrics = evaluate(model, data.val_loader, device, autocast_dtype(cfg.trainer.precision, device), progress,
                        data.val_unreadable, confusion=True)
     confusion = metrics.pop("confusion")
-    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
-    out = Path(out_dir) if out_dir else run_dir / "eval"
+    out = Path(out_dir) if out_dir else run_dir_of(str(path)) / "eval"
     out.mkdir(parents=True, exist_ok=True)
     results = {"checkpoint": str(path), "step": ckpt["step"], "weights": source, "data": cfg.data.name,
                "images": int(confusion.sum()), **metrics,

@@ -89,13 +89,13 @@ def load_splits(cfg: Config):
     if d.name == "shapes":
         train = TensorImages(*generate_shapes(d.train_size, size, seed=2 * d.seed))
         val = TensorImages(*generate_shapes(d.val_size, size, seed=2 * d.seed + 1))
-        return train, val, list(SHAPES_CLASSES), SHAPES_STATS, size
+        return train, val, list(SHAPES_CLASSES), data_stats(d.name), size
     if d.name in cifar.FORMATS:
         root = d.root or "data"
         (train_x, train_y), (val_x, val_y), names = cifar.load_cifar(d.name, root, d.download)
-        return TensorImages(train_x, train_y), TensorImages(val_x, val_y), names, cifar.STATS[d.name], 32
+        return TensorImages(train_x, train_y), TensorImages(val_x, val_y), names, data_stats(d.name), 32
     train, val, names = imagefolder.load_image_folders(d.root)
-    return train, val, names, imagefolder.STATS, None
+    return train, val, names, data_stats(d.name), None
 
 
 DEVICE_AUGS = ("none", "basic")  # what the on-device pipeline does; the rest need the loader
