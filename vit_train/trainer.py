@@ -208,7 +208,7 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
                         break
                     window.start()
                     fetch = time.perf_counter()
-            except RuntimeError:
+            except (RuntimeError, OSError, EOFError):  # a loader whose workers the signal ended
                 if not stop.received:  # else: the signal also ended the loader's workers; the last step is whole
                     raise
             window.pause()
