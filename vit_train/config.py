@@ -121,6 +121,16 @@ class TrainerConfig:
 
 
 @dataclass
+class MaeConfig:
+    # masked-autoencoder pre-training (objective.name=mae; He et al. 2022), see docs/mae.md
+    mask_ratio: float = 0.75  # fraction of each image's patches hidden from the encoder
+    decoder_dim: int = 128  # decoder token width; divisible by 4 (2-D sin-cos positions) and by decoder_heads
+    decoder_depth: int = 2  # decoder transformer blocks
+    decoder_heads: int = 4  # decoder attention heads
+    norm_pix_loss: bool = True  # targets: each patch's pixels normalised by its own mean and std
+
+
+@dataclass
 class SweepConfig:
     # what a multirun job returns to the sweeper (a results.json key) and which way is better
     objective: Literal["best_top1", "final_top1", "final_top5", "final_loss", "final_ema_top1"] = "best_top1"
@@ -136,6 +146,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    mae: MaeConfig = field(default_factory=MaeConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     seed: int = 0  # seeds the model init, data order and augmentation
     resume: Optional[str] = None  # null, auto (newest checkpoint in the run dir), or a path
@@ -189,6 +200,7 @@ class Config:
                            ("model.drop_path", m.drop_path), ("aug.label_smoothing", self.aug.label_smoothing)):
             _require(0.0 <= value < 1.0, f"{key} must be in [0, 1), got {value}")
         self._validate_aug()
+        self._validate_mae()
         _require(0.0 <= d.max_bad_fraction <= 1.0, f"data.max_bad_fraction must be in [0, 1], got {d.max_bad_fraction}")
         _require(d.num_workers is None or d.num_workers >= 0, f"data.num_workers must be >= 0, got {d.num_workers}")
         _require(d.batch_size % t.accum_steps == 0, f"data.batch_size ({d.batch_size}) must be divisible "
@@ -203,6 +215,17 @@ class Config:
         _require(0 <= self.schedule.min_lr <= self.lr, f"schedule.min_lr ({self.schedule.min_lr}) must be "
                  f"between 0 and optim.lr ({self.lr:g}{' after batch scaling' if self.optim.lr_base_batch else ''})")
         return self
+
+    def _validate_mae(self) -> None:
+        e, m = self.mae, self.model
+        _require(0.0 < e.mask_ratio < 1.0, f"mae.mask_ratio must be in (0, 1), got {e.mask_ratio}")
+        patches = (m.img_size // m.patch_size) ** 2
+        _require(int(patches * (1 - e.mask_ratio)) >= 1, f"mae.mask_ratio={e.mask_ratio} leaves no visible "
+                 f"patch of the {patches}; lower it")
+        _positive(("mae.decoder_dim", e.decoder_dim), ("mae.decoder_depth", e.decoder_depth),
+                  ("mae.decoder_heads", e.decoder_heads))
+        _require(e.decoder_dim % e.decoder_heads == 0 and e.decoder_dim % 4 == 0, f"mae.decoder_dim "
+                 f"({e.decoder_dim}) must be divisible by mae.decoder_heads ({e.decoder_heads}) and by 4")
 
     def _validate_aug(self) -> None:
         a = self.aug

@@ -187,6 +187,19 @@ def images_figure(images: torch.Tensor, titles: list[str], columns: int = 8):
     return fig
 
 
+def reconstruction_figure(original: torch.Tensor, masked: torch.Tensor, reconstruction: torch.Tensor,
+                          mask_ratio: float):
+    """MAE: one row per image: the original, what the encoder sees, the reconstruction; all (B, 3, S, S) in [0, 1]."""
+    fig, axes = _new_figure(len(original), 3)
+    fig.suptitle(f"masked autoencoder, {100 * mask_ratio:.0f}% of the patches masked", fontsize=9)
+    for i in range(len(original)):
+        first = i == 0
+        _show(axes[i, 0], original[i], "original" if first else "")
+        _show(axes[i, 1], masked[i], "masked (encoder input)" if first else "")
+        _show(axes[i, 2], reconstruction[i], "reconstruction" if first else "")
+    return fig
+
+
 def save_figure(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
