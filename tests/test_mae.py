@@ -245,3 +245,27 @@ def test_short_pretraining_reconstructs_far_better_than_the_untrained_model(make
     after = val_loss()
     assert logits is None
     assert after < 0.4 * before and after < 0.8 * blind, (before, blind, after)
+
+
+def test_a_classifier_starts_from_the_mae_encoder_with_a_new_head(tmp_path, caplog):
+    """model.pretrained on an MAE checkpoint (or its run directory): the encoder's tensors are loaded, the
+    decoder dropped, the head new; fixed sin-cos positions of the pre-training become the learned
+    positions' start (as facebookresearch/mae fine-tunes; xplip/pixel#8)."""
+    from vit_train.pretrained import load_pretrained
+
+    mae = small_mae(pos_embed="sincos2d")
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    torch.save({"model": mae.state_dict(), "step": 5}, tmp_path / "run" / "checkpoints" / "last.pt")
+    classifier = VisionTransformer(img_size=16, patch_size=4, num_classes=7, embed_dim=32, depth=2, num_heads=2)
+    head_before = classifier.head.weight.clone()
+    with caplog.at_level("INFO", logger="vit_train"):
+        report = load_pretrained(classifier, tmp_path / "run")
+    assert "decoder (" in caplog.text
+    own = classifier.state_dict()
+    for key, value in mae.encoder.state_dict().items():
+        assert torch.equal(own[key], value), key
+    assert isinstance(classifier.pos_embed, torch.nn.Parameter)
+    assert torch.equal(classifier.head.weight, head_before)
+    assert "head.weight" in report["reinitialised"] and not any("decoder" in k for k in report["loaded"])
+    images = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(classifier.forward_features(images), mae.encoder.forward_features(images))

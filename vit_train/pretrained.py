@@ -1,4 +1,6 @@
-"""Start from saved weights (`model.pretrained`): a vit-train checkpoint, safetensors or a timm state dict.
+"""Start from saved weights (`model.pretrained`): a vit-train checkpoint or run directory (its
+checkpoints/last.pt), safetensors or a timm state dict. From a masked-autoencoder run (objective
+mae) the encoder is taken (`encoder.` prefix stripped) and its decoder dropped; the head is new.
 
 Keys that fit are loaded; learned position embeddings are resized by bicubic interpolation when the
 patch grid differs; the head is left freshly initialised when the class count differs; keys this
@@ -42,14 +44,27 @@ def resize_pos_embed(pos: torch.Tensor, num_prefix: int, grid: int) -> torch.Ten
     return torch.cat([prefix, patches], dim=1)
 
 
+def encoder_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A masked autoencoder's state dict (encoder.*, decoder.*) -> its encoder's, as a VisionTransformer's;
+    any other state dict unchanged."""
+    if not any(k.startswith("encoder.") for k in weights) or not any(k.startswith("decoder.") for k in weights):
+        return weights
+    encoder = {k.removeprefix("encoder."): v for k, v in weights.items() if k.startswith("encoder.")}
+    log.info("model.pretrained holds a masked autoencoder: its encoder is loaded, its decoder (%d tensors) dropped",
+             len(weights) - len(encoder))
+    return encoder
+
+
 def load_pretrained(model: VisionTransformer, path: str | Path) -> dict[str, list[str]]:
     """Load what fits of the weights in `path` into `model`; returns (and logs) what happened to each key."""
     path = Path(path).expanduser()
+    if path.is_dir():  # a run directory: where that run ended
+        path = path / "checkpoints" / "last.pt" if (path / "checkpoints").is_dir() else path / "last.pt"
     if not path.is_file():
-        raise ConfigError(f"model.pretrained={path} does not exist; give a vit-train checkpoint (.pt), a "
-                          f".safetensors file or a timm state dict (.pth)")
+        raise ConfigError(f"model.pretrained={path} does not exist; give a vit-train run directory or checkpoint "
+                          f"(.pt), a .safetensors file or a timm state dict (.pth)")
     weights, _ = load_weights(path)
-    weights = {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in weights.items()}
+    weights = encoder_weights({k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in weights.items()})
     own = model.state_dict()
     fixed_pos = not isinstance(model.pos_embed, torch.nn.Parameter)
     report: dict[str, list[str]] = {"loaded": [], "resized": [], "reinitialised": [], "ignored": []}
