@@ -25,6 +25,8 @@ def test_benchmark_reports_both_models_as_json(tmp_path):
         flops = report["setting"]["training_gflop_per_image"] * 1e9
         assert r["vit_train_tflops"] == pytest.approx(r["vit_train_images_per_s"] * flops / 1e12)
         assert r["vit_train_mfu"] is None  # no known peak for a CPU
+        assert r["mae_images_per_s"] > 0 and len(r["mae_ratios"]) == 2
+        assert r["mae_over_classify"] == pytest.approx(sum(r["mae_ratios"]) / 2)
     pipes = report["pipelines"]
     assert pipes["device_images_per_s"] > 0 and pipes["loader_images_per_s"] > 0
     best = max(r["vit_train_images_per_s"] for r in report["results"])
