@@ -22,6 +22,7 @@ import traceback
 from pathlib import Path
 
 import hydra
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
@@ -30,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .config import Config, config_dir as _config_dir, known_keys, run_dir_of, unknown_key_message
 from .errors import ConfigError, RunStopped, UserError
+from .unused_keys import ignored_keys, override_keys
 
 GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer", "experiment", "hparams_search", "hydra")
 # Optional plugins a command line may ask for, and the extra that installs each.
@@ -64,6 +66,12 @@ OmegaConf.register_new_resolver("vit_run_dir", lambda resume, default: str(run_d
 OmegaConf.register_new_resolver("vit_output_subdir", _output_subdir, replace=True)
 
 
+# The typed schema is the one source of defaults: configs/train.yaml lists this node first, so every
+# key of every section exists whatever group option is chosen (each YAML sets only what differs), and
+# `aug=autoaug aug.switch_prob=0.3` or `data=shapes data.bad_images=error` are settable overrides.
+ConfigStore.instance().store(name="schema", node=Config().to_dict())
+
+
 def check_override_keys(args: list[str]) -> None:
     """Refuse command-line keys the schema does not know, naming the closest valid key, and plugins
     that are not installed, naming the extra that installs them."""
@@ -95,7 +103,8 @@ def apply_overrides(saved: dict, overrides: list[str]) -> dict:
 
 
 def compose_config(cfg: DictConfig) -> tuple[Config, list[str]]:
-    """The typed config for this run, and the command-line overrides that made it."""
+    """The typed config for this run, and the command-line overrides that made it; logs one warning
+    per key that the chosen options ignore."""
     overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
     if _is_resume_path(cfg.resume):
         from .checkpoint import find_resume_checkpoint
@@ -103,8 +112,13 @@ def compose_config(cfg: DictConfig) -> tuple[Config, list[str]]:
         _, ckpt = find_resume_checkpoint(cfg.resume, Path(HydraConfig.get().runtime.output_dir), mmap=True)
         plain = apply_overrides(ckpt["config"], overrides)
         plain["resume"] = cfg.resume
-        return Config.from_dict(plain), list(ckpt.get("overrides", [])) + overrides
-    return Config.from_dict(OmegaConf.to_container(cfg, resolve=True)), overrides
+        config, overrides = Config.from_dict(plain), list(ckpt.get("overrides", [])) + overrides
+    else:
+        config = Config.from_dict(OmegaConf.to_container(cfg, resolve=True))
+    if os.environ.get("RANK", "0") == "0":
+        for line in ignored_keys(config, override_keys(overrides)):
+            logging.getLogger("vit_train").warning("warning: %s", line)
+    return config, overrides
 
 
 @hydra.main(version_base="1.3", config_path=_config_dir(), config_name="train")

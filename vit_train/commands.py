@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import yaml
 
-from .config import config_dir, known_keys, run_dir_of, unknown_key_message
+from .config import Config, config_dir, known_keys, run_dir_of, unknown_key_message
 from .errors import ConfigError, UserError
 
 CONFIG_SECTIONS = ("data", "trainer")  # what vit-eval may change in a checkpoint's config
@@ -58,13 +58,15 @@ def parse_args(argv: list[str], options: dict[str, Any], config: bool = False) -
 
 
 def group_file(group: str, name: str) -> dict:
+    """The whole `group` section as option `name` makes it: the schema's defaults, then what the
+    option's YAML file sets (as vit-train composes it)."""
     path = Path(config_dir()) / group / f"{name}.yaml"
     if not path.is_file():
         choices = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise ConfigError(f"no {group} option '{name}' (choices: {', '.join(choices)})")
     plain = yaml.safe_load(path.read_text()) or {}
     plain.pop("defaults", None)
-    return plain
+    return {**Config().to_dict()[group], **plain}
 
 
 def run(prog: str, work: Callable[[list[str]], None]) -> None:

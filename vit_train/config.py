@@ -212,7 +212,7 @@ class Config:
         _require(len(self.optim.betas) == 2, f"optim.betas must have two values, got {self.optim.betas}")
         _require(self.schedule.warmup_epochs >= 0,
                  f"schedule.warmup_epochs must be >= 0, got {self.schedule.warmup_epochs}")
-        _require(0 <= self.schedule.min_lr <= self.lr, f"schedule.min_lr ({self.schedule.min_lr}) must be "
+        _require(self.schedule.name != "cosine" or 0 <= self.schedule.min_lr <= self.lr, f"schedule.min_lr ({self.schedule.min_lr}) must be "
                  f"between 0 and optim.lr ({self.lr:g}{' after batch scaling' if self.optim.lr_base_batch else ''})")
         return self
 
