@@ -269,3 +269,48 @@ def test_a_classifier_starts_from_the_mae_encoder_with_a_new_head(tmp_path, capl
     assert "head.weight" in report["reinitialised"] and not any("decoder" in k for k in report["loaded"])
     images = torch.randn(2, 3, 16, 16)
     torch.testing.assert_close(classifier.forward_features(images), mae.encoder.forward_features(images))
+
+
+def write_images(folder, count: int, start: int = 0) -> None:
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(start, start + count):
+        Image.new("RGB", (12, 10), (i * 7 % 256, 0, 0)).save(folder / f"img{i:03d}.png")
+
+
+def test_unlabelled_folders_flat_nested_or_split_by_holdout(tmp_path):
+    from vit_train.data.imagefolder import load_unlabelled_folders
+
+    write_images(tmp_path / "a" / "train", 5)
+    write_images(tmp_path / "a" / "train" / "cats", 2, start=50)  # class folders are read too, labels ignored
+    write_images(tmp_path / "a" / "val", 3)
+    train, val, names = load_unlabelled_folders(tmp_path / "a")
+    assert (len(train), len(val), names) == (7, 3, ["image"])
+    image, label = train[0]
+    assert image.mode == "RGB" and image.size == (12, 10) and label == 0
+
+    write_images(tmp_path / "b", 40)  # no train/: every 20th image (path order) is a val image
+    (tmp_path / "b" / "notes.txt").write_text("not an image")
+    train, val, _ = load_unlabelled_folders(tmp_path / "b")
+    assert [p for p, _ in val.samples] == [str(tmp_path / "b" / "img019.png"), str(tmp_path / "b" / "img039.png")]
+    assert len(train) == 38 and not {p for p, _ in train.samples} & {p for p, _ in val.samples}
+
+
+def test_unlabelled_folders_that_cannot_work_are_explained(tmp_path):
+    from vit_train.data.imagefolder import load_unlabelled_folders
+    from vit_train.errors import DataError
+
+    with pytest.raises(DataError, match="does not exist"):
+        load_unlabelled_folders(tmp_path / "missing")
+    write_images(tmp_path / "few", 5)
+    with pytest.raises(DataError, match="holds 5 images .* needs at least 20"):
+        load_unlabelled_folders(tmp_path / "few")
+    write_images(tmp_path / "noval" / "train", 5)
+    with pytest.raises(DataError, match="val holds no images"):
+        load_unlabelled_folders(tmp_path / "noval")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "train").mkdir()
+    write_images(tmp_path / "broken" / "val", 2)
+    with pytest.raises(DataError, match="no training images"):
+        load_unlabelled_folders(tmp_path / "broken")

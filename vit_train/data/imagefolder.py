@@ -81,3 +81,53 @@ def load_image_folders(root: str | Path) -> tuple[ImageFolder, ImageFolder, list
 
 def _is_image(path: Path) -> bool:
     return path.is_file() and path.suffix.lower() in IMG_EXTENSIONS
+
+
+UNLABELLED_CLASS = "image"  # the one "class" of a folder read without labels
+HOLDOUT_EVERY = 20  # a folder without train/ and val/: every 20th image (sorted by path) is a val image
+
+
+class UnlabelledImages:
+    """Image files read without labels, each as (PIL RGB image, 0): for objectives that need none (mae)."""
+
+    def __init__(self, paths: list[Path]):
+        self.samples = [(str(p), 0) for p in paths]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int):
+        try:
+            with Image.open(self.samples[index][0]) as image:
+                return image.convert("RGB"), 0
+        except IMAGE_ERRORS as e:
+            raise UnreadableImage(index) from e
+
+
+def load_unlabelled_folders(root: str | Path) -> tuple[UnlabelledImages, UnlabelledImages, list[str]]:
+    """Train and val images for an objective without labels: every image under root/train and root/val
+    at any depth (class folders are allowed and ignored), or, when root has no train/, every image under
+    root with each HOLDOUT_EVERY-th (in path order) held out for val."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise DataError(f"data.root {root} does not exist; point it at a folder of images (or one holding train/ "
+                        f"and val/)")
+    if (root / "train").is_dir():
+        train, val = _images_under(root / "train"), _images_under(root / "val") if (root / "val").is_dir() else []
+        if not val:
+            raise DataError(f"{root / 'val'} holds no images; put some validation images there (any layout), or "
+                            f"give data.root a plain folder of images and every {HOLDOUT_EVERY}th is held out")
+    else:
+        everything = _images_under(root)
+        train = [p for i, p in enumerate(everything) if i % HOLDOUT_EVERY != HOLDOUT_EVERY - 1]
+        val = [p for i, p in enumerate(everything) if i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1]
+        if not val:
+            raise DataError(f"{root} holds {len(everything)} images (types: {' '.join(IMG_EXTENSIONS)}); it needs at "
+                            f"least {HOLDOUT_EVERY}, one of which is held out for validation")
+    if not train:
+        raise DataError(f"no training images under {root} (types: {' '.join(IMG_EXTENSIONS)})")
+    return UnlabelledImages(train), UnlabelledImages(val), [UNLABELLED_CLASS]
+
+
+def _images_under(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if _is_image(p))
