@@ -314,3 +314,19 @@ def test_unlabelled_folders_that_cannot_work_are_explained(tmp_path):
     write_images(tmp_path / "broken" / "val", 2)
     with pytest.raises(DataError, match="no training images"):
         load_unlabelled_folders(tmp_path / "broken")
+
+
+def test_facebookresearch_mae_checkpoints_load_their_encoder(tmp_path):
+    """The official MAE files hold flat keys plus mask_token and decoder_* (quanlin-wu/dmae#3, Oneflow-Inc/libai#258:
+    a strict load fails on them and on the missing head): the encoder loads, the rest is ignored, the head is new."""
+    from vit_train.pretrained import load_pretrained
+
+    mae = small_mae()
+    flat = {k.removeprefix("encoder."): v for k, v in mae.state_dict().items() if k.startswith("encoder.")}
+    flat |= {"mask_token": torch.zeros(1, 1, 16), "decoder_embed.weight": torch.zeros(16, 32),
+             "decoder_pos_embed": torch.zeros(1, 17, 16), "decoder_pred.weight": torch.zeros(48, 16)}
+    torch.save({"model": flat}, tmp_path / "mae_pretrain_vit_tiny.pth")
+    classifier = VisionTransformer(img_size=16, patch_size=4, num_classes=3, embed_dim=32, depth=2, num_heads=2)
+    report = load_pretrained(classifier, tmp_path / "mae_pretrain_vit_tiny.pth")
+    assert set(report["ignored"]) == {"mask_token", "decoder_embed.weight", "decoder_pos_embed", "decoder_pred.weight"}
+    assert torch.equal(classifier.blocks[1].mlp.fc2.weight, mae.encoder.blocks[1].mlp.fc2.weight)
