@@ -34,7 +34,8 @@ from vit_train.data.device import DeviceTrainPipeline
 from vit_train.data.sampler import EpochSampler, TensorImages, TransformedDataset
 from vit_train.data.transforms import build_transforms
 from vit_train.evaluate import autocast_dtype
-from vit_train.mae import MaeObjective, build_mae
+from vit_train.mae import build_mae
+from vit_train.mae_objective import MaeObjective
 from vit_train.model import build_model
 from vit_train.speed import flops_per_image, peak_tflops
 

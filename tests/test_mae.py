@@ -11,8 +11,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vit_train.data.shapes import generate_shapes
 from vit_train.errors import ConfigError
-from vit_train.mae import (MaeObjective, MaskedAutoencoder, MaskSampler, build_mae, mae_flops_per_image, num_visible,
-                           patch_targets, patchify, reconstruct, reconstruction_loss, unpatchify)
+from vit_train.mae import (MaskedAutoencoder, MaskSampler, build_mae, mae_flops_per_image, num_visible, patch_targets,
+                           patchify, reconstruct, reconstruction_loss, unpatchify)
+from vit_train.mae_objective import MaeObjective
 from vit_train.model import VisionTransformer
 
 
