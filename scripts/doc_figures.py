@@ -1,4 +1,4 @@
-"""Make the README's example figures (docs/figures/) from a trained shapes checkpoint.
+"""Make the example figures of docs/looking-inside.md (docs/figures/) from a trained shapes checkpoint.
 
     vit-train experiment=quickstart hydra.run.dir=outputs/quickstart
     python scripts/doc_figures.py outputs/quickstart/checkpoints/best.pt docs/figures

@@ -45,7 +45,7 @@ def build_ema(model: nn.Module, decay: float | None, ckpt: dict | None) -> Avera
 
 def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: AveragedModel | None, state: TrainState,
                      cfg: Config, overrides: Sequence[str], class_names: list[str]) -> dict[str, Any]:
-    """Everything a resumed run needs, as plain tensors and primitives (see README, 'What is in a checkpoint')."""
+    """Everything a resumed run needs, as plain tensors and primitives (see docs/resuming.md, 'What is in a checkpoint')."""
     return {
         "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict(), "ema": ema.state_dict() if ema is not None else None, **asdict(state),
