@@ -5,6 +5,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 import yaml
@@ -77,10 +78,13 @@ def test_a_failing_job_is_recorded_the_others_finish_and_the_exit_status_says_so
     failed = results(sweep_dir / "1")
     assert failed["status"] == "failed" and "must be divisible by model.patch_size (5)" in failed["error"]
     assert [results(sweep_dir / j)["status"] for j in "02"] == ["completed", "completed"]
-    assert "1 of 3 jobs did not complete (jobs 1)" in done.stderr
+    named = ("1 of 3 jobs did not complete: job 1 failed (model.img_size (16) must be divisible by "
+             "model.patch_size (5))")
+    assert f"vit-train: {named}" in done.stderr
     summary = subprocess.run([sys.executable, "-c", "from vit_train.sweep import main; main()", str(sweep_dir)],
                              capture_output=True, text=True)
     assert summary.returncode == 1 and "| 1 | failed |" in summary.stdout
+    assert summary.stderr.count("\n") == 1 and summary.stderr.startswith(f"vit-sweep-summary: {named}; see ")
 
 
 def test_a_sweep_directory_of_another_grid_is_not_resumed_into(grid, tmp_path):
@@ -108,15 +112,20 @@ def test_optuna_search_runs_its_trials(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None,
                     reason="the [sweep] extra is not installed")
-def test_two_jobs_run_in_parallel_each_in_its_own_device_slot(tmp_path):
+def test_parallel_jobs_pass_over_a_held_slot_and_share_the_free_one(tmp_path):
+    """Slot 0 is held here for the whole sweep, so both parallel jobs must take slot 1, one after the
+    other whichever order they start in (which of two runs first is the scheduler's business)."""
     sweep_dir = tmp_path / "parallel"
-    done = vit_train("-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "sweep.devices=2", *SHORT,
-                     "optim.lr=1e-3,5e-4", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    _, held = claim_device(sweep_dir, 2, job=99)
+    try:
+        done = vit_train("-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "sweep.devices=2", *SHORT,
+                         "optim.lr=1e-3,5e-4", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    finally:
+        held.close()
     assert done.returncode == 0, done.stderr
     assert [results(sweep_dir / j)["status"] for j in "01"] == ["completed", "completed"]
     lines = (done.stdout + done.stderr).splitlines()
-    slots = sorted(line.split("holds slot ")[1][0] for line in lines if "holds slot" in line)
-    assert slots == ["0", "1"]
+    assert sorted(line.split("holds slot ")[1][:6] for line in lines if "holds slot" in line) == ["1 of 2"] * 2
 
 
 def test_device_slots_are_exclusive_while_held(tmp_path):
@@ -127,7 +136,38 @@ def test_device_slots_are_exclusive_while_held(tmp_path):
     third, lock2 = claim_device(tmp_path, 2, job=2)
     assert third == 0
     lock1.close()
+    fourth, lock3 = claim_device(tmp_path, 2, job=3)  # both were busy a moment ago; 1 is free now
+    assert fourth == 1
     lock2.close()
+    lock3.close()
+
+
+def test_a_job_waits_for_whichever_slot_frees_first(tmp_path):
+    """With every slot held, a job waits, and takes the first one released (not a fixed one)."""
+    _, lock0 = claim_device(tmp_path, 2, job=0)
+    _, lock1 = claim_device(tmp_path, 2, job=1)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(claim_device(tmp_path, 2, job=2, poll_seconds=0.01)))
+    waiter.start()
+    lock1.close()  # job 2 % 2 == 0, but slot 1 frees first
+    waiter.join(timeout=60)
+    assert got and got[0][0] == 1
+    got[0][1].close()
+    lock0.close()
+
+
+@pytest.mark.parametrize("arg, extra", [("hparams_search=optuna", "sweep"), ("hydra/launcher=parallel", "sweep"),
+                                        ("hydra/launcher=slurm", "slurm")])
+def test_no_hydra_plugin_at_all_is_one_line_too(monkeypatch, arg, extra):
+    """Without any Hydra plugin the hydra_plugins package itself is missing, and find_spec of a
+    module in it raises ModuleNotFoundError instead of returning None."""
+    for name in [n for n in sys.modules if n.startswith("hydra_plugins.")]:  # imported by earlier tests
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "hydra_plugins", None)
+    with pytest.raises(ModuleNotFoundError):
+        importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper")
+    with pytest.raises(ConfigError, match=rf"{arg} needs a Hydra plugin .* pip install 'vit-train\[{extra}\]'"):
+        check_override_keys(["-m", arg])
 
 
 def test_a_missing_plugin_names_the_extra(monkeypatch):

@@ -14,8 +14,10 @@ import fcntl
 import io
 import json
 import math
+import logging
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -69,24 +71,27 @@ def check_same_job(run_dir: Path, overrides: list[str]) -> None:
                         f"re-run a sweep with the same command, or choose a new hydra.sweep.dir")
 
 
-def claim_device(sweep_dir: Path, count: int, job: int) -> tuple[int, IO]:
+def claim_device(sweep_dir: Path, count: int, job: int, poll_seconds: float = 0.5) -> tuple[int, IO]:
     """A GPU index in [0, count) that no other job of this sweep holds, and its lock (keep it open).
 
-    Parallel jobs (e.g. hydra/launcher=joblib) each take the first free GPU; with more jobs than
-    GPUs a job waits for GPU job % count.
+    Parallel jobs (e.g. hydra/launcher=parallel) each take the first free GPU; with more jobs than
+    GPUs a job waits until any of them is free (a lock file per GPU in the sweep directory, taken
+    with flock, so a job that dies frees its GPU).
     """
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    for index in range(count):
-        lock = open(sweep_dir / f".device_{index}.lock", "w")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return index, lock
-        except BlockingIOError:
-            lock.close()
-    index = job % count
-    lock = open(sweep_dir / f".device_{index}.lock", "w")
-    fcntl.flock(lock, fcntl.LOCK_EX)  # wait for it
-    return index, lock
+    waited = False
+    while True:
+        for index in range(count):
+            lock = open(sweep_dir / f".device_{index}.lock", "w")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return index, lock
+            except BlockingIOError:
+                lock.close()
+        if not waited:
+            logging.getLogger("vit_train").info("job %d waits for one of the sweep's %d device slots", job, count)
+            waited = True
+        time.sleep(poll_seconds)
 
 
 def _number(text: str) -> Any:
@@ -124,6 +129,20 @@ def summarize(sweep_dir: Path, objective: str = "best_top1", direction: str = "m
         print(f"sweep {sweep_dir}: {len(rows)} jobs, sorted by {objective} ({direction})\n{table}", file=out)
     _write_hparams(sweep_dir, jobs)
     return rows
+
+
+def incomplete_jobs(sweep_dir: Path, rows: list[dict[str, Any]]) -> str | None:
+    """One line naming each job that did not complete, with its status and reason; None if all did."""
+    names = []
+    for row in rows:
+        if row["status"] == "completed":
+            continue
+        reason = ((read_results(Path(sweep_dir) / row["job"]) or {}).get("error") or "").strip().splitlines()
+        names.append(f"job {row['job']} {row['status']}" + (f" ({reason[-1]})" if reason else ""))
+    if not names:
+        return None
+    return (f"{len(names)} of {len(rows)} jobs did not complete: {'; '.join(names)}; see their results.json and "
+            f"train.log, then re-run the same command with hydra.sweep.dir={sweep_dir} to retry them")
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -190,7 +209,9 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as e:
         print(f"vit-sweep-summary: error: {e}", file=sys.stderr)
         sys.exit(2)
-    if any(r["status"] != "completed" for r in rows):
+    incomplete = incomplete_jobs(args.sweep_dir, rows)
+    if incomplete:
+        print(f"vit-sweep-summary: {incomplete}", file=sys.stderr)
         sys.exit(1)
 
 
