@@ -104,3 +104,28 @@ def test_a_new_run_in_a_used_directory_is_refused_and_its_record_kept(tmp_path):
     assert again.returncode == 2 and "already holds checkpoints; continue that run with resume=auto" in again.stderr
     assert (run / ".hydra" / "overrides.yaml").read_text() == record
     assert (run / "checkpoints" / "last.pt").is_file()
+
+
+def _unwritable() -> Path:
+    import tempfile
+
+    try:
+        tempfile.TemporaryFile(dir="/sys").close()
+    except OSError:
+        return Path("/sys")
+    pytest.skip("no unwritable directory here (/sys is writable)")
+
+
+def test_an_unwritable_working_directory_is_one_line_naming_hydra_run_dir(tmp_path):
+    read_only = _unwritable()
+    done = vit_train(*TINY, "trainer.max_steps=2", cwd=read_only)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert f"cannot create the run directory outputs in {read_only}" in done.stderr
+    assert "hydra.run.dir=/path/to/dir" in done.stderr
+    from vit_train.cli import check_writable
+    from vit_train.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"sweep directory .* hydra\.sweep\.dir="):
+        check_writable(["-m", "optim.lr=1,2", f"hydra.sweep.dir={read_only}/a/b"])
+    check_writable([f"hydra.run.dir={tmp_path}/new/run"])  # a writable place: no complaint, nothing created
+    assert not (tmp_path / "new").exists()

@@ -18,6 +18,7 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -77,7 +78,7 @@ def check_override_keys(args: list[str]) -> None:
     that are not installed, naming the extra that installs them."""
     valid = known_keys()
     for arg in args:
-        if arg in PLUGINS and importlib.util.find_spec(PLUGINS[arg][0]) is None:
+        if arg in PLUGINS and not _installed(PLUGINS[arg][0]):
             raise ConfigError(f"{arg} needs a Hydra plugin that is not installed: pip install 'vit-train[{PLUGINS[arg][1]}]'")
         if arg.startswith("-") or "=" not in arg:
             continue
@@ -86,6 +87,37 @@ def check_override_keys(args: list[str]) -> None:
             continue
         if key not in valid:
             raise ConfigError(unknown_key_message(key, valid))
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package (hydra_plugins) is missing: no Hydra plugin at all
+        return False
+
+
+def check_writable(args: list[str]) -> None:
+    """Refuse, before Hydra creates it, a run or sweep directory that cannot be written (a read-only
+    working directory, say), naming the key that moves it."""
+    multirun = "-m" in args or "--multirun" in args or any(a.startswith("hparams_search=") for a in args)
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    given = [a.split("=", 1)[1] for a in args if a.startswith(key + "=")]
+    resume = [a.split("=", 1)[1] for a in args if a.startswith("resume=")]
+    if given:
+        target = Path(given[-1])
+    elif not multirun and resume and _resumes_existing(resume[-1]):
+        target = run_dir_of(resume[-1])
+    else:
+        target = Path("outputs/multirun" if multirun else "outputs")
+    folder = target.absolute()
+    while not folder.exists():
+        folder = folder.parent
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise ConfigError(f"cannot create the {'sweep' if multirun else 'run'} directory {target} in {folder} "
+                          f"({e.strerror}); give a writable one with {key}=/path/to/dir, or run from a writable "
+                          f"directory") from None
 
 
 def apply_overrides(saved: dict, overrides: list[str]) -> dict:
@@ -246,23 +278,23 @@ class SweepSummary(Callback):
     exit status 1 when any job did not complete."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from .sweep import summarize
+        from .sweep import incomplete_jobs, summarize
 
         sweep_dir = Path(config.hydra.sweep.dir)
         if not sweep_dir.is_dir():
             return
         rows = summarize(sweep_dir, str(config.sweep.objective), str(config.sweep.direction))
-        failed = [r["job"] for r in rows if r["status"] != "completed"]
-        if failed:
-            print(f"vit-train: {len(failed)} of {len(rows)} jobs did not complete (jobs {', '.join(failed)}); see "
-                  f"their results.json; re-run the same command with hydra.sweep.dir={sweep_dir} to retry them",
-                  file=sys.stderr)
+        incomplete = incomplete_jobs(sweep_dir, rows)
+        if incomplete:
+            print(f"vit-train: {incomplete}", file=sys.stderr)
             sys.exit(1)
 
 
 def train_main() -> None:
     try:
         check_override_keys(sys.argv[1:])
+        if not {"--cfg", "-c", "--help", "-h", "--info", "--hydra-help"} & set(sys.argv[1:]):
+            check_writable(sys.argv[1:])
     except ConfigError as e:
         print(f"vit-train: error: {e}", file=sys.stderr)
         sys.exit(2)
