@@ -40,3 +40,22 @@ def trained_run(tmp_path_factory):
                       trainer={"epochs": 7, "log_every": 50, "ema_decay": 0.9}, optim={"lr": 2e-3})
     run_dir = tmp_path_factory.mktemp("trained")
     return run_dir, train(cfg, run_dir)
+
+
+@pytest.fixture
+def image_folder(tmp_path):
+    """A tiny image folder: `root/{train,val}/<class>/*.png`, 3 classes of solid colours with noise,
+    48 train and 12 val images at 20x20; returns its root."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path / "images"
+    rng = np.random.default_rng(0)
+    colours = {"red": (200, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 200)}
+    for split, count in (("train", 16), ("val", 4)):
+        for name, colour in colours.items():
+            (root / split / name).mkdir(parents=True)
+            for i in range(count):
+                pixels = np.clip(np.array(colour) + rng.normal(0, 40, (20, 20, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(root / split / name / f"{i}.png")
+    return root

@@ -156,3 +156,44 @@ def test_slurm_tasks_get_torchruns_variables(tmp_path, monkeypatch):
     under_torchrun = {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "RANK": "3"}
     from_slurm(under_torchrun)
     assert under_torchrun["RANK"] == "3"  # torchrun's variables win
+
+
+FOLDER = ["data=imagefolder", "model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=16",
+          "model.patch_size=4", "data.batch_size=8", "data.num_workers=2", "trainer.device=cpu",
+          "trainer.progress=false", "trainer.log_every=1", "trainer.epochs=12"]  # 6 steps per epoch, 72 steps
+
+
+@pytest.mark.slow  # three torchrun launches: ~2 min on 2 shared CPU cores
+def test_sigterm_to_the_process_group_stops_both_processes_at_one_step_and_resume_finishes_the_run(
+        tmp_path, image_folder):
+    """As a cluster ends a job: SIGTERM to torchrun, both training processes and their loader
+    workers at once. The workers die mid-fetch; each process stops at the agreed step, rank 0
+    writes last.pt, and `resume=auto` then ends exactly where an uninterrupted run ends."""
+    args = [*FOLDER, f"data.root={image_folder}"]
+    whole = torchrun(*args, "hydra.run.dir=whole", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stdout
+
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "-m", "vit_train", *args, "hydra.run.dir=run", "resume=auto"], cwd=tmp_path,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (run / "metrics.jsonl").exists() or len(logged(run, "train")) < 8:
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0]
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "vit_train/" not in output, output  # torchrun itself prints its SignalException
+    stops = [int(line.split(" at step ")[1].split(";")[0]) for line in output.splitlines() if "stopped by SIGTERM" in line]
+    assert len(stops) == 2 and stops[0] == stops[1], output  # both processes, the same step
+    results = json.loads((run / "results.json").read_text())
+    saved = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert results["status"] == "interrupted" and saved["step"] == results["steps"] == stops[0] < 72
+
+    resumed = torchrun(*args, "hydra.run.dir=run", "resume=auto", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout
+    assert [(e["step"], e["loss"]) for e in logged(run, "train")] == [(e["step"], e["loss"])
+                                                                      for e in logged(tmp_path / "whole", "train")]
+    expected = weights(tmp_path / "whole" / "checkpoints" / "last.pt")
+    assert all(torch.equal(weights(run / "checkpoints" / "last.pt")[k], v) for k, v in expected.items())

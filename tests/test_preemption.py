@@ -83,3 +83,45 @@ def test_a_handler_installed_before_gets_the_signal_after_the_stop():
         assert called == [signal.SIGUSR1]
     finally:
         signal.signal(signal.SIGUSR1, before)
+
+
+class InjectedFault(RuntimeError):
+    """A real failure (out of memory, say) that must surface even after a stop signal."""
+
+
+@pytest.mark.parametrize("where", ["step", "eval", "save"])
+def test_a_real_error_after_a_stop_signal_surfaces(tmp_path, make_config, monkeypatch, where):
+    """A signal arrives during step 2; then that step, the eval at step 2 or the save after it fails.
+    The stop must not hide the failure: the loader's error handling covers the fetch only."""
+    from vit_train import checkpoint
+    from vit_train.model import VisionTransformer
+    from vit_train.trainer import train
+
+    forward, calls = VisionTransformer.forward, []
+
+    def faulty_forward(self, x):
+        if self.training:
+            calls.append(1)
+            if len(calls) == 2:
+                os.kill(os.getpid(), signal.SIGUSR1)
+                if where == "step":
+                    raise InjectedFault("CUDA out of memory")
+        elif where == "eval":
+            raise InjectedFault("CUDA out of memory")
+        return forward(self, x)
+
+    saves = []
+
+    def faulty_save(*args, **kwargs):
+        saves.append(1)
+        if len(saves) == 1:  # only the save at step 2: the stop's own save would succeed
+            raise InjectedFault("the file system failed")
+
+    monkeypatch.setattr(VisionTransformer, "forward", faulty_forward)
+    if where == "save":
+        monkeypatch.setattr(checkpoint, "save_run_checkpoint", faulty_save)
+        monkeypatch.setattr("vit_train.trainer.save_run_checkpoint", faulty_save, raising=False)
+    cfg = make_config(trainer={"eval_every": 2})
+    with pytest.raises(InjectedFault):
+        train(cfg, tmp_path / "run")
+    assert len(calls) == 2

@@ -159,58 +159,58 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
             bar = tqdm(total=data.steps_per_epoch, initial=state.batch_in_epoch, disable=not progress,
                        desc=f"epoch {state.epoch + 1}/{t.epochs}", dynamic_ncols=True, leave=False)
             window.start()
-            fetch = time.perf_counter()
-            try:
-                for images, targets, unreadable in data.train_loader:
-                    window.wait(time.perf_counter() - fetch)
+            batches = iter(data.train_loader)
+            while True:
+                fetch = time.perf_counter()
+                batch = next_batch(batches, stop)
+                window.wait(time.perf_counter() - fetch)
+                if ctx.enabled:  # every process stops at the same step, whichever got the signal
+                    stop.agree(distributed.max_all(stop.received or 0, device))
+                if batch is None or stop:
+                    break
+                images, targets, unreadable = batch
+                if data.train_unreadable:
+                    data.train_unreadable.check(unreadable)
+                images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+                if mix is not None:
+                    images, targets = mix(images, targets, state.step)
+                if visuals is not None and not visuals.batch_shown:
+                    visuals.training_batch(images, targets, state.step)
+                loss, grad_norm, hits, finite = train_step(step_fn, model, images, targets, optimizer, scaler,
+                                                           criterion, amp_dtype, t.accum_steps, cfg.optim.clip_grad)
+                scheduler.step()
+                state.step += 1
+                state.batch_in_epoch += 1
+                if counts is not None:
+                    counts.add(finite)
+                else:
+                    count_step(state, finite, t.max_bad_steps)
+                if ema is not None and (counts is not None or finite):  # a skipped update left the weights
+                    ema.update_parameters(model)
+                window.add(loss, grad_norm, hits, len(images) * ctx.world_size, finite)
+                bar.update()
+                if counts is not None and (due(state.step, t.log_every) or state.step == total_steps):
+                    counts.settle(state, t.max_bad_steps)
+                if due(state.step, t.log_every) or state.step == total_steps:
+                    log_train(logger, bar, window, state, scheduler.get_last_lr()[0], scaler)
+                if state.bad_in_a_row >= t.max_bad_steps:
+                    finish("diverged", metrics)
+                    raise RunStopped(diverged_message(state, run_dir), exit_code=3)
+                epoch_done = state.batch_in_epoch == data.steps_per_epoch
+                if epoch_done:
+                    state.epoch, state.batch_in_epoch = state.epoch + 1, 0
                     if data.train_unreadable:
-                        data.train_unreadable.check(unreadable)
-                    images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-                    if mix is not None:
-                        images, targets = mix(images, targets, state.step)
-                    if visuals is not None and not visuals.batch_shown:
-                        visuals.training_batch(images, targets, state.step)
-                    loss, grad_norm, hits, finite = train_step(step_fn, model, images, targets, optimizer, scaler,
-                                                               criterion, amp_dtype, t.accum_steps, cfg.optim.clip_grad)
-                    if ctx.enabled:  # every process stops at the same step, whichever got the signal
-                        stop.agree(distributed.max_all(stop.received or 0, device))
-                    scheduler.step()
-                    state.step += 1
-                    state.batch_in_epoch += 1
-                    if counts is not None:
-                        counts.add(finite)
-                    else:
-                        count_step(state, finite, t.max_bad_steps)
-                    if ema is not None and (counts is not None or finite):  # a skipped update left the weights
-                        ema.update_parameters(model)
-                    window.add(loss, grad_norm, hits, len(images) * ctx.world_size, finite)
-                    bar.update()
-                    if counts is not None and (due(state.step, t.log_every) or state.step == total_steps):
-                        counts.settle(state, t.max_bad_steps)
-                    if due(state.step, t.log_every) or state.step == total_steps:
-                        log_train(logger, bar, window, state, scheduler.get_last_lr()[0], scaler)
-                    if state.bad_in_a_row >= t.max_bad_steps:
-                        finish("diverged", metrics)
-                        raise RunStopped(diverged_message(state, run_dir), exit_code=3)
-                    epoch_done = state.batch_in_epoch == data.steps_per_epoch
-                    if epoch_done:
-                        state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-                        if data.train_unreadable:
-                            data.train_unreadable.report(state.epoch)
-                    final = state.step >= total_steps
-                    window.pause()
-                    if final or (due(state.step, t.eval_every) if t.eval_every else epoch_done):
-                        metrics = run_eval()
-                        save(best=state.best_step == state.step)
-                    elif epoch_done or due(state.step, t.ckpt_every):
-                        save()
-                    if final or stop:
-                        break
-                    window.start()
-                    fetch = time.perf_counter()
-            except (RuntimeError, OSError, EOFError):  # a loader whose workers the signal ended
-                if not stop.received:  # else: the signal also ended the loader's workers; the last step is whole
-                    raise
+                        data.train_unreadable.report(state.epoch)
+                final = state.step >= total_steps
+                window.pause()
+                if final or (due(state.step, t.eval_every) if t.eval_every else epoch_done):
+                    metrics = run_eval()
+                    save(best=state.best_step == state.step)
+                elif epoch_done or due(state.step, t.ckpt_every):
+                    save()
+                if final:
+                    break
+                window.start()
             window.pause()
             bar.close()
         if stop:
@@ -224,6 +224,19 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = ()) -> di
             metrics = run_eval()
             save(best=state.best_step == state.step)
     return finish("completed", metrics)
+
+
+def next_batch(batches, stop: StopRequest):
+    """The loader's next batch; None at the end of the epoch, or when a stop signal has also ended
+    the loader's workers (the last step is whole). Any other error, or one without a signal, is raised."""
+    try:
+        return next(batches)
+    except StopIteration:
+        return None
+    except (RuntimeError, OSError, EOFError):  # a worker the signal ended, or a connection reset by it
+        if not stop.received:
+            raise
+        return None
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> bool:
