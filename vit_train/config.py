@@ -42,6 +42,11 @@ class ModelConfig:
     attn_dropout: float = 0.0  # dropout on attention weights
     drop_path: float = 0.0  # stochastic depth of the last block; rises linearly from 0 over depth
     pretrained: Optional[str] = None  # weights to start from: a vit-train checkpoint, .safetensors or timm .pth
+    reg_tokens: int = 0  # register tokens (Darcet et al. 2024), timm's reg_token; 0 = none
+    init_values: Optional[float] = None  # LayerScale's initial gamma (CaiT; timm's ls1/ls2), e.g. 1e-5; null = off
+    qk_norm: bool = False  # LayerNorm on each head's queries and keys (timm's attn.q_norm/k_norm)
+    distilled: bool = False  # DeiT's distillation token and head (dist_token, head_dist); eval averages the heads
+    trainable: Literal["all", "head"] = "all"  # head: linear probe (the rest frozen, its dropout off)
 
 
 @dataclass
@@ -194,6 +199,9 @@ class Config:
                  f"model.patch_size ({m.patch_size})")
         _require(m.embed_dim % m.num_heads == 0, f"model.embed_dim ({m.embed_dim}) must be divisible by "
                  f"model.num_heads ({m.num_heads})")
+        _require(m.reg_tokens >= 0, f"model.reg_tokens must be >= 0, got {m.reg_tokens}")
+        _require(m.init_values is None or m.init_values > 0,
+                 f"model.init_values must be > 0 (LayerScale's initial scale, e.g. 1e-5) or null for none, got {m.init_values}")
         _require(m.pos_embed != "sincos2d" or m.embed_dim % 4 == 0,
                  f"model.pos_embed=sincos2d needs model.embed_dim divisible by 4, got {m.embed_dim}")
         for key, value in (("model.dropout", m.dropout), ("model.attn_dropout", m.attn_dropout),

@@ -55,14 +55,14 @@ def model_figures(model: VisionTransformer, images: torch.Tensor, labels: torch.
     logits, maps = model.attention_maps(images.to(device))
     model.train(was_training)
     maps = [m.float().cpu() for m in maps]
-    prefix, mean_pool = model.num_prefix_tokens, model.pool == "mean"
-    attention = pooled_attention(maps, prefix)  # (B, L, H, N)
+    prefix, mean_pool, readout = model.num_prefix_tokens, model.pool == "mean", model.readout_weights()
+    attention = pooled_attention(maps, prefix, readout)  # (B, L, H, N)
     probs = logits.float().softmax(dim=1).cpu()
     titles = [f"{class_names[t]}\npred {class_names[p]} {probs[i, p]:.2f}"
               for i, (t, p) in enumerate(zip(labels.tolist(), probs.argmax(dim=1).tolist()))]
     shown = denormalize(images.cpu(), stats)
     figures = {
-        "attention": attention_figure(shown, attention_rollout(maps, prefix), attention.mean(dim=2), titles, mean_pool),
+        "attention": attention_figure(shown, attention_rollout(maps, prefix, readout), attention.mean(dim=2), titles, mean_pool),
         "attention_heads": heads_figure(shown[0], attention[0], mean_pool),
         "position_similarity": position_figure(position_similarity(model.pos_embed.detach().cpu(), prefix)),
         "patch_filters": filters_figure(model.patch_embed.proj.weight.detach().cpu()),
