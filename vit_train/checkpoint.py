@@ -27,10 +27,12 @@ log = logging.getLogger("vit_train")
 
 FORMAT_VERSION = 1
 REQUIRED_KEYS = ("model", "optimizer", "scheduler", "epoch", "step", "batch_in_epoch", "config", "class_names")
-# Config keys that fix the model's shape or the meaning of its outputs: a resumed run may not change them.
+# Config keys that fix the model's shape, the meaning of its outputs or the optimiser's groups: a resumed
+# run may not change them.
 STRUCTURE_KEYS = ("model.img_size", "model.patch_size", "model.embed_dim", "model.depth", "model.num_heads",
                   "model.mlp_ratio", "model.qkv_bias", "model.pool", "model.pos_embed", "model.reg_tokens",
-                  "model.init_values", "model.qk_norm", "model.distilled", "data.name")
+                  "model.init_values", "model.qk_norm", "model.distilled", "model.trainable", "optim.layer_decay",
+                  "data.name")
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:

@@ -1,6 +1,7 @@
 """vit-eval, vit-predict and vit-export: key=value arguments in the style of vit-train's overrides.
 
-    vit-eval ckpt=PATH [data=cifar10] [data.root=...] [weights=auto|model|ema] [attention.images=8] [out=DIR] [--json]
+    vit-eval ckpt=PATH [data=cifar10] [data.root=...] [model.img_size=N] [weights=auto|model|ema]
+             [attention.images=8] [out=DIR] [--json]
     vit-predict ckpt=PATH images=[a.jpg,b.png] [top_k=5] [weights=auto|model|ema] [--json]
     vit-export ckpt=PATH format=safetensors|onnx [out=PATH] [weights=auto|model|ema]
 
@@ -21,6 +22,7 @@ from .config import Config, config_dir, known_keys, run_dir_of, unknown_key_mess
 from .errors import ConfigError, UserError
 
 CONFIG_SECTIONS = ("data", "trainer")  # what vit-eval may change in a checkpoint's config
+CONFIG_KEYS = ("model.img_size",)  # and these keys: another resolution, positions interpolated
 
 
 def parse_args(argv: list[str], options: dict[str, Any], config: bool = False) -> tuple[dict, dict, bool]:
@@ -43,13 +45,13 @@ def parse_args(argv: list[str], options: dict[str, Any], config: bool = False) -
             values[key] = value
         elif config and key in CONFIG_SECTIONS:
             overrides[key] = group_file(key, str(value))
-        elif config and key.split(".")[0] in CONFIG_SECTIONS:
+        elif config and (key.split(".")[0] in CONFIG_SECTIONS or key in CONFIG_KEYS):
             if key not in valid:
                 raise ConfigError(unknown_key_message(key, valid))
             section, leaf = key.split(".", 1)
             overrides.setdefault(section, {})[leaf] = value
         else:
-            extra = ", or data=NAME / data.KEY=VALUE / trainer.KEY=VALUE" if config else ""
+            extra = ", or data=NAME / data.KEY=VALUE / trainer.KEY=VALUE / model.img_size=N" if config else ""
             raise ConfigError(f"unknown option '{key}' (options: {', '.join(options)}{extra})")
     missing = [k for k, v in values.items() if v is ...]
     if missing:

@@ -96,6 +96,7 @@ class OptimConfig:
     momentum: float = 0.9  # SGD (Nesterov)
     clip_grad: Optional[float] = 1.0  # max global gradient norm; null = no clipping
     lr_base_batch: Optional[int] = None  # linear scaling: lr applies at this global batch; null = lr as given
+    layer_decay: Optional[float] = None  # layer-wise lr decay (BEiT/MAE): block i gets lr x decay^(depth - i); null = off
 
 
 @dataclass
@@ -216,6 +217,8 @@ class Config:
         _require(d.name != "imagefolder" or bool(d.root),
                  "data=imagefolder needs data.root, a folder holding train/<class>/* and val/<class>/*; "
                  "add data.root=/path/to/images")
+        _require(self.optim.layer_decay is None or 0 < self.optim.layer_decay <= 1,
+                 f"optim.layer_decay must be in (0, 1] (e.g. 0.75 for fine-tuning) or null for off, got {self.optim.layer_decay}")
         _require(self.optim.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.optim.weight_decay}")
         _require(len(self.optim.betas) == 2, f"optim.betas must have two values, got {self.optim.betas}")
         _require(self.schedule.warmup_epochs >= 0,

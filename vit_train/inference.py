@@ -20,6 +20,7 @@ from .data import data_stats
 from .data.transforms import CROP_FRACTION
 from .errors import CheckpointError, ConfigError, DataError
 from .model import VisionTransformer, build_model
+from .pretrained import resize_pos_embed
 
 log = logging.getLogger("vit_train")
 
@@ -50,13 +51,15 @@ def load_for_inference(path: str | Path, weights: Weights = "auto",
     """(model in eval mode on the CPU, config, checkpoint, "model" or "ema") from a vit-train checkpoint.
 
     weights=auto takes the EMA weights when the checkpoint has them. `overrides` (plain nested dict)
-    are merged into the saved config, e.g. another data root; the model's shape cannot change.
+    are merged into the saved config, e.g. another data root; the model's shape cannot change, but
+    model.img_size can: learned positions are then interpolated as for fine-tuning (bicubic).
     """
     ckpt = load_checkpoint(Path(path))
     plain = _merge(ckpt["config"], overrides or {})
-    changed = [f"model.{k}" for k in plain["model"] if plain["model"][k] != ckpt["config"]["model"].get(k)]
+    changed = [f"model.{k}" for k in plain["model"]
+               if plain["model"][k] != ckpt["config"]["model"].get(k) and k != "img_size"]
     if changed:
-        raise ConfigError(f"{', '.join(changed)} cannot change for a trained checkpoint")
+        raise ConfigError(f"{', '.join(changed)} cannot change for a trained checkpoint (model.img_size can)")
     cfg = Config.from_dict({**plain, "resume": None})
     if weights not in ("auto", "model", "ema"):
         raise ConfigError(f"weights must be auto, model or ema; got {weights!r}")
@@ -64,8 +67,25 @@ def load_for_inference(path: str | Path, weights: Weights = "auto",
         raise CheckpointError(f"{path} has no EMA weights (the run had trainer.ema_decay=null); use weights=model")
     source = "ema" if weights == "ema" or (weights == "auto" and ckpt.get("ema")) else "model"
     model = build_model(cfg.model, len(ckpt["class_names"]))
-    model.load_state_dict(ema_weights(ckpt["ema"]) if source == "ema" else ckpt["model"])
+    model.load_state_dict(at_size(model, ema_weights(ckpt["ema"]) if source == "ema" else ckpt["model"]))
+    if cfg.model.img_size != ckpt["config"]["model"]["img_size"]:
+        log.info("evaluating at %dx%d, trained at %dx%d: positions interpolated", cfg.model.img_size,
+                 cfg.model.img_size, ckpt["config"]["model"]["img_size"], ckpt["config"]["model"]["img_size"])
+        ckpt = {**ckpt, "preprocess": None}  # the preprocessing follows the new size
     return model.eval(), cfg, ckpt, source
+
+
+def at_size(model: VisionTransformer, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`weights` with pos_embed fitted to `model`'s patch grid: learned positions resized (bicubic, prefix
+    positions kept), a fixed sin-cos table replaced by the model's own."""
+    own = model.state_dict().get("pos_embed")
+    if own is None or weights["pos_embed"].shape == own.shape:
+        return weights
+    if not isinstance(model.pos_embed, torch.nn.Parameter):
+        return {**weights, "pos_embed": own}
+    pos = resize_pos_embed(weights["pos_embed"], model.num_prefix_tokens, model.patch_embed.grid_size,
+                           source_prefix=model.num_prefix_tokens)
+    return {**weights, "pos_embed": pos}
 
 
 def _merge(base: dict, extra: dict) -> dict:

@@ -23,14 +23,15 @@ from .model import VisionTransformer
 log = logging.getLogger("vit_train")
 
 
-def resize_pos_embed(pos: torch.Tensor, num_prefix: int, grid: int) -> torch.Tensor:
+def resize_pos_embed(pos: torch.Tensor, num_prefix: int, grid: int, source_prefix: int | None = None) -> torch.Tensor:
     """Position embeddings (1, P + g*g, D) resized to `num_prefix` prefix tokens and a grid x grid patch grid.
 
-    The source's prefix count (0 or 1 class token) is read from its length; a class-token position
-    is kept, dropped or added as zeros to match `num_prefix`.
+    The source's prefix count P is `source_prefix`, or when not given read from its length (0 or 1
+    class token); prefix positions are kept, dropped or added as zeros to match `num_prefix`.
     """
     tokens, dim = pos.shape[1], pos.shape[2]
-    source_prefix = 0 if math.isqrt(tokens) ** 2 == tokens else 1
+    if source_prefix is None:
+        source_prefix = 0 if math.isqrt(tokens) ** 2 == tokens else 1
     side = math.isqrt(tokens - source_prefix)
     if side * side != tokens - source_prefix:
         raise ConfigError(f"pretrained pos_embed has {tokens} tokens, which is no square patch grid (plus a class "
