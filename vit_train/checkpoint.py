@@ -29,7 +29,7 @@ FORMAT_VERSION = 1
 REQUIRED_KEYS = ("model", "optimizer", "scheduler", "epoch", "step", "batch_in_epoch", "config", "class_names")
 # Config keys that fix the model's shape, the meaning of its outputs or the optimiser's groups: a resumed
 # run may not change them.
-STRUCTURE_KEYS = ("model.img_size", "model.patch_size", "model.embed_dim", "model.depth", "model.num_heads",
+STRUCTURE_KEYS = ("model.arch", "model.img_size", "model.patch_size", "model.embed_dim", "model.depth", "model.num_heads",
                   "model.mlp_ratio", "model.qkv_bias", "model.pool", "model.pos_embed", "model.reg_tokens",
                   "model.init_values", "model.qk_norm", "model.distilled", "model.trainable", "optim.layer_decay",
                   "data.name")

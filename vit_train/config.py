@@ -29,6 +29,7 @@ DATASET_DEFAULTS: dict[str, tuple[int, int]] = {
 @dataclass
 class ModelConfig:
     name: str = "vit_micro"  # label of the size preset, for logs only
+    arch: Literal["vit", "resnet18", "resnet50"] = "vit"  # a ViT, or torchvision's ResNet (e.g. a CNN teacher)
     img_size: Optional[int] = None  # input side in pixels; null = the data set's default
     patch_size: Optional[int] = None  # patch side in pixels; null = the data set's default
     embed_dim: int = 64  # token width
@@ -201,6 +202,10 @@ class Config:
         _require(m.embed_dim % m.num_heads == 0, f"model.embed_dim ({m.embed_dim}) must be divisible by "
                  f"model.num_heads ({m.num_heads})")
         _require(m.reg_tokens >= 0, f"model.reg_tokens must be >= 0, got {m.reg_tokens}")
+        if m.arch != "vit":
+            vit_only = [k for k, v in (("model.trainable=head", m.trainable == "head"), ("model.distilled", m.distilled),
+                                       ("optim.layer_decay", self.optim.layer_decay is not None)) if v]
+            _require(not vit_only, f"{', '.join(vit_only)} is for ViTs; model.arch={m.arch} does not support it")
         _require(m.init_values is None or m.init_values > 0,
                  f"model.init_values must be > 0 (LayerScale's initial scale, e.g. 1e-5) or null for none, got {m.init_values}")
         _require(m.pos_embed != "sincos2d" or m.embed_dim % 4 == 0,

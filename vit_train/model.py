@@ -280,7 +280,12 @@ def sincos_2d(grid_size: int, dim: int, temperature: float = 10000.0) -> torch.T
     return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)
 
 
-def build_model(cfg: ModelConfig, num_classes: int) -> VisionTransformer:
+def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
+    """The model `cfg` describes: a VisionTransformer, or with model.arch=resnet* torchvision's ResNet."""
+    if cfg.arch != "vit":
+        from .cnn import build_resnet
+
+        return build_resnet(cfg.arch, num_classes, cfg.img_size)
     model = VisionTransformer(
         img_size=cfg.img_size, patch_size=cfg.patch_size, num_classes=num_classes,
         embed_dim=cfg.embed_dim, depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio,

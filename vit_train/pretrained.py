@@ -67,7 +67,7 @@ def load_pretrained(model: VisionTransformer, path: str | Path) -> dict[str, lis
     weights, _ = load_weights(path)
     weights = encoder_weights({k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in weights.items()})
     own = model.state_dict()
-    fixed_pos = not isinstance(model.pos_embed, torch.nn.Parameter)
+    fixed_pos = not isinstance(getattr(model, "pos_embed", None), torch.nn.Parameter)
     report: dict[str, list[str]] = {"loaded": [], "resized": [], "reinitialised": [], "ignored": []}
     chosen = {}
     for key, value in weights.items():
@@ -79,8 +79,8 @@ def load_pretrained(model: VisionTransformer, path: str | Path) -> dict[str, lis
         elif key == "pos_embed":
             chosen[key] = resize_pos_embed(value, model.num_prefix_tokens, model.patch_embed.grid_size)
             report["resized"].append(f"pos_embed {tuple(value.shape)} -> {tuple(own[key].shape)}")
-        elif key.startswith("head."):
-            report["reinitialised"].append(f"{key} ({value.shape[0]} classes in the file, {model.num_classes} here)")
+        elif key.startswith(("head.", "head_dist.", "fc.")):  # the ViT's heads, a ResNet's classifier
+            report["reinitialised"].append(f"{key} ({value.shape[0]} classes in the file, {own[key].shape[0]} here)")
         else:
             raise ConfigError(f"model.pretrained: {key} has shape {tuple(value.shape)} in {path.name} but "
                               f"{tuple(own[key].shape)} in this model; set the model's embed_dim, depth, num_heads, "

@@ -48,7 +48,10 @@ def first_images(loader, count: int) -> tuple[torch.Tensor, torch.Tensor]:
 def model_figures(model: VisionTransformer, images: torch.Tensor, labels: torch.Tensor, class_names: list[str],
                   stats: tuple, confusion: torch.Tensor | None = None) -> dict[str, Any]:
     """Figures of `model` on normalised `images`: attention and rollout, per-head attention of the
-    first image, position-embedding similarity, patch-embedding filters, and the confusion matrix."""
+    first image, position-embedding similarity, patch-embedding filters, and the confusion matrix.
+    A model without attention (a ResNet) gets the confusion matrix only."""
+    if not isinstance(model, VisionTransformer):
+        return {"confusion": confusion_figure(confusion, class_names)} if confusion is not None else {}
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -62,7 +65,8 @@ def model_figures(model: VisionTransformer, images: torch.Tensor, labels: torch.
               for i, (t, p) in enumerate(zip(labels.tolist(), probs.argmax(dim=1).tolist()))]
     shown = denormalize(images.cpu(), stats)
     figures = {
-        "attention": attention_figure(shown, attention_rollout(maps, prefix, readout), attention.mean(dim=2), titles, mean_pool),
+        "attention": attention_figure(shown, attention_rollout(maps, prefix, readout), attention.mean(dim=2), titles,
+                                      mean_pool),
         "attention_heads": heads_figure(shown[0], attention[0], mean_pool),
         "position_similarity": position_figure(position_similarity(model.pos_embed.detach().cpu(), prefix)),
         "patch_filters": filters_figure(model.patch_embed.proj.weight.detach().cpu()),

@@ -25,7 +25,8 @@ def flops_per_image(cfg: ModelConfig, num_classes: int) -> float:
         model = build_model(cfg, num_classes)
         images = torch.empty(1, 3, cfg.img_size, cfg.img_size)
     with FlopCounterMode(display=False) as counter:
-        model.forward_head(model.forward_features(images)).sum().backward()
+        logits = model.forward_head(model.forward_features(images)) if cfg.arch == "vit" else model(images)
+        logits.sum().backward()
     return float(counter.get_total_flops())
 
 

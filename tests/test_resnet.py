@@ -1,0 +1,57 @@
+"""model=resnet18 / resnet50: torchvision's networks, a 3x3 stem without max-pool for small images."""
+
+import pytest
+import torch
+import torchvision
+
+from vit_train.cnn import build_resnet
+from vit_train.errors import ConfigError
+from vit_train.trainer import train
+
+
+@pytest.mark.parametrize("arch", ["resnet18", "resnet50"])
+def test_imagenet_sized_resnet_is_torchvisions_own(arch):
+    ours = build_resnet(arch, 1000, 224)
+    theirs = torchvision.models.get_model(arch, weights=None)
+    theirs.load_state_dict(ours.state_dict(), strict=True)  # the same names and shapes
+    if arch == "resnet18":  # the same module types too (resnet50 is checked by names and shapes: it is slow on CPU)
+        x = torch.randn(1, 3, 32, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(ours.eval()(x), theirs.eval()(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("arch, params", [("resnet18", 11_173_962), ("resnet50", 23_520_842)])
+def test_small_images_get_a_3x3_stem_without_max_pool(arch, params):
+    net = build_resnet(arch, 10, 32)
+    assert net.conv1.kernel_size == (3, 3) and net.conv1.stride == (1, 1) and isinstance(net.maxpool, torch.nn.Identity)
+    assert sum(p.numel() for p in net.parameters()) == params  # 11.2M / 23.5M, as CIFAR ResNets are quoted
+    if arch == "resnet18":
+        trunk = torch.nn.Sequential(*list(net.children())[:-2])
+        assert trunk(torch.randn(1, 3, 32, 32)).shape[-2:] == (4, 4)  # 32 -> 32, 16, 8, 4: no stem downsampling
+
+
+def test_a_resnet_trains_evaluates_and_exports(tmp_path, make_config):
+    pytest.importorskip("onnxscript")
+    from vit_train.inference import export, load_for_inference
+    from vit_train.report import evaluate_checkpoint
+
+    cfg = make_config(model={"arch": "resnet18", "name": "resnet18"}, optim={"name": "sgd", "lr": 0.05},
+                      trainer={"max_steps": 3})
+    results = train(cfg, tmp_path)
+    assert results["status"] == "completed" and results["final_top1"] is not None
+    last = tmp_path / "checkpoints" / "last.pt"
+    report = evaluate_checkpoint(last, attention_images=2, out_dir=tmp_path / "eval", progress=False)
+    assert report["images"] == 128
+    model, cfg, ckpt, source = load_for_inference(last)
+    exported = export(model, cfg, ckpt, source, "onnx", tmp_path / "resnet.onnx")
+    assert exported.get("max_abs_diff", 0.0) < 1e-3
+
+
+@pytest.mark.parametrize("extra, message", [({"model": {"distilled": True}}, "model.distilled is for ViTs"),
+                                            ({"optim": {"layer_decay": 0.7}}, "optim.layer_decay is for ViTs"),
+                                            ({"model": {"trainable": "head"}}, "model.trainable=head is for ViTs")])
+def test_vit_only_options_on_a_resnet_are_refused(make_config, extra, message):
+    sections = {"model": {"arch": "resnet50", **extra.get("model", {})}, **{k: v for k, v in extra.items()
+                                                                           if k != "model"}}
+    with pytest.raises(ConfigError, match=message):
+        make_config(**sections)
