@@ -184,3 +184,21 @@ def test_figures_of_a_model_with_registers_and_a_distillation_token():
     figures = model_figures(model, torch.randn(2, 3, 32, 32), torch.tensor([0, 1]), [str(i) for i in range(10)],
                             ((0.5,) * 3, (0.25,) * 3))
     assert {"attention", "attention_heads", "position_similarity", "patch_filters"} <= set(figures)
+
+
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+def test_the_mae_encoder_keeps_every_prefix_token(pool):
+    """MAE's visible-only encoder prepends the model's own prefix tokens (class, registers) with their positions."""
+    from vit_train.mae import MaskedAutoencoder
+
+    encoder = randomized(VisionTransformer(**{**SMALL, "num_classes": 0}, pool=pool, reg_tokens=3, qk_norm=True,
+                                           init_values=0.5))
+    mae = MaskedAutoencoder(encoder, 0.0, decoder_dim=16, decoder_depth=1, decoder_heads=2).eval()
+    images, noise = torch.randn(2, 3, 32, 32), torch.rand(2, 16)
+    with torch.no_grad():
+        latent, ids_restore, _ = mae.forward_encoder(images, noise)
+        full = encoder.forward_features(images)
+    P = encoder.num_prefix_tokens
+    torch.testing.assert_close(latent[:, :P], full[:, :P], atol=1e-5, rtol=1e-5)
+    restored = torch.gather(latent[:, P:], 1, ids_restore[..., None].expand(-1, -1, 32))
+    torch.testing.assert_close(restored, full[:, P:], atol=1e-5, rtol=1e-5)

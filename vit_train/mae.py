@@ -147,7 +147,7 @@ class MaskedAutoencoder(nn.Module):
         pos = enc.pos_embed.expand(B, -1, -1)
         x = x + torch.gather(pos[:, P:], 1, ids_keep[..., None].expand(-1, -1, x.shape[2]))
         if P:
-            x = torch.cat([(enc.cls_token + enc.pos_embed[:, :P]).expand(B, -1, -1), x], dim=1)  # (B, P + V, D)
+            x = torch.cat([(enc.prefix_tokens() + enc.pos_embed[:, :P]).expand(B, -1, -1), x], dim=1)  # (B, P + V, D)
         latent = enc.norm(enc.blocks(enc.pos_drop(x)))
         mask = torch.ones(B, N, device=images.device)
         mask[:, :keep] = 0

@@ -190,10 +190,14 @@ class VisionTransformer(nn.Module):
         """Position of the distillation token: right after the class token (timm's order)."""
         return int(self.cls_token is not None)
 
+    def prefix_tokens(self) -> torch.Tensor:
+        """(1, num_prefix_tokens, D): the class, distillation and register tokens present, in that order."""
+        tokens = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        return torch.cat(tokens, dim=1) if tokens else self.pos_embed[:, :0]
+
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(x)  # (B, N, D)
-        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
-        x = torch.cat([*prefix, x], dim=1)  # (B, prefix + N, D)
+        x = torch.cat([self.prefix_tokens().expand(x.shape[0], -1, -1), x], dim=1)  # (B, prefix + N, D)
         return self.pos_drop(x + self.pos_embed)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
