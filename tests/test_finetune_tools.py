@@ -114,20 +114,21 @@ def test_a_linear_probe_run_changes_only_the_head(tmp_path, make_config):
 
 @pytest.mark.parametrize("pos_embed", ["learned", "sincos2d"])
 def test_eval_at_another_img_size_interpolates_positions(tmp_path, make_config, pos_embed):
+    """timm #426: a distilled DeiT (two prefix positions) failed to resize to another image size."""
     from vit_train.inference import load_for_inference
 
-    model_cfg = {"img_size": 16, "patch_size": 4, "pos_embed": pos_embed, "reg_tokens": 2}
+    model_cfg = {"img_size": 16, "patch_size": 4, "pos_embed": pos_embed, "reg_tokens": 2, "distilled": True}
     train(make_config(model=model_cfg, trainer={"max_steps": 2}), tmp_path)
     last = tmp_path / "checkpoints" / "last.pt"
     model, cfg, ckpt, _ = load_for_inference(last, "model", {"model": {"img_size": 32}})
     assert cfg.model.img_size == 32 and model.patch_embed.grid_size == 8
-    trained = ckpt["model"]["pos_embed"]  # (1, 1 + 2 + 16, D)
+    trained = ckpt["model"]["pos_embed"]  # (1, class + dist + 2 registers + 16 patches, D)
     if pos_embed == "learned":  # the prefix positions kept, the 4x4 grid resized to 8x8 bicubically
-        expected = resize_pos_embed(trained, 3, 8, source_prefix=3)
-        assert torch.equal(model.pos_embed[:, :3], trained[:, :3])
+        expected = resize_pos_embed(trained, 4, 8, source_prefix=4)
+        assert torch.equal(model.pos_embed[:, :4], trained[:, :4])
     else:  # fixed: the table of the new grid
         expected = VisionTransformer(img_size=32, patch_size=4, embed_dim=32, pos_embed="sincos2d",
-                                     reg_tokens=2).pos_embed
+                                     reg_tokens=2, distilled=True).pos_embed
     torch.testing.assert_close(model.pos_embed.detach(), expected)
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
     with pytest.raises(ConfigError, match="model.patch_size cannot change"):
