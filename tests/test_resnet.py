@@ -55,3 +55,13 @@ def test_vit_only_options_on_a_resnet_are_refused(make_config, extra, message):
                                                                            if k != "model"}}
     with pytest.raises(ConfigError, match=message):
         make_config(**sections)
+
+
+def test_vit_keys_on_a_resnet_get_a_warning():
+    from vit_train.config import Config
+    from vit_train.unused_keys import ignored_keys
+
+    assert ignored_keys(Config.from_dict({"model": {"arch": "resnet18", "reg_tokens": 4}})) == [
+        "model.reg_tokens=4 has no effect with model.arch=resnet18; only ViTs (model.arch=vit) use it"]
+    assert ignored_keys(Config.from_dict({"model": {"arch": "resnet18"}})) == []
+    assert ignored_keys(Config.from_dict({"model": {"reg_tokens": 4}})) == []

@@ -42,6 +42,10 @@ RULES: dict[str, tuple[Callable[[Config], bool], str, str]] = {
     "data.max_bad_fraction": (lambda c: c.data.name != "imagefolder", D, "data=imagefolder"),
     "trainer.compile_mode": (lambda c: not c.trainer.compile, "trainer.compile=false", "trainer.compile=true"),
 }
+VIT_ONLY = ("embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "pool", "pos_embed", "dropout", "attn_dropout",
+            "drop_path", "reg_tokens", "init_values", "qk_norm")  # keys a ResNet (model.arch=resnet*) has no use for
+RULES.update({f"model.{key}": (lambda c: c.model.arch != "vit", "model.arch={c.model.arch}", "ViTs (model.arch=vit)")
+              for key in VIT_ONLY})
 
 
 def _value(plain: dict, key: str) -> object:
