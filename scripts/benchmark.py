@@ -97,7 +97,7 @@ def pipeline_images_per_second(kind: str, count: int, img_size: int, batch_size:
                                               num_workers=workers, pin_memory=device.type == "cuda")
     seen = 0
     start = time.perf_counter()
-    for x, _, _ in batches:
+    for x, *_ in batches:  # the loader also gives unreadable-image indices
         x = x.to(device, non_blocking=True)
         seen += len(x)
     if device.type == "cuda":

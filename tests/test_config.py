@@ -31,13 +31,13 @@ def test_every_config_file_composes_and_validates(group, name):
     if group == "hparams_search":
         pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     cfg = Config.from_dict(composed([f"{group}={name}", *NEEDS.get((group, name), [])]))
-    if group in ("model", "data", "optim", "schedule", "aug"):
+    if group in ("model", "data", "optim", "schedule", "aug", "objective"):
         assert getattr(cfg, group).name == name
 
 
 def test_defaults_are_the_quick_demo():
     cfg = Config.from_dict(composed([]))
-    assert (cfg.model.name, cfg.data.name) == ("vit_micro", "shapes")
+    assert (cfg.model.name, cfg.data.name, cfg.objective.name) == ("vit_micro", "shapes", "classify")
 
 
 @pytest.mark.parametrize("data, size, patch", [("cifar10", 32, 4), ("cifar100", 32, 4), ("imagefolder", 224, 16),

@@ -184,10 +184,10 @@ def test_image_folders_convert_every_mode_to_rgb(tmp_path, make_config):
     cfg = make_config(data={"name": "imagefolder", "root": str(tmp_path), "batch_size": 2},
                       model={"img_size": 32, "patch_size": 8})
     data = build_data(cfg, torch.device("cpu"))
-    images, labels, unreadable = next(iter(data.train_loader))
-    assert images.shape == (2, 3, 32, 32) and images.dtype == torch.float32
-    assert unreadable.tolist() == [-1, -1]
-    val_images, _, _ = next(iter(data.val_loader))
+    images, labels = next(iter(data.train_loader))
+    assert images.shape == (2, 3, 32, 32) and images.dtype == torch.float32 and labels.shape == (2,)
+    assert data.train_unreadable.seen == set()
+    val_images, _ = next(iter(data.val_loader))
     assert val_images.shape == (2, 3, 32, 32)
 
 
@@ -244,7 +244,7 @@ def test_batches_do_not_depend_on_the_number_of_workers(make_config):
         data.train_sampler.set_epoch(1)
         batches[workers] = [b for b in data.train_loader]
     assert len(batches[0]) == 3
-    for (x0, y0, _), (x2, y2, _) in zip(batches[0], batches[2]):
+    for (x0, y0), (x2, y2) in zip(batches[0], batches[2]):
         assert torch.equal(x0, x2) and torch.equal(y0, y2)
 
 
@@ -278,9 +278,8 @@ def test_unreadable_images_are_replaced_logged_once_and_counted(tmp_path, make_c
     assert len(data.train_loader.dataset) == 14  # 12 good + truncated + empty; readme.txt ignored
     for _ in range(2):  # two epochs: each bad path is logged once, counted each time
         data.train_sampler.set_epoch(0)
-        for images, labels, unreadable in data.train_loader:
+        for images, labels in data.train_loader:  # the loader checks each batch's unreadable images
             assert torch.isfinite(images).all()
-            data.train_unreadable.check(unreadable)
     warnings = [r.getMessage() for r in caplog.records if "unreadable train image replaced" in r.getMessage()]
     assert len(warnings) == 2 and any("big.png" in w for w in warnings) and any("empty.jpg" in w for w in warnings)
     assert data.train_unreadable.replaced == 4

@@ -18,7 +18,7 @@ def batches(cfg, epoch=0, start=0, split="train"):
     data = build_data(cfg, CPU)
     data.train_sampler.set_epoch(epoch, start)
     loader = data.train_loader if split == "train" else data.val_loader
-    return [(x.clone(), y.clone()) for x, y, _ in loader], data
+    return [(x.clone(), y.clone()) for x, y in loader], data
 
 
 def test_device_and_loader_pipelines_give_the_same_batches_up_to_the_random_crop(make_config):

@@ -34,7 +34,7 @@ from .config import Config, config_dir as _config_dir, known_keys, run_dir_of, u
 from .errors import ConfigError, RunStopped, UserError
 from .unused_keys import ignored_keys, override_keys
 
-GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer", "experiment", "hparams_search", "hydra")
+GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer", "objective", "experiment", "hparams_search", "hydra")
 # Optional plugins a command line may ask for, and the extra that installs each.
 PLUGINS = {"hparams_search=optuna": ("hydra_plugins.hydra_optuna_sweeper", "sweep"),
            "hydra/sweeper=optuna": ("hydra_plugins.hydra_optuna_sweeper", "sweep"),

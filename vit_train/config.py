@@ -128,6 +128,12 @@ class TrainerConfig:
 
 
 @dataclass
+class ObjectiveConfig:
+    # what the training loss is (vit_train/objectives.py); pick with the config group objective=NAME
+    name: Literal["classify"] = "classify"  # classify: cross-entropy on the class labels
+
+
+@dataclass
 class MaeConfig:
     # masked-autoencoder pre-training (objective.name=mae; He et al. 2022), see docs/mae.md
     mask_ratio: float = 0.75  # fraction of each image's patches hidden from the encoder
@@ -153,6 +159,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     mae: MaeConfig = field(default_factory=MaeConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     seed: int = 0  # seeds the model init, data order and augmentation

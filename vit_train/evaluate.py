@@ -32,16 +32,14 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None,
-             progress: bool = False, unreadable=None, confusion: bool = False) -> dict:
+             progress: bool = False, confusion: bool = False) -> dict:
     """Mean cross-entropy, top-1 and top-5 accuracy (%) over the whole loader; with `confusion`,
     also the (classes, classes) confusion matrix (rows: true class, columns: predicted) as "confusion"."""
     was_training = model.training
     model.eval()
     totals = torch.zeros(4, device=device, dtype=torch.float64)  # loss sum, top-1 hits, top-5 hits, count
     matrix = None
-    for images, targets, bad in tqdm(loader, desc="eval", leave=False, disable=not progress, dynamic_ncols=True):
-        if unreadable is not None:
-            unreadable.check(bad)
+    for images, targets in tqdm(loader, desc="eval", leave=False, disable=not progress, dynamic_ncols=True):
         images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             logits = model(images)

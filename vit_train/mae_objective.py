@@ -51,7 +51,7 @@ def evaluate_reconstruction(model: nn.Module, loader, device: torch.device, amp_
     objective = MaeObjective(cfg)
     objective.masks.seed = EVAL_SEED
     totals = torch.zeros(2, device=device, dtype=torch.float64)  # loss sum over images, image count
-    for images, targets, _ in loader:
+    for images, targets in loader:
         images = images.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             loss, _ = objective(model, images, targets)

@@ -7,14 +7,17 @@ import logging
 import math
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import yaml
 from torch.utils.tensorboard import SummaryWriter
 
 log = logging.getLogger("vit_train")
+
+DATA_BOUND = 0.2  # warn when more than this share of the step time waits for data
 
 
 class RunLogger:
@@ -87,10 +90,11 @@ class TrainWindow:
         self.logs, self.warned = 0, False  # reads so far; whether the data-bound warning was given
         self.loss = torch.zeros((), device=device)
         self.hits = torch.zeros((), device=device, dtype=torch.long)
-        self.finite_steps = torch.zeros((), device=device, dtype=torch.long)  # device-decided steps, images
+        self.finite_steps = torch.zeros((), device=device, dtype=torch.long)  # steps, images not skipped
         self.finite_images = torch.zeros((), device=device, dtype=torch.long)
+        self.has_top1 = False
         self.grad_norm: torch.Tensor | None = None
-        self.steps = self.images = self.counted = 0
+        self.images = 0
         self.seconds = 0.0
         self._started: float | None = None
 
@@ -105,22 +109,30 @@ class TrainWindow:
     def wait(self, seconds: float) -> None:
         self.waited += seconds
 
-    def add(self, loss: torch.Tensor, grad_norm: torch.Tensor, hits: torch.Tensor, images: int,
-            finite: bool | torch.Tensor = True) -> None:
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent inside (evaluation, checkpoint writes) does not count as training time."""
+        running = self._started is not None
+        self.pause()
+        try:
+            yield
+        finally:
+            if running:
+                self.start()
+
+    def add(self, loss: torch.Tensor, grad_norm: torch.Tensor, hits: torch.Tensor | None, images: int,
+            finite: torch.Tensor) -> None:
+        """One step's mean loss, gradient norm and top-1 hits (None: the objective has no class
+        predictions), counted without a host sync; a skipped (non-finite) step's values are left out,
+        since its loss would make the window's mean NaN."""
         self.images += images
-        if isinstance(finite, torch.Tensor):  # decided on the device: count without a host sync
-            self.loss += torch.where(finite, loss, 0.0)
+        self.loss += torch.where(finite, loss, 0.0)
+        if hits is not None:
+            self.has_top1 = True
             self.hits += torch.where(finite, hits, 0)
-            self.grad_norm = grad_norm if self.grad_norm is None else torch.where(finite, grad_norm, self.grad_norm)
-            self.finite_steps += finite.long()
-            self.finite_images += finite.long() * images
-            return
-        if finite:  # a skipped step's loss would make the window's mean NaN; it is counted apart
-            self.loss += loss
-            self.hits += hits
-            self.grad_norm = grad_norm
-            self.steps += 1
-            self.counted += images
+        self.grad_norm = grad_norm if self.grad_norm is None else torch.where(finite, grad_norm, self.grad_norm)
+        self.finite_steps += finite.long()
+        self.finite_images += finite.long() * images
 
     def read(self) -> tuple[dict[str, float], int, float]:
         """(mean loss, top-1 %, last gradient norm and images/s; images; seconds) since the last read.
@@ -128,13 +140,14 @@ class TrainWindow:
         Starts a new window.
         """
         self.pause()
-        self.steps += int(self.finite_steps.item())
-        self.counted += int(self.finite_images.item())
-        values = {"loss": self.loss.item() / self.steps if self.steps else math.nan,
-                  "top1": 100 * self.hits.item() / self.counted if self.counted else math.nan,
+        steps, counted = int(self.finite_steps.item()), int(self.finite_images.item())
+        values = {"loss": self.loss.item() / steps if steps else math.nan,
+                  "top1": 100 * self.hits.item() / counted if counted else math.nan,
                   "grad_norm": float(self.grad_norm) if self.grad_norm is not None else math.nan,
                   "images_per_s": self.images / max(self.seconds, 1e-9),
                   "data_wait": self.waited / max(self.seconds, 1e-9)}  # share of the step time spent waiting for data
+        if not self.has_top1:
+            del values["top1"]
         if self.flops_per_image:
             values["tflops"] = values["images_per_s"] * self.flops_per_image / 1e12
             if self.peak_tflops:
@@ -145,7 +158,7 @@ class TrainWindow:
         self.finite_steps.zero_()
         self.finite_images.zero_()
         self.grad_norm = None
-        self.steps = self.images = self.counted = 0
+        self.images = 0
         self.seconds = self.waited = 0.0
         self.start()
         return read
@@ -159,3 +172,24 @@ def write_atomic(path: Path, text: str) -> None:
 
 def write_results(run_dir: Path, results: dict[str, Any]) -> None:
     write_atomic(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
+
+
+def log_train(logger: RunLogger | NullLogger, bar, window: TrainWindow, state, lr: float,
+              scaler: torch.amp.GradScaler) -> None:
+    """The window's train metrics to the logs and the progress bar; adds its images and seconds to
+    `state` (a TrainState) for the run's images/s; warns once when the run waits on its data."""
+    values, images, seconds = window.read()
+    values.update(lr=lr, skipped_steps=state.skipped_steps)
+    if scaler.is_enabled():
+        values["loss_scale"] = scaler.get_scale()
+    state.images_seen += images
+    state.train_seconds += seconds
+    logger.scalars("train", state.step, values)
+    extra = {"mfu": f"{100 * values['mfu']:.1f}%"} if "mfu" in values else {}
+    bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{lr:.2e}", img_s=f"{values['images_per_s']:.0f}",
+                    wait=f"{100 * values['data_wait']:.0f}%", **extra)
+    window.logs += 1
+    if values["data_wait"] > DATA_BOUND and window.logs > 1 and not window.warned:  # the first window warms up
+        window.warned = True
+        log.warning("the run is data-bound: %.0f%% of the step time waits for data. Raise data.num_workers, or on "
+                    "a GPU use data.pipeline=device (shapes/CIFAR)", 100 * values["data_wait"])

@@ -36,7 +36,7 @@ def have_matplotlib() -> bool:
 def first_images(loader, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The loader's first `count` images and labels (the same ones every time for a val loader)."""
     images, labels = [], []
-    for batch, targets, _ in loader:
+    for batch, targets in loader:
         images.append(batch)
         labels.append(targets)
         if sum(len(b) for b in images) >= count:
@@ -94,7 +94,7 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights
     check_classes(ckpt, data.class_names)
     model.to(device)
     metrics = evaluate(model, data.val_loader, device, autocast_dtype(cfg.trainer.precision, device), progress,
-                       data.val_unreadable, confusion=True)
+                       confusion=True)
     confusion = metrics.pop("confusion")
     out = Path(out_dir) if out_dir else run_dir_of(str(path)) / "eval"
     out.mkdir(parents=True, exist_ok=True)

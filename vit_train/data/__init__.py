@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 from torch.utils.data import DataLoader
@@ -17,54 +18,30 @@ from .device import DeviceEvalPipeline, DeviceTrainPipeline
 from .sampler import EpochSampler, ShardSampler, TensorImages, TransformedDataset
 from .shapes import CLASS_NAMES as SHAPES_CLASSES, generate_shapes
 from .transforms import build_transforms
+from .unreadable import CheckedLoader, UnreadableImages
 
 log = logging.getLogger("vit_train")
 
 SHAPES_STATS = ((0.28, 0.28, 0.28), (0.236, 0.236, 0.236))  # measured on 10k images; the same at any size
 
 
-class UnreadableImages:
-    """Unreadable images met in one split: each logged once; `error` mode stops at the first, `skip`
-    mode once more than `max_fraction` of the split is unreadable."""
-
-    def __init__(self, base, split: str, mode: str, max_fraction: float):
-        self.base, self.split, self.mode, self.max_fraction = base, split, mode, max_fraction
-        self.seen: set[int] = set()
-        self.replaced = 0  # replacements since the last report
-
-    def check(self, unreadable: torch.Tensor) -> None:
-        """Called with each batch's third item; cheap when every image was fine."""
-        for index in unreadable[unreadable >= 0].tolist():
-            path = self.base.samples[index][0]
-            if self.mode == "error":
-                raise DataError(f"{path} cannot be read ({imagefolder.describe_unreadable(path)}); fix or remove "
-                                f"it, or set data.bad_images=skip to replace unreadable images")
-            if index not in self.seen:
-                self.seen.add(index)
-                log.warning("unreadable %s image replaced: %s (%s)", self.split, path,
-                            imagefolder.describe_unreadable(path))
-            self.replaced += 1
-        if len(self.seen) > self.max_fraction * len(self.base):
-            raise DataError(f"{len(self.seen)} of {len(self.base)} {self.split} images are unreadable, more than "
-                            f"data.max_bad_fraction={self.max_fraction}; first: {self.base.samples[min(self.seen)][0]}")
-
-    def report(self, epoch: int) -> None:
-        if self.replaced:
-            log.warning("epoch %d: %d unreadable %s images replaced (%d distinct so far)", epoch, self.replaced,
-                        self.split, len(self.seen))
-            self.replaced = 0
-
-
 @dataclass
 class Data:
-    train_loader: DataLoader
-    val_loader: DataLoader
+    """A run's data: loaders whose batches are (images, targets), (B, 3, H, W) normalised floats and
+    (B,) class indices; unreadable images are dealt with inside (data.bad_images)."""
+
+    train_loader: Iterable[tuple[torch.Tensor, torch.Tensor]]
+    val_loader: Iterable[tuple[torch.Tensor, torch.Tensor]]
     train_sampler: EpochSampler  # set_epoch(epoch, start) before each pass over train_loader
     class_names: list[str]
     steps_per_epoch: int  # optimiser steps (global batches) per epoch; the last partial batch is dropped
     stats: tuple = ((0.0,) * 3, (1.0,) * 3)  # (mean, std) the images were normalised with
     train_unreadable: UnreadableImages | None = None  # image folders only
-    val_unreadable: UnreadableImages | None = None
+
+    def epoch_done(self, epoch: int) -> None:
+        """Report the unreadable training images replaced in the epoch that just ended."""
+        if self.train_unreadable is not None:
+            self.train_unreadable.report(epoch)
 
 
 def _worker_signals(worker_id: int) -> None:
@@ -141,8 +118,8 @@ def build_data(cfg: Config, device: torch.device, rank: int = 0, world_size: int
     val_sampler = ShardSampler(len(val_base), rank, world_size) if world_size > 1 else None
     val_loader = DataLoader(TransformedDataset(val_base, eval_tf), batch_size=eval_batch, sampler=val_sampler,
                             shuffle=False, generator=torch.Generator(), **workers)
-    data = Data(train_loader, val_loader, sampler, class_names, steps, stats)
-    if cfg.data.name == "imagefolder":
-        data.train_unreadable = UnreadableImages(train_base, "train", d.bad_images, d.max_bad_fraction)
-        data.val_unreadable = UnreadableImages(val_base, "val", d.bad_images, d.max_bad_fraction)
-    return data
+    folders = cfg.data.name == "imagefolder"
+    train_unreadable = UnreadableImages(train_base, "train", d.bad_images, d.max_bad_fraction) if folders else None
+    val_unreadable = UnreadableImages(val_base, "val", d.bad_images, d.max_bad_fraction) if folders else None
+    return Data(CheckedLoader(train_loader, train_unreadable), CheckedLoader(val_loader, val_unreadable), sampler,
+                class_names, steps, stats, train_unreadable)

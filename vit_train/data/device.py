@@ -5,8 +5,8 @@ A CPU DataLoader cannot feed a GPU with a small ViT on 32x32 images; this can. T
 the loader path's (the same EpochSampler permutation, with the same per-process shares), and the
 augmentation is the same family with the same probabilities (`aug=basic`: padded random crop,
 horizontal flip), drawn from a generator seeded by (seed, epoch, global batch): deterministic, and
-a run resumed mid-epoch sees the same batches. Batches are (images, labels, unreadable) like the
-loader's, so the training loop does not know which pipeline it reads.
+a run resumed mid-epoch sees the same batches. Batches are (images, labels) like the loader's, so
+the training loop does not know which pipeline it reads.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ import torch.nn.functional as F
 
 from ..config import AugConfig
 from .sampler import EpochSampler
-
-NO_UNREADABLE = -1
 
 
 class DeviceTrainPipeline:
@@ -38,13 +36,13 @@ class DeviceTrainPipeline:
     def __len__(self) -> int:
         return len(self.sampler) // self.share
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         keys = torch.tensor([index for index, _ in self.sampler], device=self.device)
         first = self.sampler.start // self.global_batch  # global batches already done this epoch
         for b in range(len(keys) // self.share):
             index = keys[b * self.share:(b + 1) * self.share]
             images = self.augment(self.images[index], first + b)
-            yield images, self.labels[index], torch.full((len(index),), NO_UNREADABLE, device=self.device)
+            yield images, self.labels[index]
 
     def augment(self, images: torch.Tensor, batch: int) -> torch.Tensor:
         """Crop, flip and normalise a (share, 3, H, W) uint8 batch: the draws of global batch `batch`,
@@ -104,8 +102,8 @@ class DeviceEvalPipeline:
     def __len__(self) -> int:
         return -(-len(self.labels) // self.batch_size)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for start in range(0, len(self.labels), self.batch_size):
             labels = self.labels[start:start + self.batch_size]
             images = self.prepare.normalise(self.prepare.scale(self.images[start:start + self.batch_size]))
-            yield images, labels, torch.full((len(labels),), NO_UNREADABLE, device=labels.device)
+            yield images, labels

@@ -1,0 +1,84 @@
+"""The training batches of a run, from where it stands to its last step, or to an agreed stop.
+
+`batches(run, stop)` owns what happens around the loader, so the loop sees only (images, targets)
+on the device: each epoch's order (`set_epoch`, skipping what a resumed run already trained on),
+the epoch roll-over, the progress bar, MixUp/CutMix, the first batch's figure, the narrow
+handling of a loader that a stop signal ended, and the stop agreement between processes.
+Unreadable images are dealt with inside the loader (data/unreadable.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+from tqdm.auto import tqdm
+
+from . import distributed
+from .preemption import StopRequest
+
+if TYPE_CHECKING:
+    from .trainer import Run
+
+# What a loader raises when its worker processes are ended under it (a stop signal to the whole
+# process group): a worker's exit (RuntimeError), a reset connection (OSError), a cut pipe (EOFError).
+LOADER_ENDED = (RuntimeError, OSError, EOFError)
+
+
+def next_batch(loader: Iterator, stop: StopRequest):
+    """The loader's next batch; None at its end, or when a stop signal has also ended its workers
+    (the last step is whole). The same error without a signal is raised."""
+    try:
+        return next(loader)
+    except StopIteration:
+        return None
+    except LOADER_ENDED:
+        if not stop.received:
+            raise
+        return None
+
+
+def batches(run: Run, stop: StopRequest) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(images, targets) for each step until `run.total_steps` or a stop. Before a batch is yielded,
+    `run.state` is advanced past it (step, batch_in_epoch, and at an epoch's end the epoch), so the
+    loop's periodic actions read the position after the step; `state.batch_in_epoch == 0` then
+    means an epoch has just ended. With several processes the stop is agreed after every fetch,
+    before the step: all processes stop at the same step, whichever got the signal, and none waits
+    for a step that another will not take."""
+    state, data, t = run.state, run.data, run.cfg.trainer
+    while state.step < run.total_steps and not stop:
+        data.train_sampler.set_epoch(state.epoch, start=state.batch_in_epoch * run.cfg.data.batch_size)
+        run.bar = tqdm(total=data.steps_per_epoch, initial=state.batch_in_epoch, desc=f"epoch {state.epoch + 1}/"
+                       f"{t.epochs}", disable=not (t.progress and run.ctx.is_main), dynamic_ncols=True, leave=False)
+        loader = iter(data.train_loader)
+        run.window.start()
+        try:
+            while state.step < run.total_steps:
+                fetch = time.perf_counter()
+                batch = next_batch(loader, stop)
+                run.window.wait(time.perf_counter() - fetch)
+                if run.ctx.enabled:
+                    stop.agree(distributed.max_all(stop.received or 0, run.device))
+                if stop:
+                    return
+                if batch is None:
+                    raise RuntimeError(f"the training loader ended after batch {state.batch_in_epoch} of epoch "
+                                       f"{state.epoch + 1}, which has {data.steps_per_epoch}")
+                images, targets = (x.to(run.device, non_blocking=True) for x in batch)
+                if run.mix is not None:
+                    images, targets = run.mix(images, targets, state.step)
+                if run.visuals is not None and not run.visuals.batch_shown:
+                    run.visuals.training_batch(images, targets, state.step)
+                state.step += 1
+                state.batch_in_epoch += 1
+                if state.batch_in_epoch == data.steps_per_epoch:
+                    state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+                    data.epoch_done(state.epoch)
+                yield images, targets
+                run.bar.update()
+                if state.batch_in_epoch == 0:
+                    break
+        finally:
+            run.window.pause()
+            run.bar.close()
