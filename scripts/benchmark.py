@@ -14,6 +14,13 @@ report ~3x at mask ratio 0.75 for ViT-L).
     python scripts/benchmark.py                                  # vit_tiny, 32x32, patch 4, batch 128
     python scripts/benchmark.py --model vit_small --img-size 224 --patch-size 16 --batch-size 64
     python scripts/benchmark.py --precision fp32,bf16 --rounds 5 --json
+    python scripts/benchmark.py --distill resnet18 --options    # + distillation step cost, options' cost
+
+--distill ARCH times a DeiT distillation step (teacher forward without gradients, two-head loss) of a
+distilled student against a plain classification step of the same student, interleaved: the ratio is
+the distillation step's time over the plain step's. --options times the ViT with every option of
+docs/vit-options.md off against the same ViT with them on, and reports ours / timm with the options
+off (the cost of the code paths when off).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from vit_train.config import AugConfig, Config, ModelConfig
+from vit_train.config import AugConfig, Config, DistillConfig, ModelConfig
 from vit_train.data.device import DeviceTrainPipeline
 from vit_train.data.sampler import EpochSampler, TensorImages, TransformedDataset
 from vit_train.data.transforms import build_transforms
@@ -56,28 +63,74 @@ def timm_twin(model: torch.nn.Module, cfg: ModelConfig, num_classes: int) -> tor
 def images_per_second(model: torch.nn.Module, batch: tuple, steps: int, dtype: torch.dtype | None,
                       device: torch.device, objective=None) -> float:
     """Training steps per second x batch; `objective` (model, images, targets) -> (loss, _) replaces cross-entropy."""
+    loss_fn = cross_entropy if objective is None else lambda m, x, y: objective(m, x, y)[0]
+    step = training_step(model, loss_fn, batch, dtype, device)
+    return len(batch[0]) / interleaved({"step": step}, 1, steps, device)["step"]
+
+
+def cross_entropy(model: torch.nn.Module, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(model(images), targets)
+
+
+def interleaved(steps: dict, rounds: int, repeat: int, device: torch.device) -> dict[str, float]:
+    """Median seconds per call of each step function, timed in turns so that noise hits all alike."""
+    times = {name: [] for name in steps}
+    for fn in steps.values():
+        fn()  # warm-up: allocations, kernel selection, compilation
+    for _ in range(rounds):
+        for name, fn in steps.items():
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(repeat):
+                fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - start) / repeat)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def training_step(model: torch.nn.Module, loss_fn, batch: tuple, dtype: torch.dtype | None, device: torch.device):
+    """A function doing one training step (forward, `loss_fn`, backward, AdamW step) on `batch`."""
     images, targets = batch
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4,
+                                  fused=device.type == "cuda")
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            if objective is None:
-                loss = torch.nn.functional.cross_entropy(model(images), targets)
-            else:
-                loss = objective(model, images, targets)[0]
+            loss = loss_fn(model, images, targets)
         loss.backward()
         optimizer.step()
+    return step
 
-    step()  # warm-up: allocations, kernel selection, compilation
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return steps * len(images) / (time.perf_counter() - start)
+
+def distill_cost(cfg: ModelConfig, teacher_arch: str, num_classes: int, batch: tuple, dtype, device, args) -> dict:
+    """Seconds per training step of a distilled student with and without its teacher's forward."""
+    from vit_train.cnn import build_resnet
+    from vit_train.distill import Distill
+
+    student = build_model(ModelConfig(**{**cfg.__dict__, "distilled": True}), num_classes).to(device)
+    teacher = build_resnet(teacher_arch, num_classes, cfg.img_size).to(device).eval().requires_grad_(False)
+    objective = Distill(teacher, DistillConfig(), 0.0, two_heads=True, info={})
+    plain = training_step(student, cross_entropy, batch, dtype, device)
+    distill = training_step(student, lambda m, x, y: objective(m, x, y)[0], batch, dtype, device)
+    seconds = interleaved({"plain": plain, "distill": distill}, args.rounds, args.steps, device)
+    return {"teacher": teacher_arch, "plain_step_s": seconds["plain"], "distill_step_s": seconds["distill"],
+            "ratio": seconds["distill"] / seconds["plain"]}
+
+
+def options_cost(cfg: ModelConfig, num_classes: int, batch: tuple, dtype, device, args) -> dict:
+    """Seconds per training step: the ViT with the options off, on, and timm's twin with them off."""
+    ce = cross_entropy
+    off = build_model(cfg, num_classes).to(device)
+    on = build_model(ModelConfig(**{**cfg.__dict__, "reg_tokens": 4, "init_values": 1e-5, "qk_norm": True}),
+                     num_classes).to(device)
+    steps = {"off": training_step(off, ce, batch, dtype, device), "on": training_step(on, ce, batch, dtype, device),
+             "timm_off": training_step(timm_twin(off, cfg, num_classes).to(device), ce, batch, dtype, device)}
+    seconds = interleaved(steps, args.rounds, args.steps, device)
+    return {**{f"{k}_step_s": v for k, v in seconds.items()}, "on_over_off": seconds["on"] / seconds["off"],
+            "off_over_timm": seconds["off"] / seconds["timm_off"]}
 
 
 def pipeline_images_per_second(kind: str, count: int, img_size: int, batch_size: int, device: torch.device,
@@ -121,6 +174,9 @@ def main() -> None:
     parser.add_argument("--pipeline-images", type=int, default=8192, help="images per pipeline measurement; 0 = skip")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers for the loader pipeline")
     parser.add_argument("--mae-ratio", type=float, default=0.75, help="MAE pre-training at this mask ratio; 0 = skip")
+    parser.add_argument("--distill", default=None, metavar="ARCH", help="also time a distillation step with this "
+                        "torchvision ResNet teacher (resnet18, resnet50) against a plain step")
+    parser.add_argument("--options", action="store_true", help="also time the ViT options off, on, and timm's twin")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args()
 
@@ -172,13 +228,20 @@ def main() -> None:
         training = max(r["vit_train_images_per_s"] for r in results)
         pipelines["device_over_training"] = pipelines["device_images_per_s"] / training
 
+    extras = {}
+    first = autocast_dtype(args.precision.split(",")[0], device)
+    if args.distill:
+        extras["distill"] = distill_cost(cfg, args.distill, args.num_classes, batch, first, device, args)
+    if args.options:
+        extras["options"] = options_cost(cfg, args.num_classes, batch, first, device, args)
+
     setting = {"model": args.model, "img_size": args.img_size, "patch_size": args.patch_size,
                "batch_size": args.batch_size, "device": str(device), "compile": args.compile,
                "threads": torch.get_num_threads(), "torch": str(torch.__version__), "machine": platform.machine(),
                "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
                "training_gflop_per_image": flops / 1e9, "mae_ratio": args.mae_ratio or None}
     if args.json:
-        print(json.dumps({"setting": setting, "results": results, "pipelines": pipelines}, indent=2))
+        print(json.dumps({"setting": setting, "results": results, "pipelines": pipelines, **extras}, indent=2))
         return
     print(", ".join(f"{k}={v}" for k, v in setting.items()))
     print(f"{'precision':<10}{'vit_train img/s':>16}{'timm img/s':>12}{'ratio':>8}{'TFLOP/s':>9}{'MFU':>7}   per round")
@@ -195,6 +258,14 @@ def main() -> None:
         print(f"pipelines (aug=basic, images/s): on-device {pipelines['device_images_per_s']:.0f}, DataLoader "
               f"({args.workers} workers) {pipelines['loader_images_per_s']:.0f}; on-device / vit_train training = "
               f"{pipelines['device_over_training']:.1f}x")
+    if "distill" in extras:
+        d = extras["distill"]
+        print(f"distillation ({d['teacher']} teacher, {args.precision.split(',')[0]}): {1e3 * d['distill_step_s']:.1f} ms "
+              f"per step against {1e3 * d['plain_step_s']:.1f} ms plain: x{d['ratio']:.2f}")
+    if "options" in extras:
+        o = extras["options"]
+        print(f"options (reg_tokens=4, init_values, qk_norm): on / off x{o['on_over_off']:.3f}; off / timm's twin "
+              f"x{o['off_over_timm']:.3f} ({1e3 * o['off_step_s']:.1f} / {1e3 * o['timm_off_step_s']:.1f} ms per step)")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ CONFIGS = Path(_config_dir())
 GROUP_FILES = sorted(
     (path.parent.name, path.stem) for path in CONFIGS.glob("*/*.yaml") if path.parent.name != "hydra"
 )
-NEEDS = {("data", "imagefolder"): ["data.root=/somewhere"]} | {
-    ("experiment", name): ["data.root=/somewhere"] for _, name in GROUP_FILES if name.startswith("imagenet")}
+NEEDS = {("data", "imagefolder"): ["data.root=/somewhere"], ("objective", "distill"): ["distill.teacher=t.pt"]} | {
+    ("experiment", name): ["data.root=/somewhere"] * name.startswith("imagenet") + ["distill.teacher=t.pt"] *
+    name.endswith("distilled") for _, name in GROUP_FILES if name.startswith("imagenet") or name.endswith("distilled")}
 
 
 def composed(overrides: list[str]) -> dict:

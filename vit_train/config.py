@@ -130,7 +130,7 @@ class TrainerConfig:
 @dataclass
 class ObjectiveConfig:
     # what the training loss is (vit_train/objectives.py); pick with the config group objective=NAME
-    name: Literal["classify"] = "classify"  # classify: cross-entropy on the class labels
+    name: Literal["classify", "distill"] = "classify"  # classify: cross-entropy on the labels; distill: DeiT's (distill.*)
 
 
 @dataclass
@@ -141,6 +141,16 @@ class MaeConfig:
     decoder_depth: int = 2  # decoder transformer blocks
     decoder_heads: int = 4  # decoder attention heads
     norm_pix_loss: bool = True  # targets: each patch's pixels normalised by its own mean and std
+
+
+@dataclass
+class DistillConfig:
+    # the teacher of objective=distill (DeiT, Touvron et al. 2021); see vit_train/distill.py
+    teacher: Optional[str] = None  # a vit-train checkpoint or .safetensors, or a state-dict file with teacher_arch
+    teacher_arch: Optional[str] = None  # null for vit-train files; else a torchvision or timm model name, e.g. resnet50
+    type: Literal["hard", "soft"] = "hard"  # hard: CE on the teacher's argmax (DeiT's best); soft: KL at tau
+    alpha: float = 0.5  # weight of the teacher term; the label term gets 1 - alpha (DeiT's default 0.5)
+    tau: float = 1.0  # soft: softmax temperature (DeiT's default 1.0)
 
 
 @dataclass
@@ -161,6 +171,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     mae: MaeConfig = field(default_factory=MaeConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     seed: int = 0  # seeds the model init, data order and augmentation
     resume: Optional[str] = None  # null, auto (newest checkpoint in the run dir), or a path
@@ -222,6 +233,11 @@ class Config:
             _require(0.0 <= value < 1.0, f"{key} must be in [0, 1), got {value}")
         self._validate_aug()
         self._validate_mae()
+        _require(self.objective.name != "distill" or bool(self.distill.teacher),
+                 "objective=distill needs distill.teacher=PATH: a vit-train checkpoint or .safetensors, or a state-dict "
+                 "file with distill.teacher_arch=NAME")
+        _require(0.0 <= self.distill.alpha <= 1.0, f"distill.alpha must be in [0, 1], got {self.distill.alpha}")
+        _require(self.distill.tau > 0, f"distill.tau must be > 0, got {self.distill.tau}")
         _require(0.0 <= d.max_bad_fraction <= 1.0, f"data.max_bad_fraction must be in [0, 1], got {d.max_bad_fraction}")
         _require(d.num_workers is None or d.num_workers >= 0, f"data.num_workers must be >= 0, got {d.num_workers}")
         _require(d.batch_size % t.accum_steps == 0, f"data.batch_size ({d.batch_size}) must be divisible "

@@ -58,7 +58,14 @@ def build_classify(cfg: Config, model: nn.Module, num_classes: int) -> Classify:
     return Classify(cfg.aug.label_smoothing)
 
 
-BUILDERS: dict[str, Callable[[Config, nn.Module, int], Objective]] = {"classify": build_classify}
+def build_distill(cfg: Config, model: nn.Module, num_classes: int) -> Objective:
+    from .distill import build_distill as build  # DeiT's distillation: a frozen teacher (distill.py)
+
+    return build(cfg, model, num_classes)
+
+
+BUILDERS: dict[str, Callable[[Config, nn.Module, int], Objective]] = {"classify": build_classify,
+                                                                      "distill": build_distill}
 
 
 def objective_state(objective: Objective) -> dict[str, Any] | None:

@@ -42,6 +42,8 @@ RULES: dict[str, tuple[Callable[[Config], bool], str, str]] = {
     "data.max_bad_fraction": (lambda c: c.data.name != "imagefolder", D, "data=imagefolder"),
     "trainer.compile_mode": (lambda c: not c.trainer.compile, "trainer.compile=false", "trainer.compile=true"),
 }
+RULES.update({f"distill.{key}": (lambda c: c.objective.name != "distill", "objective.name={c.objective.name}",
+                                 "objective=distill") for key in ("teacher", "teacher_arch", "type", "alpha", "tau")})
 VIT_ONLY = ("embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "pool", "pos_embed", "dropout", "attn_dropout",
             "drop_path", "reg_tokens", "init_values", "qk_norm")  # keys a ResNet (model.arch=resnet*) has no use for
 RULES.update({f"model.{key}": (lambda c: c.model.arch != "vit", "model.arch={c.model.arch}", "ViTs (model.arch=vit)")
