@@ -133,6 +133,37 @@ def options_cost(cfg: ModelConfig, num_classes: int, batch: tuple, dtype, device
             "off_over_timm": seconds["off"] / seconds["timm_off"]}
 
 
+def model_config(name: str, img_size: int, patch_size: int) -> ModelConfig:
+    """The size preset configs/model/<name>.yaml at this image and patch size."""
+    return ModelConfig(**{**OmegaConf.to_container(OmegaConf.load(CONFIGS / f"{name}.yaml")),
+                          "img_size": img_size, "patch_size": patch_size})
+
+
+def compare(models: dict[str, torch.nn.Module], batch: tuple, rounds: int, steps: int, dtype: torch.dtype | None,
+            device: torch.device, flops: float, peak: float | None, mae: tuple | None = None) -> dict:
+    """Training images/s of each model ("vit_train" and "timm"), interleaved over `rounds` rounds of
+    `steps` steps: per model the median images/s, TFLOP/s (at `flops` per image) and MFU (None
+    without a known `peak`, TFLOP/s), and the ratio vit_train / timm (median of the rounds' ratios).
+    `mae` = (model, objective): its pre-training images/s too, over vit_train's (mae_over_classify)."""
+    timings = {name: [] for name in models}
+    for _ in range(rounds):
+        for name, model in models.items():
+            timings[name].append(images_per_second(model, batch, steps, dtype, device))
+        if mae:
+            timings.setdefault("mae", []).append(images_per_second(mae[0], batch, steps, dtype, device, mae[1]))
+    ratios = [a / b for a, b in zip(timings["vit_train"], timings["timm"])]
+    result = {**{f"{n}_images_per_s": statistics.median(r) for n, r in timings.items()},
+              "ratio": statistics.median(ratios), "ratios": ratios}
+    if mae:
+        mae_ratios = [a / b for a, b in zip(timings["mae"], timings["vit_train"])]
+        result.update(mae_over_classify=statistics.median(mae_ratios), mae_ratios=mae_ratios)
+    for name in models:
+        tflops = result[f"{name}_images_per_s"] * flops / 1e12
+        result[f"{name}_tflops"] = tflops
+        result[f"{name}_mfu"] = tflops / peak if peak else None
+    return result
+
+
 def pipeline_images_per_second(kind: str, count: int, img_size: int, batch_size: int, device: torch.device,
                                workers: int) -> float:
     """One epoch of `count` random uint8 32x32 images through aug=basic, batches of `batch_size`."""
@@ -181,8 +212,7 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.device("cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu")
-    cfg = ModelConfig(**{**OmegaConf.to_container(OmegaConf.load(CONFIGS / f"{args.model}.yaml")),
-                         "img_size": args.img_size, "patch_size": args.patch_size})
+    cfg = model_config(args.model, args.img_size, args.patch_size)
     torch.manual_seed(0)
     flops = flops_per_image(cfg, args.num_classes)
     ours = build_model(cfg, args.num_classes).to(device)
@@ -201,24 +231,9 @@ def main() -> None:
     results = []
     for precision in args.precision.split(","):
         dtype = autocast_dtype(precision, device)
-        rounds = {name: [] for name in models}
-        for _ in range(args.rounds):
-            for name, model in models.items():
-                rounds[name].append(images_per_second(model, batch, args.steps, dtype, device))
-            if mae:
-                rounds.setdefault("mae", []).append(images_per_second(mae[0], batch, args.steps, dtype, device, mae[1]))
-        ratios = [a / b for a, b in zip(rounds["vit_train"], rounds["timm"])]
-        result = {"precision": precision, **{f"{n}_images_per_s": statistics.median(r) for n, r in rounds.items()},
-                  "ratio": statistics.median(ratios), "ratios": ratios}
-        if mae:
-            mae_ratios = [a / b for a, b in zip(rounds["mae"], rounds["vit_train"])]
-            result.update(mae_over_classify=statistics.median(mae_ratios), mae_ratios=mae_ratios)
         peak = peak_tflops(device, dtype, args.peak_tflops)
-        for name in models:
-            tflops = result[f"{name}_images_per_s"] * flops / 1e12
-            result[f"{name}_tflops"] = tflops
-            result[f"{name}_mfu"] = tflops / peak if peak else None
-        results.append(result)
+        results.append({"precision": precision, **compare(models, batch, args.rounds, args.steps, dtype, device,
+                                                          flops, peak, mae)})
 
     pipelines = {}
     if args.pipeline_images:
