@@ -86,6 +86,17 @@ def test_bad_parts_argument_is_one_line_and_exit_2(tmp_path):
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "unknown part speed" in done.stderr
 
 
+def test_without_a_gpu_the_full_run_refuses_in_one_line_and_points_to_smoke(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the full run would start")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "add --smoke" in done.stderr
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
 def numbers(tree):
     if isinstance(tree, dict):
         for v in tree.values():
@@ -166,11 +177,12 @@ def test_a_timed_out_command_leaves_no_grandchild(tmp_path):
 
 def test_a_killed_part_ends_the_commands_it_started(tmp_path):
     """A part's commands run in their own sessions; when the part is killed at the end of its time
-    box they must end too (NorthlandPositronics/Cogtrix#966: orphans after a timeout)."""
+    box they must end too (NorthlandPositronics/Cogtrix#966: orphans after a timeout), also one
+    whose start the signal interrupted (here: a session not registered in record.RUNNING)."""
     pid_file = tmp_path / "pid"
-    code = (f"import signal, sys; sys.path.insert(0, {str(SCRIPT.parent)!r}); from acceptance import record; "
+    code = (f"import signal, subprocess, sys; sys.path.insert(0, {str(SCRIPT.parent)!r}); from acceptance import record; "
             f"signal.signal(signal.SIGTERM, record.end_running); "
-            f"record.run_command(['sh', '-c', 'echo $$ > {pid_file}; exec sleep 300'], '.', timeout=300)")
+            f"subprocess.Popen(['sh', '-c', 'echo $$ > {pid_file}; exec sleep 300'], start_new_session=True).wait()")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path)
     for _ in range(600):
         if pid_file.exists() and pid_file.read_text().strip():

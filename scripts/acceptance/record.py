@@ -120,13 +120,28 @@ def start_group(argv: list[str], cwd: Path, **popen) -> subprocess.Popen:
 
 def end_running(signum: int, frame) -> None:
     """SIGTERM handler of a part's process: kill the command groups it started, then exit (its
-    results file already holds what it found)."""
-    for proc in list(RUNNING):
+    results file already holds what it found). The children are also looked up in /proc, for a
+    command started but not yet in RUNNING when the signal came."""
+    groups = {proc.pid for proc in RUNNING} | set(children(os.getpid()))
+    for pid in groups:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            os.killpg(pid, signal.SIGKILL)  # a command's group id is its pid (a new session)
+        except (ProcessLookupError, PermissionError):
+            pass  # not a group leader (a DataLoader worker: it is in this process's group) or gone
     os._exit(128 + signum)
+
+
+def children(parent: int) -> list[int]:
+    """Pids of `parent`'s child processes (Linux /proc; none elsewhere)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(command name)": state, ppid, ...
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == parent:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
