@@ -38,7 +38,7 @@ from acceptance.record import CHILD, ROOT, run_command  # noqa: E402
 from acceptance.report import build_report, markdown  # noqa: E402
 
 # Part: (nominal time box in seconds, least worth starting with); None: all the time left.
-BOXES = {"correctness": (115, 45), "data": (60, 30), "e2e": (170, 60), "throughput": (None, 45)}
+BOXES = {"correctness": (110, 45), "data": (70, 30), "e2e": (170, 60), "throughput": (None, 45)}
 SMOKE_BOX = 900  # the CPU is slow and shared; a smoke part has this long
 BUDGET = 535  # seconds for the whole run on a GPU: under 9 minutes
 MARGIN = 8  # a part's own deadline comes this long before it is killed
