@@ -134,6 +134,8 @@ def test_smoke_run_passes_every_part_and_writes_the_report(tmp_path):
     assert e2e["data_seconds"]["value"] + e2e["compute_seconds"]["value"] > 0
     speed = parts["throughput"]["figures"]
     assert {k for k in speed if k.endswith(".ratio")} == {"micro4_16.eager.ratio", "micro4_16.default.ratio"}
+    # What a throughput figure measured is in its label (facebookresearch/deit#38: train or inference? batch?)
+    assert speed["micro4_16.default.ratio"]["label"] == "ViT-micro/4 @16, batch 8 (smoke), default: vit-train / timm"
     assert {t["figure"] for t in report["targets"]} >= {"micro4_16.eager.ratio", "device_run.data_wait"}
     table = (out / "acceptance.md").read_text()
     assert table in done.stdout and table.count("| **part** |") == 4
