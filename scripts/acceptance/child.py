@@ -55,13 +55,13 @@ def launch(args: argparse.Namespace) -> None:
     fetched = [0]
 
     def faulty(self):
-        for images, labels, unreadable in batches(self):
+        for batch in batches(self):  # (images, labels, ...)
             index, fetched[0] = fetched[0], fetched[0] + 1
             if index == args.nan_at:
-                images = torch.full_like(images, float("nan"))
+                batch = (torch.full_like(batch[0], float("nan")), *batch[1:])
             if index == args.stop_at:
                 os.kill(os.getpid(), signal.SIGTERM)
-            yield images, labels, unreadable
+            yield batch
 
     DeviceTrainPipeline.__iter__ = faulty
     sys.argv = ["vit-train", *args.overrides]

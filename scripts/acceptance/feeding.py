@@ -97,7 +97,7 @@ def image_folder_rate(root: Path, s: dict, device: torch.device) -> float:
     seen, start = 0, None
     for epoch in range(2):
         data.train_sampler.set_epoch(epoch)
-        for images, _, _ in data.train_loader:
+        for images, *_ in data.train_loader:
             images = images.to(device, non_blocking=True)
             if start is None:
                 start = time.perf_counter()
