@@ -59,3 +59,12 @@ def image_folder(tmp_path):
                 pixels = np.clip(np.array(colour) + rng.normal(0, 40, (20, 20, 3)), 0, 255).astype(np.uint8)
                 Image.fromarray(pixels).save(root / split / name / f"{i}.png")
     return root
+
+
+@pytest.fixture
+def ugly_folder(tmp_path):
+    """An image folder as users have them (tests/ugly_folder.py): hidden entries in train/ and val/,
+    one picture per class in every image mode, odd and NFD class names; an UglyFolder record."""
+    from ugly_folder import write_ugly_folder
+
+    return write_ugly_folder(tmp_path / "ugly data #1, [a]=b é")

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from torchvision.transforms import v2
 
 from .checkpoint import load_checkpoint, save_weights_safetensors
 from .config import Config
 from .data import data_stats
+from .data.decode import IMAGE_ERRORS, open_rgb
 from .data.transforms import CROP_FRACTION
 from .errors import CheckpointError, ConfigError, DataError
 from .model import VisionTransformer, build_model
@@ -96,13 +97,12 @@ def _merge(base: dict, extra: dict) -> dict:
 
 
 def read_image(path: str | Path) -> Image.Image:
+    """`path` as an RGB image, decoded as the training loader decodes it (data/decode.py)."""
     try:
-        with Image.open(path) as image:
-            image.load()
-            return image
+        return open_rgb(path)
     except FileNotFoundError:
         raise DataError(f"image {path} does not exist") from None
-    except (UnidentifiedImageError, OSError) as e:
+    except IMAGE_ERRORS as e:
         raise DataError(f"{path} cannot be read as an image ({e})") from None
 
 

@@ -2,35 +2,35 @@
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 
-from PIL import Image
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from ..errors import DataError
-
-# What Pillow raises for truncated, empty, foreign or oversized files. Its decompression-bomb guard
-# (Image.MAX_IMAGE_PIXELS) stays on: an oversized image counts as unreadable.
-IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+from .decode import IMAGE_ERRORS, open_rgb
 
 
 class UnreadableImage(Exception):
     """An image file that Pillow cannot decode; the data set replaces it and reports its index."""
+
 
 # ImageNet's per-channel mean and std, the usual choice for natural images.
 STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
 class _FixedClassFolder(ImageFolder):
-    """An ImageFolder whose class list is given (the train split's), not read from its own folder."""
+    """An ImageFolder whose classes are given (the train split's, NFC-normalised) and mapped onto this
+    split's own folder names; entries whose name starts with '.' are skipped at every depth."""
 
-    def __init__(self, root: Path, classes: list[str], allow_empty: bool):
-        self._given_classes = classes
-        super().__init__(str(root), allow_empty=allow_empty)  # images are opened as RGB by the default loader
+    def __init__(self, root: Path, classes: list[str], folders: dict[str, str], allow_empty: bool):
+        self._given = classes, {folder: classes.index(name) for name, folder in folders.items()}
+        super().__init__(str(root), loader=open_rgb, is_valid_file=lambda path: _visible_image(root, path),
+                         allow_empty=allow_empty)
 
     def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
-        return self._given_classes, {c: i for i, c in enumerate(self._given_classes)}
+        return self._given
 
     def __getitem__(self, index: int):
         try:
@@ -39,11 +39,38 @@ class _FixedClassFolder(ImageFolder):
             raise UnreadableImage(index) from e
 
 
+def _visible_image(split: Path, path: str | Path) -> bool:
+    """An image file (by extension) with no hidden part ('.ipynb_checkpoints/', '._x.jpg', ...) below `split`."""
+    parts = Path(path).relative_to(split).parts
+    return path_is_image(path) and not any(part.startswith(".") for part in parts)
+
+
+def path_is_image(path: str | Path) -> bool:
+    return str(path).lower().endswith(IMG_EXTENSIONS)
+
+
+def class_folders(split: Path) -> dict[str, str]:
+    """{NFC-normalised class name: folder name on disk} of a split's visible sub-folders.
+
+    Names are compared after Unicode NFC normalisation: a folder copied from macOS (NFD names) matches
+    its twin that looks the same. Two folders with the same normalised name are refused.
+    """
+    folders: dict[str, str] = {}
+    for entry in sorted(split.iterdir()):
+        if entry.name.startswith(".") or not entry.is_dir():
+            continue
+        name = unicodedata.normalize("NFC", entry.name)
+        if name in folders:
+            raise DataError(f"{split} has two class folders named {name!r} (one with decomposed accents); "
+                            f"merge them into one folder")
+        folders[name] = entry.name
+    return folders
+
+
 def describe_unreadable(path: str) -> str:
     """Why Pillow cannot read `path`, in a few words."""
     try:
-        with Image.open(path) as image:
-            image.convert("RGB")
+        open_rgb(path)
     except IMAGE_ERRORS as e:
         return f"{type(e).__name__}: {e}"
     return "it could not be read"
@@ -59,28 +86,28 @@ def load_image_folders(root: str | Path) -> tuple[ImageFolder, ImageFolder, list
     if missing:
         raise DataError(f"data.root {root} has no {' or '.join(missing)}; the layout is "
                         f"root/train/<class>/*.jpg and root/val/<class>/*.jpg")
-    classes = sorted(p.name for p in splits["train"].iterdir() if p.is_dir())
+    train_folders, val_folders = class_folders(splits["train"]), class_folders(splits["val"])
+    classes = sorted(train_folders)
     if not classes:
         raise DataError(f"{splits['train']} has no class folders; put each class's images in train/<class>/")
-    val_classes = {p.name for p in splits["val"].iterdir() if p.is_dir()}
-    for folder, missing in ((splits["val"], set(classes) - val_classes), (splits["train"], val_classes - set(classes))):
-        if missing:  # ImageFolder would silently give val a different label numbering
-            raise DataError(f"{folder} lacks class folder(s) {', '.join(sorted(missing))} that the other split has; "
-                            f"train/ and val/ need the same classes")
+    lacking, extra = sorted(set(classes) - set(val_folders)), sorted(set(val_folders) - set(classes))
+    if lacking or extra:  # ImageFolder would silently give val a different label numbering
+        both = [f"val/ lacks {', '.join(map(repr, lacking))}" if lacking else "",
+                f"val/ has {', '.join(map(repr, extra))} that train/ lacks" if extra else ""]
+        raise DataError(f"the class folders of {splits['train']} and {splits['val']} differ: "
+                        f"{'; '.join(b for b in both if b)}; train/ and val/ need the same classes")
     try:
-        train = _FixedClassFolder(splits["train"], classes, allow_empty=False)
+        train = _FixedClassFolder(splits["train"], classes, train_folders, allow_empty=False)
     except FileNotFoundError:
-        empty = [c for c in classes if not any(_is_image(p) for p in (splits["train"] / c).rglob("*"))]
+        empty = [c for c in classes if not any(_visible_image(splits["train"], p) and p.is_file()
+                                                for p in (splits["train"] / train_folders[c]).rglob("*"))]
         raise DataError(f"class folder(s) with no images in {splits['train']}: {', '.join(empty)} "
-                        f"(image types: {' '.join(IMG_EXTENSIONS)}); add images or remove the folder") from None
-    val = _FixedClassFolder(splits["val"], classes, allow_empty=True)
+                        f"(image types: {' '.join(IMG_EXTENSIONS)}; names starting with '.' are skipped); "
+                        f"add images or remove the folder") from None
+    val = _FixedClassFolder(splits["val"], classes, val_folders, allow_empty=True)
     if len(val) == 0:
         raise DataError(f"{splits['val']} holds no images; put validation images in val/<class>/")
     return train, val, classes
-
-
-def _is_image(path: Path) -> bool:
-    return path.is_file() and path.suffix.lower() in IMG_EXTENSIONS
 
 
 UNLABELLED_CLASS = "image"  # the one "class" of a folder read without labels
@@ -98,8 +125,7 @@ class UnlabelledImages:
 
     def __getitem__(self, index: int):
         try:
-            with Image.open(self.samples[index][0]) as image:
-                return image.convert("RGB"), 0
+            return open_rgb(self.samples[index][0]), 0
         except IMAGE_ERRORS as e:
             raise UnreadableImage(index) from e
 
@@ -130,4 +156,4 @@ def load_unlabelled_folders(root: str | Path) -> tuple[UnlabelledImages, Unlabel
 
 
 def _images_under(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if _is_image(p))
+    return sorted(p for p in folder.rglob("*") if _visible_image(folder, p) and p.is_file())

@@ -1,0 +1,71 @@
+"""The one image decoder: a file becomes an 8-bit RGB picture, the same way in every path.
+
+The training loader, vit-eval (and its figures) and vit-predict all read files through `open_rgb`,
+so one picture gives one tensor whatever the file's mode:
+
+- 1, L, P, RGB, CMYK, YCbCr, LAB, HSV: Pillow's conversion to RGB.
+- LA, RGBA, P with transparency (PA): the colour channels; the alpha channel is dropped, not
+  composited over a background. This is what torchvision's `default_loader` and timm's loader do
+  (`convert("RGB")`), so pictures look to the model as they do to models pre-trained with them.
+- I;16, I;16B, I;16L, I;16N (16-bit greyscale PNG/TIFF): scaled to 8 bits as round(v / 257), not
+  clipped (Pillow's own conversion clips every value above 255 to white).
+- I (32-bit integers): 8-bit values when the largest value is <= 255, else 16-bit values as above
+  (values above 65535 count as 65535).
+- F (32-bit floats): values in [0, 1] when the largest value is <= 1, else in [0, 255] when it is
+  <= 255, else 16-bit values; scaled to [0, 255] and rounded.
+- EXIF orientation (phone photos) is applied: the picture is turned as an image viewer shows it.
+  Pillow, torchvision's `default_loader` and timm do not apply it; a folder of phone photos taken
+  in portrait would otherwise train on pictures lying on their side.
+- The first frame of a multi-frame file (GIF, TIFF pages). Colour profiles (ICC) are not applied.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+
+ORIENTATION = 0x0112  # the EXIF tag; 1 = upright
+SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
+# What Pillow raises for truncated, empty, foreign or oversized files. Its decompression-bomb guard
+# (Image.MAX_IMAGE_PIXELS) stays on: an oversized image counts as unreadable.
+IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+def open_rgb(path: str | Path) -> Image.Image:
+    """The file at `path` as an 8-bit RGB Pillow image (see the module's docstring for each mode).
+
+    Raises one of IMAGE_ERRORS for a missing or unreadable file (FileNotFoundError first).
+    """
+    with Image.open(Path(path).expanduser()) as image:
+        image.load()
+        return to_rgb(image)
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """`image`, of any mode, upright and as 8-bit RGB."""
+    if image.getexif().get(ORIENTATION, 1) != 1:
+        image = ImageOps.exif_transpose(image)
+    if image.mode in SIXTEEN_BIT or image.mode in ("I", "F"):
+        image = Image.fromarray(_to_uint8(np.asarray(image), image.mode), mode="L")
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")  # Pillow warns when a palette with transparency goes straight to RGB
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def _to_uint8(values: np.ndarray, mode: str) -> np.ndarray:
+    values = values.astype(np.float64)
+    top = values.max(initial=0.0)
+    if mode == "F" and top <= 1.0:
+        values = values * 255.0
+    elif mode in SIXTEEN_BIT or top > 255.0:
+        values = values.clip(0, 65535) / 257.0
+    return np.rint(values.clip(0, 255)).astype(np.uint8)
+
+
+def read_uint8(path: str | Path) -> torch.Tensor:
+    """The file at `path` as a (3, H, W) uint8 tensor, decoded by `open_rgb`."""
+    rgb = np.asarray(open_rgb(path))  # (H, W, 3)
+    return torch.from_numpy(rgb.copy()).permute(2, 0, 1)
