@@ -3,26 +3,19 @@ defaults; a key the chosen option ignores gets one warning line."""
 
 import dataclasses
 import typing
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from test_cli import TINY, vit_train
+from test_config import CONFIGS, composed
 
-from vit_train.cli import _config_dir
 from vit_train.commands import group_file
 from vit_train.config import Config
 from vit_train.unused_keys import RULES, ignored_keys, override_keys
 
-CONFIGS = Path(_config_dir())
 SECTIONS = ("model", "data", "aug", "optim", "schedule", "trainer")
 OPTIONS = [(group, path.stem) for group in SECTIONS for path in sorted((CONFIGS / group).glob("*.yaml"))]
 DEFAULTS = Config().to_dict()
-
-
-def composed(overrides: list[str]) -> dict:
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
 
 
 def other_value(tp, default):
@@ -126,8 +119,6 @@ def test_vit_eval_group_switch_gives_the_whole_section():
 
 
 def test_the_warning_is_in_a_real_runs_log(tmp_path):
-    from test_cli import TINY, vit_train
-
     done = vit_train(*TINY, "trainer.max_steps=1", "optim.momentum=0.5", "aug=autoaug", "aug.switch_prob=0.3",
                      f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -100,7 +100,7 @@ def _fsync_dir(folder: Path) -> None:
 
 def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
     """Load a checkpoint on the CPU with `weights_only=True`; any fault becomes a CheckpointError."""
-    path = Path(path)
+    path = Path(path).expanduser()
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:

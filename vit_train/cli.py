@@ -16,6 +16,7 @@ import importlib.util
 import logging
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -73,16 +74,51 @@ OmegaConf.register_new_resolver("vit_output_subdir", _output_subdir, replace=Tru
 ConfigStore.instance().store(name="schema", node=Config().to_dict())
 
 
+def parse_override(arg: str, sweep: bool = False) -> tuple[str, object]:
+    """(key, value) of one `key=value` argument, read by Hydra's override grammar in every command.
+
+    Raises ConfigError, one line naming the argument and the quoting that works, for a value the
+    grammar refuses ('#', '=', '[', '~', non-ASCII letters unquoted) and, unless `sweep`, for a
+    comma-separated value (Hydra's sweep syntax).
+    """
+    from hydra.errors import HydraException
+
+    key, _, text = arg.partition("=")
+    try:
+        override = OverridesParser.create().parse_override(arg)
+    except HydraException as e:
+        found = re.search(r"(?:token recognition error at: |mismatched input )'(.)", str(e))
+        why = f"{found.group(1)!r} needs quotes" if found else str(e).strip().splitlines()[0]
+        raise ConfigError(f"cannot read the argument {arg!r} ({why}); quote the value, e.g. {quoted(key, text)} "
+                          f"(see docs/troubleshooting.md, 'Quoting paths')") from None
+    if override.is_sweep_override() and not sweep:
+        raise ConfigError(f"{arg!r} is a sweep over several values (a ',' separates them); quote one value that holds "
+                          f"a comma, e.g. {quoted(key, text)}, or add -m to sweep")
+    return override.get_key_element().lstrip("+~"), override.value()
+
+
+def quoted(key: str, text: str) -> str:
+    """`key=text` quoted for Hydra and for the shell: "key='text'", or 'key=["a","b"]' for a list."""
+    if text.startswith("[") and text.endswith("]"):
+        items = [item.strip().strip("'\"") for item in text[1:-1].split(",")] if text[1:-1].strip() else []
+        inner = ",".join('"' + item.replace('"', '\\"') + '"' for item in items)
+        return "'" + f"{key}=[{inner}]".replace("'", "'\\''") + "'"
+    body = (text[1:-1] if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"" else text).replace("'", "\\'")
+    return '"' + f"{key}='{body}'".replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`") + '"'
+
+
 def check_override_keys(args: list[str]) -> None:
-    """Refuse command-line keys the schema does not know, naming the closest valid key, and plugins
-    that are not installed, naming the extra that installs them."""
+    """Refuse command-line keys the schema does not know, naming the closest valid key, values that
+    cannot be parsed (naming the quoting that works), and plugins that are not installed, naming the
+    extra that installs them."""
     valid = known_keys()
+    multirun = bool({"-m", "--multirun"} & set(args)) or any(a.startswith("hparams_search=") for a in args)
     for arg in args:
         if arg in PLUGINS and not _installed(PLUGINS[arg][0]):
             raise ConfigError(f"{arg} needs a Hydra plugin that is not installed: pip install 'vit-train[{PLUGINS[arg][1]}]'")
         if arg.startswith("-") or "=" not in arg:
             continue
-        key = arg.split("=", 1)[0].lstrip("+~")
+        key, _ = parse_override(arg, sweep=multirun)
         if key in GROUPS or "/" in key or key.split(".")[0] == "hydra":  # group choices and Hydra's own keys
             continue
         if key not in valid:

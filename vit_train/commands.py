@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
+from omegaconf import OmegaConf
 
 from .config import Config, config_dir, known_keys, run_dir_of, unknown_key_message
 from .errors import ConfigError, UserError
@@ -31,16 +31,18 @@ def parse_args(argv: list[str], options: dict[str, Any], config: bool = False) -
     `options` maps each option to its default (... = required). With `config`, `data=NAME` picks a
     data group file and `data.KEY=VALUE` / `trainer.KEY=VALUE` override single keys.
     """
+    from .cli import parse_override  # values are read as vit-train reads its overrides (Hydra's grammar)
+
     values, overrides, as_json = dict(options), {}, False
     valid = known_keys()
     for arg in argv:
         if arg == "--json":
             as_json = True
             continue
-        key, sep, text = arg.partition("=")
-        if not sep:
-            raise ConfigError(f"'{arg}' is not key=value (options: {', '.join(options)})")
-        value = yaml.safe_load(text) if text else None
+        if "=" not in arg:
+            raise ConfigError(f"'{arg}' is not key=value (options: {', '.join(options)}); a value with spaces "
+                              f"needs quotes, e.g. \"ckpt='/path/my run/last.pt'\"")
+        key, value = parse_override(arg)
         if key in options:
             values[key] = value
         elif config and key in CONFIG_SECTIONS:
@@ -66,7 +68,7 @@ def group_file(group: str, name: str) -> dict:
     if not path.is_file():
         choices = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise ConfigError(f"no {group} option '{name}' (choices: {', '.join(choices)})")
-    plain = yaml.safe_load(path.read_text()) or {}
+    plain = OmegaConf.to_container(OmegaConf.load(path)) or {}  # YAML as Hydra reads it (5e-4 is a number)
     plain.pop("defaults", None)
     return {**Config().to_dict()[group], **plain}
 
@@ -132,7 +134,7 @@ def _export(argv: list[str]) -> None:
     ckpt_path = Path(str(opts["ckpt"]))
     model, cfg, ckpt, source = load_for_inference(ckpt_path, opts["weights"])
     fmt = str(opts["format"])
-    out = Path(opts["out"]) if opts["out"] else run_dir_of(str(ckpt_path)) / "export" / f"{ckpt_path.stem}.{fmt}"
+    out = Path(opts["out"]).expanduser() if opts["out"] else run_dir_of(str(ckpt_path)) / "export" / f"{ckpt_path.stem}.{fmt}"
     result = export(model, cfg, ckpt, source, fmt, out)
     if as_json:
         print(json.dumps(result, indent=2))
