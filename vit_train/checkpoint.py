@@ -278,7 +278,18 @@ def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
             return data[key], {"config": data.get("config"), "class_names": data.get("class_names")}
     if isinstance(data, dict) and all(isinstance(v, torch.Tensor) for v in data.values()):
         return data, {}
-    raise CheckpointError(f"{path} holds neither a vit-train checkpoint nor a state dict of tensors")
+    raise CheckpointError(f"{path} holds neither a vit-train checkpoint nor a state dict of tensors: it holds "
+                          f"{_describe(data)}")
+
+
+def _describe(data: Any) -> str:
+    """What a loaded file holds, in a few words (a dict's first keys and their kinds)."""
+    if isinstance(data, dict):
+        items = ", ".join(f"{k} ({type(v).__name__})" for k, v in list(data.items())[:5])
+        return f"a dict of {len(data)} entries: {items}{', ...' if len(data) > 5 else ''}"
+    if isinstance(data, torch.Tensor):
+        return f"one tensor of shape {tuple(data.shape)}"
+    return f"a {type(data).__name__}"
 
 
 def _json_or_text(value: str) -> Any:
