@@ -123,3 +123,13 @@ def test_every_command_works_on_nasty_paths_quoted_as_shown(tmp_path, monkeypatc
     pytest.importorskip("safetensors")
     assert command(commands.export_main, f"ckpt='{ckpt}'", f"out='{out}'")["path"] == str(out)
     assert out.is_file()
+
+
+@pytest.mark.parametrize("arg, value", [
+    ("data.root=/data/pattern_%r.bin", "/data/pattern_%r.bin"),  # hydra-ecosystem/hydra#962
+    ("data.root=/data/user@example.com", "/data/user@example.com"),  # hydra-ecosystem/hydra#1074
+    ("data.root=/data/a:b+c?d", "/data/a:b+c?d"),
+    ("data.root=/data/my photos", "/data/my photos"),  # one shell argument with a space needs no Hydra quotes
+])
+def test_what_the_grammar_reads_unquoted_is_not_refused(arg, value):
+    assert cli.parse_override(arg) == ("data.root", value)

@@ -125,3 +125,32 @@ def test_a_file_that_holds_no_vit_weights_is_refused_naming_what_it_holds(tmp_pa
         load_pretrained(model, tmp_path / "x.pth")
     assert held in str(info.value) and "\n" not in str(info.value)
     assert isinstance(info.value, ConfigError) or type(info.value).__name__ == "CheckpointError"
+
+
+def test_a_lightning_checkpoint_named_with_equals_signs_loads(tmp_path):
+    """Lightning saves `epoch=9-step=990.ckpt` holding {"state_dict": {"model.<name>": ...}, ...}
+    (hydra-ecosystem/hydra#1577 is the same path refused by the override grammar unquoted)."""
+    torch.manual_seed(0)
+    reference = VisionTransformer(img_size=16, num_classes=10, **SHAPE)
+    lightning = {"epoch": 9, "global_step": 990, "pytorch-lightning_version": "2.4.0", "lr_schedulers": [],
+                 "state_dict": nn.ModuleDict({"model": reference}).state_dict(), "optimizer_states": [{"state": {}}]}
+    path = tmp_path / "checkpoints" / "epoch=9-step=990.ckpt"
+    path.parent.mkdir()
+    torch.save(lightning, path)
+    torch.manual_seed(1)
+    model = VisionTransformer(img_size=16, num_classes=10, **SHAPE)
+    assert load_pretrained(model, path)["reinitialised"] == []
+    torch.testing.assert_close(logits(model, 16), logits(reference, 16), rtol=0, atol=0)
+
+
+def test_positions_of_the_patches_only_load_beside_a_class_token(tmp_path):
+    """timm's no_embed_class models (and MAE/BEiT-style checkpoints) hold pos_embed for the patches
+    only, 196 rows where a model with a class token has 197 (microsoft/Cream#238)."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(2)
+    reference = timm.models.vision_transformer.VisionTransformer(img_size=16, num_classes=10, no_embed_class=True,
+                                                                 **SHAPE).eval()
+    torch.save(reference.state_dict(), tmp_path / "w.pth")
+    model = VisionTransformer(img_size=16, num_classes=10, **SHAPE)
+    assert load_pretrained(model, tmp_path / "w.pth")["resized"] == ["pos_embed (1, 16, 32) -> (1, 17, 32)"]
+    torch.testing.assert_close(logits(model, 16), logits(reference, 16), rtol=0, atol=1e-5)
