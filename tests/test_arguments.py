@@ -54,9 +54,10 @@ def test_an_unreadable_value_is_one_line_naming_the_argument_and_the_quoting(arg
 
 def test_a_comma_is_a_sweep_only_with_minus_m():
     with pytest.raises(ConfigError, match=r"""is a sweep over several values .* e.g. "data.root='/d/a,b'", or add -m"""):
-        cli.check_override_keys(["data=imagefolder", "data.root=/d/a,b"])
-    cli.check_override_keys(["-m", "optim.lr=1e-3,5e-4"])
-    cli.check_override_keys(["data.root='/d/a,b'"])
+        cli.check_override_keys(["data=imagefolder", "data.root=/d/a,b"], sweeps=False)
+    assert not cli.is_multirun(["data.root=/d/a,b"]) and cli.is_multirun(["-m", "optim.lr=1e-3,5e-4"])
+    cli.check_override_keys(["-m", "optim.lr=1e-3,5e-4"], sweeps=True)
+    cli.check_override_keys(["data.root='/d/a,b'"], sweeps=False)
 
 
 @pytest.mark.parametrize("main, args", [

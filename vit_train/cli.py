@@ -107,18 +107,23 @@ def quoted(key: str, text: str) -> str:
     return '"' + f"{key}='{body}'".replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`") + '"'
 
 
-def check_override_keys(args: list[str]) -> None:
+def is_multirun(args: list[str]) -> bool:
+    """Whether a vit-train command line runs a sweep (-m, --multirun, or an Optuna search)."""
+    return "-m" in args or "--multirun" in args or any(a.startswith("hparams_search=") for a in args)
+
+
+def check_override_keys(args: list[str], sweeps: bool = True) -> None:
     """Refuse command-line keys the schema does not know, naming the closest valid key, values that
-    cannot be parsed (naming the quoting that works), and plugins that are not installed, naming the
-    extra that installs them."""
+    cannot be parsed (naming the quoting that works; with `sweeps` False also a comma-separated
+    value, which Hydra reads as a sweep), and plugins that are not installed, naming the extra that
+    installs them."""
     valid = known_keys()
-    multirun = bool({"-m", "--multirun"} & set(args)) or any(a.startswith("hparams_search=") for a in args)
     for arg in args:
         if arg in PLUGINS and not _installed(PLUGINS[arg][0]):
             raise ConfigError(f"{arg} needs a Hydra plugin that is not installed: pip install 'vit-train[{PLUGINS[arg][1]}]'")
         if arg.startswith("-") or "=" not in arg:
             continue
-        key, _ = parse_override(arg, sweep=multirun)
+        key, _ = parse_override(arg, sweep=sweeps)
         if key in GROUPS or "/" in key or key.split(".")[0] == "hydra":  # group choices and Hydra's own keys
             continue
         if key not in valid:
@@ -135,7 +140,7 @@ def _installed(module: str) -> bool:
 def check_writable(args: list[str]) -> None:
     """Refuse, before Hydra creates it, a run or sweep directory that cannot be written (a read-only
     working directory, say), naming the key that moves it."""
-    multirun = "-m" in args or "--multirun" in args or any(a.startswith("hparams_search=") for a in args)
+    multirun = is_multirun(args)
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     given = [a.split("=", 1)[1] for a in args if a.startswith(key + "=")]
     resume = [a.split("=", 1)[1] for a in args if a.startswith("resume=")]
@@ -328,7 +333,7 @@ class SweepSummary(Callback):
 
 def train_main() -> None:
     try:
-        check_override_keys(sys.argv[1:])
+        check_override_keys(sys.argv[1:], sweeps=is_multirun(sys.argv[1:]))
         if not {"--cfg", "-c", "--help", "-h", "--info", "--hydra-help"} & set(sys.argv[1:]):
             check_writable(sys.argv[1:])
     except ConfigError as e:
