@@ -196,8 +196,8 @@ def test_image_folders_convert_every_mode_to_rgb(tmp_path, make_config):
     (lambda root: (root / "train").mkdir(parents=True), "has no val/"),
     (lambda root: (make_folders(root), (root / "train" / "cat" / "a.png").unlink(),
                    (root / "train" / "cat" / "b.png").unlink()), "with no images in .*: cat"),
-    (lambda root: (make_folders(root), (root / "val" / "bird").mkdir()), "train lacks class folder.s. bird"),
-    (lambda root: (make_folders(root), shutil.rmtree(root / "val" / "cat")), "val lacks class folder.s. cat"),
+    (lambda root: (make_folders(root), (root / "val" / "bird").mkdir()), "val/ has 'bird' that train/ lacks"),
+    (lambda root: (make_folders(root), shutil.rmtree(root / "val" / "cat")), "val/ lacks 'cat'"),
     (lambda root: ((root / "train").mkdir(parents=True), (root / "val").mkdir()), "has no class folders"),
 ])
 def test_bad_image_folders_are_explained(tmp_path, breakage, message):
