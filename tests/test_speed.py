@@ -1,5 +1,7 @@
 """The on-device pipeline, FLOP counting and MFU (on the CPU)."""
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -108,3 +110,25 @@ def test_peak_flops_come_from_the_table_or_the_config():
     assert peak_tflops(torch.device("cpu"), torch.float32, None) is None
     assert peak_tflops(torch.device("cpu"), torch.float32, 1.5) == 1.5
     assert peak_tflops(torch.device("cuda"), torch.bfloat16, None, name="NVIDIA H200") == 989.0
+
+
+def test_cpu_threads_come_from_the_setting_the_environment_or_the_cpu_share(monkeypatch, tmp_path):
+    from vit_train.cpu import cpu_threads, usable_cpus
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert cpu_threads() == (8, "8 CPUs / 1 process of this run")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # torchrun, when the user unset its OMP_NUM_THREADS=1
+    assert cpu_threads() == (2, "8 CPUs / 3 processes of this run")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")
+    assert cpu_threads()[0] == 1  # never below one
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # joblib's parallel-sweep workers, torchrun, or the user
+    assert cpu_threads() == (3, "OMP_NUM_THREADS")
+    assert cpu_threads(5) == (5, "trainer.cpu_threads")
+    quota = tmp_path / "cpu.max"
+    quota.write_text("150000 100000\n")  # docker --cpus=1.5 on an 8-CPU host
+    assert usable_cpus(quota) == 2
+    quota.write_text("max 100000\n")
+    assert usable_cpus(quota) == 8
+    assert usable_cpus(tmp_path / "absent") == 8

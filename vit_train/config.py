@@ -117,6 +117,7 @@ class TrainerConfig:
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     peak_tflops: Optional[float] = None  # the device's peak, for MFU; null = from a table of known GPUs
     device: Literal["auto", "cuda", "cpu"] = "auto"  # auto: cuda when available
+    cpu_threads: Optional[int] = None  # torch intra-op threads; null = this process's CPU share (docs/speed.md)
     eval_every: Optional[int] = None  # evaluate every N steps; null = at the end of each epoch
     ckpt_every: Optional[int] = None  # also write last.pt every N steps; null = each epoch only
     log_every: int = 50  # steps between train metric logs
@@ -211,6 +212,7 @@ class Config:
         _require(t.ema_decay is None or 0.0 < t.ema_decay < 1.0, f"trainer.ema_decay must be in (0, 1), got {t.ema_decay}")
         for key, value in (("data.eval_batch_size", d.eval_batch_size), ("trainer.max_steps", t.max_steps),
                            ("trainer.eval_every", t.eval_every), ("trainer.ckpt_every", t.ckpt_every), ("trainer.viz_every", t.viz_every),
+                           ("trainer.cpu_threads", t.cpu_threads),
                            ("sweep.devices", self.sweep.devices),
                            ("optim.clip_grad", self.optim.clip_grad), ("optim.lr_base_batch", self.optim.lr_base_batch)):
             if value is not None:

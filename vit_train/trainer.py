@@ -24,6 +24,7 @@ from . import distributed
 from .batches import batches
 from .checkpoint import check_classes, check_compatible, find_resume_checkpoint, run_checkpoints, save_run_checkpoint
 from .config import Config
+from .cpu import set_cpu_threads
 from .data import Data, build_data
 from .data.mix import BatchMix
 from .errors import CheckpointError, RunStopped
@@ -94,6 +95,7 @@ def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: d
     else:
         log.setLevel(logging.WARNING)  # rank 0 reports; the others only warn
     device = pick_device(t.device, ctx.local_rank)
+    set_cpu_threads(t.cpu_threads)
     torch.manual_seed(cfg.seed)
     data = build_data(cfg, device, ctx.rank, ctx.world_size)
     model = build_model(cfg.model, len(data.class_names))
