@@ -1,10 +1,47 @@
-"""Shared fixtures: tiny configs on the built-in shapes data, CPU only, outputs under tmp_path."""
+"""Shared fixtures and helpers: tiny configs on the built-in shapes data, CPU only, outputs under
+tmp_path; the real command line in a subprocess; a run's logged metrics. Test files take helpers
+from here (fixtures, or `from conftest import ...`), never from one another."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from vit_train.config import Config
+
+
+# A micro ViT on a small shapes set, as command-line overrides: 4 steps per epoch.
+TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=16", "data.train_size=128",
+        "data.val_size=64", "data.batch_size=32", "trainer.device=cpu", "trainer.progress=false"]
+
+
+def vit_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python -m vit_train ARGS` in `cwd`, its output captured."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "vit_train", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def logged(run_dir: Path, split: str) -> list[dict]:
+    """The rows of a run's metrics.jsonl for `split` (train, val, val_ema), in order."""
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["split"] == split]
+
+
+def composed(overrides: list[str]) -> dict:
+    """The config `vit-train OVERRIDES` composes, as plain data (before the typed schema's validation)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from vit_train.cli import _config_dir  # also registers the schema node that train.yaml lists first
+
+    with initialize_config_dir(config_dir=_config_dir(), version_base="1.3"):
+        return OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
 
 
 def tiny_config(**sections) -> Config:

@@ -1,21 +1,11 @@
 """The real command line, in a subprocess, run from a directory that is not the checkout."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=16", "data.train_size=128",
-        "data.val_size=64", "data.batch_size=32", "trainer.device=cpu", "trainer.progress=false"]
-
-
-def vit_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "vit_train", *args], cwd=cwd, capture_output=True, text=True,
-                          env=env, timeout=300)
+from conftest import TINY, vit_train
 
 
 def test_train_from_another_directory_writes_the_run_layout(tmp_path):

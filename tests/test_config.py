@@ -1,9 +1,9 @@
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from conftest import composed
 from vit_train.cli import _config_dir, check_override_keys
 from vit_train.config import Config, known_keys
 from vit_train.errors import ConfigError
@@ -15,11 +15,6 @@ GROUP_FILES = sorted(
 NEEDS = {("data", "imagefolder"): ["data.root=/somewhere"], ("objective", "distill"): ["distill.teacher=t.pt"]} | {
     ("experiment", name): ["data.root=/somewhere"] * name.startswith("imagenet") + ["distill.teacher=t.pt"] *
     name.endswith("distilled") for _, name in GROUP_FILES if name.startswith("imagenet") or name.endswith("distilled")}
-
-
-def composed(overrides: list[str]) -> dict:
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
 
 
 def test_every_group_has_files():

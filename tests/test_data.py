@@ -14,7 +14,8 @@ from PIL import Image
 
 from vit_train.data import build_data, cifar
 from vit_train.data.imagefolder import load_image_folders
-from vit_train.data.sampler import EpochSampler, TensorImages, TransformedDataset
+from vit_train.data.datasets import TensorImages, TransformedDataset
+from vit_train.data.sampler import EpochSampler
 from vit_train.data.shapes import CLASS_NAMES, generate_shapes
 from vit_train.errors import DataError
 

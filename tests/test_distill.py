@@ -98,7 +98,8 @@ def test_a_plain_student_gets_both_terms_on_its_one_head():
 
 def test_teacher_from_a_vit_train_checkpoint_and_its_safetensors_export(tmp_path, make_config):
     pytest.importorskip("safetensors")
-    from vit_train.checkpoint import export_safetensors, load_checkpoint
+    from vit_train.checkpoint import load_checkpoint
+    from vit_train.weights import export_safetensors
     from vit_train.inference import load_for_inference
 
     train(make_config(model={"distilled": True}, trainer={"max_steps": 2, "ema_decay": 0.5}), tmp_path)

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from test_cli import vit_train
+from conftest import logged, vit_train
 from vit_train.data.sampler import EpochSampler
 from vit_train.report import evaluate_checkpoint
 
@@ -27,11 +27,6 @@ def torchrun(*args, cwd, nproc=2, restarts=0, wait=True):
     if not wait:
         return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-
-
-def logged(run_dir, split):
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [e for e in map(json.loads, lines) if e["split"] == split]
 
 
 def weights(path):

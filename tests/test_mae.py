@@ -93,7 +93,7 @@ def test_encoder_flops_are_the_visible_share_of_a_full_pass(img_size, patch_size
 
 
 def test_training_flops_of_mae_are_far_below_classification(make_config):
-    from vit_train.speed import flops_per_image
+    from vit_train.throughput import flops_per_image
 
     cfg = make_config(model={"embed_dim": 192, "depth": 12, "num_heads": 3, "img_size": 32, "patch_size": 4})
     mae, full = mae_flops_per_image(cfg), flops_per_image(cfg.model, 10)

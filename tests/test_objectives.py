@@ -1,16 +1,10 @@
 """The training objective: a component the loop calls, under its autocast, for each micro-batch."""
 
-import json
-
 import pytest
 import torch
 
+from conftest import logged
 from vit_train.objectives import Classify, build_objective
-
-
-def train_rows(run_dir):
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [e for e in map(json.loads, lines) if e["split"] == "train"]
 
 
 def test_classify_is_cross_entropy_with_label_smoothing_on_indices_and_probabilities(make_config):
@@ -49,7 +43,7 @@ def test_the_loop_trains_on_the_objectives_loss_and_logs_no_top1_without_logits(
     monkeypatch.setattr("vit_train.trainer.build_objective", lambda cfg, model, classes: NoTop1())
     train(make_config(**cfg), tmp_path / "no_top1")
     assert NoTop1.autocast == [precision == "bf16"] * 8  # 4 steps of 2 micro-batches, under the loop's autocast
-    ours, theirs = train_rows(tmp_path / "no_top1"), train_rows(plain)
+    ours, theirs = logged(tmp_path / "no_top1", "train"), logged(plain, "train")
     assert [e["loss"] for e in ours] == [e["loss"] for e in theirs]  # the same loss, bit for bit
     assert all("top1" in e for e in theirs) and not any("top1" in e for e in ours)
     a = torch.load(plain / "checkpoints" / "last.pt", weights_only=True)["model"]

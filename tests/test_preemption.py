@@ -11,14 +11,13 @@ import time
 import pytest
 import torch
 
-from test_cli import TINY, vit_train
+from conftest import TINY, logged, vit_train
 
 ARGS = [*TINY, "data.train_size=256", "trainer.epochs=20", "trainer.log_every=1"]  # 8 steps per epoch, 160 steps
 
 
 def train_losses(run):
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    return [(e["step"], e["loss"]) for e in map(json.loads, lines) if e["split"] == "train"]
+    return [(e["step"], e["loss"]) for e in logged(run, "train")]
 
 
 def wait_for_step(run, step, proc, timeout=120):

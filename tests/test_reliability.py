@@ -9,12 +9,13 @@ import pytest
 import torch
 
 import vit_train.checkpoint as checkpoint_module
-from vit_train.checkpoint import (check_classes, check_compatible, export_safetensors, load_checkpoint, load_weights, restore_rng,
-                                  save_checkpoint)
-from vit_train.data.sampler import TransformedDataset
+from vit_train.checkpoint import check_classes, check_compatible, load_checkpoint, save_checkpoint
+from vit_train.data.datasets import TransformedDataset
 from vit_train.errors import CheckpointError, RunStopped
 from vit_train.model import build_model
 from vit_train.preemption import StopRequest
+from vit_train.state import restore_rng
+from vit_train.weights import export_safetensors, load_weights
 from vit_train.trainer import train
 
 # Everything a resumed run must reproduce; timing fields (images_seen, train_seconds) aside.
@@ -145,12 +146,30 @@ def nan_images_for(monkeypatch, poisoned):
     monkeypatch.setattr(TransformedDataset, "__getitem__", getitem)
 
 
-def test_a_nan_batch_is_skipped_and_counted(tmp_path, make_config, monkeypatch):
+def use_fused_adamw(monkeypatch) -> None:
+    """AdamW with fused=True on the CPU: the path a CUDA run takes, where non-finite steps are
+    skipped on the device by the fused kernel and counted without a host sync."""
+    import vit_train.trainer as trainer
+
+    def build(model, cfg, device, lr=None):
+        from vit_train.optim import param_groups
+
+        return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=lr, fused=True)
+
+    monkeypatch.setattr(trainer, "build_optimizer", build)
+
+
+@pytest.mark.parametrize("skip", ["host", "device"])
+def test_a_nan_batch_is_skipped_and_counted(tmp_path, make_config, monkeypatch, skip):
+    """host: the step checks and skips; device: the fused optimiser skips without a host sync."""
+    if skip == "device":
+        use_fused_adamw(monkeypatch)
     nan_images_for(monkeypatch, {7})  # one sample: one poisoned batch per epoch
     results = train(make_config(trainer={"log_every": 1}), tmp_path)
     assert results["status"] == "completed" and results["skipped_steps"] == 2 and results["steps"] == 16
     ckpt = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
     assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
+    assert all(torch.isfinite(t).all() for s in ckpt["optimizer"]["state"].values() for t in s.values())
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train_log = [e for e in logged if e["split"] == "train"]
     assert train_log[-1]["skipped_steps"] == 2
@@ -159,16 +178,22 @@ def test_a_nan_batch_is_skipped_and_counted(tmp_path, make_config, monkeypatch):
     assert all(math.isfinite(e["loss"]) for e in train_log if e["step"] not in skipped)
 
 
-def test_consecutive_bad_steps_stop_the_run_keeping_the_last_good_checkpoint(tmp_path, make_config, monkeypatch):
+@pytest.mark.parametrize("skip, steps", [("host", 11), ("device", 12)])
+def test_consecutive_bad_steps_stop_the_run_keeping_the_last_good_checkpoint(tmp_path, make_config, monkeypatch,
+                                                                             skip, steps):
+    """host: the run stops at the third bad step in a row; device: the counts are settled at the
+    next log (log_every 2), so it stops there, one step later."""
+    if skip == "device":
+        use_fused_adamw(monkeypatch)
     train(make_config(trainer={"epochs": 1}), tmp_path)  # a good checkpoint at step 8
     before = (tmp_path / "checkpoints" / "last.pt").read_bytes()
     nan_images_for(monkeypatch, "all")
-    with pytest.raises(RunStopped, match="3 steps in a row had a non-finite loss") as stopped:
+    with pytest.raises(RunStopped, match=f"{steps - 8} steps in a row had a non-finite loss") as stopped:
         train(make_config(trainer={"epochs": 2, "max_bad_steps": 3}, resume="auto"), tmp_path)
     assert stopped.value.exit_code == 3
     assert (tmp_path / "checkpoints" / "last.pt").read_bytes() == before
     results = json.loads((tmp_path / "results.json").read_text())
-    assert results["status"] == "diverged" and results["steps"] == 11 and results["skipped_steps"] == 3
+    assert results["status"] == "diverged" and results["steps"] == steps and results["skipped_steps"] == steps - 8
 
 
 def test_a_second_run_in_a_directory_with_checkpoints_is_refused(tmp_path, make_config):
@@ -215,6 +240,7 @@ def test_weights_round_trip_through_safetensors(tmp_path, make_config):
     weights, metadata = load_weights(tmp_path / "model.safetensors")
     assert_identical(ckpt["model"], weights)
     assert metadata["class_names"] == ckpt["class_names"] and metadata["config"] == ckpt["config"]
+    assert metadata["preprocess"] == ckpt["preprocess"] and metadata["weights"] == "model"
     model = build_model(make_config().model, 10).eval()
     model.load_state_dict(weights)
     assert load_weights(tmp_path / "checkpoints" / "last.pt")[1]["class_names"] == ckpt["class_names"]
@@ -231,39 +257,3 @@ def test_load_weights_refuses_a_malicious_pickle_without_running_code(tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
-@pytest.fixture
-def fused_adamw(monkeypatch):
-    """AdamW with fused=True on the CPU: the path a CUDA run takes, where non-finite steps are
-    skipped on the device by the fused kernel and counted without a host sync."""
-    import vit_train.trainer as trainer
-
-    def build(model, cfg, device, lr=None):
-        from vit_train.optim import param_groups
-
-        return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=lr, fused=True)
-
-    monkeypatch.setattr(trainer, "build_optimizer", build)
-
-
-def test_device_side_skip_counts_nan_batches_without_touching_the_weights(tmp_path, make_config, monkeypatch,
-                                                                        fused_adamw):
-    nan_images_for(monkeypatch, {7})
-    results = train(make_config(trainer={"log_every": 1}), tmp_path)
-    assert results["status"] == "completed" and results["skipped_steps"] == 2 and results["steps"] == 16
-    ckpt = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
-    assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
-    assert all(torch.isfinite(t).all() for s in ckpt["optimizer"]["state"].values() for t in s.values())
-    train_log = [e for e in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
-                 if e["split"] == "train"]
-    assert len([e for e in train_log if e["loss"] is None]) == 2 and train_log[-1]["skipped_steps"] == 2
-
-
-def test_device_side_skip_stops_a_diverging_run_at_the_next_log(tmp_path, make_config, monkeypatch, fused_adamw):
-    train(make_config(trainer={"epochs": 1}), tmp_path)  # a good checkpoint at step 8
-    before = (tmp_path / "checkpoints" / "last.pt").read_bytes()
-    nan_images_for(monkeypatch, "all")
-    with pytest.raises(RunStopped, match="4 steps in a row had a non-finite loss"):
-        train(make_config(trainer={"epochs": 2, "max_bad_steps": 3}, resume="auto"), tmp_path)  # log_every 2
-    assert (tmp_path / "checkpoints" / "last.pt").read_bytes() == before
-    results = json.loads((tmp_path / "results.json").read_text())
-    assert results["status"] == "diverged" and results["steps"] == 12 and results["skipped_steps"] == 4

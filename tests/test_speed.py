@@ -10,7 +10,7 @@ from vit_train.config import ModelConfig
 from vit_train.data import build_data
 from vit_train.data.mix import BatchMix
 from vit_train.errors import ConfigError
-from vit_train.speed import flops_per_image, peak_tflops
+from vit_train.throughput import flops_per_image, peak_tflops
 from vit_train.trainer import train
 
 CPU = torch.device("cpu")

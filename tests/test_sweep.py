@@ -10,7 +10,7 @@ import threading
 import pytest
 import yaml
 
-from test_cli import TINY, vit_train
+from conftest import TINY, vit_train
 from vit_train.cli import check_override_keys
 from vit_train.errors import ConfigError
 from vit_train.sweep import claim_device

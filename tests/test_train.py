@@ -5,14 +5,10 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from conftest import logged
 from vit_train.checkpoint import REQUIRED_KEYS
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.trainer import build_ema, train
-
-
-def read_jsonl(run_dir, split):
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if json.loads(line)["split"] == split]
 
 
 def tb_steps(run_dir, tag):
@@ -34,7 +30,7 @@ def test_a_short_run_writes_every_output(tmp_path, make_config):
     assert saved == results
     assert saved["status"] == "completed" and saved["steps"] == 3 and saved["images_per_s"] > 0
     assert 0 <= saved["final_top1"] <= 100 and saved["final_top1"] <= saved["final_top5"]
-    assert [e["step"] for e in read_jsonl(tmp_path, "train")] == [2, 3]
+    assert [e["step"] for e in logged(tmp_path, "train")] == [2, 3]
     assert tb_steps(tmp_path, "val/top1") == [3] and tb_steps(tmp_path, "train/loss") == [2, 3]
     assert "completed: best top-1" in (tmp_path / "train.log").read_text()
 
@@ -53,7 +49,7 @@ def test_checkpoint_is_plain_data_with_everything_needed(tmp_path, make_config):
 def test_max_steps_mid_epoch_still_ends_with_eval_checkpoint_and_results(tmp_path, make_config):
     results = train(make_config(trainer={"max_steps": 5, "epochs": 3}), tmp_path)  # 8 steps per epoch
     assert results["steps"] == 5 and results["epochs"] == pytest.approx(5 / 8)
-    assert [e["step"] for e in read_jsonl(tmp_path, "val")] == [5]
+    assert [e["step"] for e in logged(tmp_path, "val")] == [5]
     ckpt = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
     assert (ckpt["step"], ckpt["epoch"], ckpt["batch_in_epoch"]) == (5, 0, 5)
 
@@ -62,7 +58,7 @@ def test_resume_with_more_epochs_continues_at_the_right_step(tmp_path, make_conf
     train(make_config(trainer={"epochs": 1}), tmp_path)
     results = train(make_config(trainer={"epochs": 2}, resume=str(tmp_path)), tmp_path)
     assert results["steps"] == 16 and results["epochs"] == 2
-    assert [e["step"] for e in read_jsonl(tmp_path, "val")] == [8, 16]
+    assert [e["step"] for e in logged(tmp_path, "val")] == [8, 16]
     assert tb_steps(tmp_path, "val/top1") == [8, 16]
     assert "resumed from" in (tmp_path / "train.log").read_text()
 
@@ -116,7 +112,7 @@ def test_resume_auto_starts_fresh_then_continues(tmp_path, make_config):
     assert first["steps"] == 3
     second = train(make_config(trainer={"max_steps": 6}, resume="auto"), tmp_path)
     assert second["steps"] == 6
-    assert [e["step"] for e in read_jsonl(tmp_path, "val")] == [3, 6]
+    assert [e["step"] for e in logged(tmp_path, "val")] == [3, 6]
 
 
 def test_gradient_accumulation_matches_the_full_batch(tmp_path, make_config):
@@ -178,14 +174,14 @@ def test_ema_moves_toward_the_model_at_its_decay():
 
 def test_best_checkpoint_follows_the_better_of_model_and_ema(tmp_path, make_config):
     results = train(make_config(trainer={"ema_decay": 0.5, "eval_every": 2}), tmp_path)
-    scores = [(e["step"], 0, e["top1"], "model") for e in read_jsonl(tmp_path, "val")]
-    scores += [(e["step"], 1, e["top1"], "ema") for e in read_jsonl(tmp_path, "val_ema")]
+    scores = [(e["step"], 0, e["top1"], "model") for e in logged(tmp_path, "val")]
+    scores += [(e["step"], 1, e["top1"], "ema") for e in logged(tmp_path, "val_ema")]
     best = max(top1 for _, _, top1, _ in scores)
     step, _, _, source = min(s for s in scores if s[2] == best)  # the first to reach it; the model wins ties
     assert (results["best_top1"], results["best_step"], results["best_source"]) == (best, step, source)
     saved = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=True)
     assert (saved["step"], saved["best_source"]) == (step, source)
-    assert results["final_ema_top1"] == read_jsonl(tmp_path, "val_ema")[-1]["top1"]
+    assert results["final_ema_top1"] == logged(tmp_path, "val_ema")[-1]["top1"]
 
 
 def test_lr_scales_linearly_with_the_global_batch(tmp_path, make_config):
@@ -193,4 +189,4 @@ def test_lr_scales_linearly_with_the_global_batch(tmp_path, make_config):
                       trainer={"max_steps": 2})
     assert cfg.lr == pytest.approx(2e-3)  # batch 32 = 2 x 16
     train(cfg, tmp_path)
-    assert [e["lr"] for e in read_jsonl(tmp_path, "train")] == [pytest.approx(2e-3)]
+    assert [e["lr"] for e in logged(tmp_path, "train")] == [pytest.approx(2e-3)]

@@ -178,7 +178,7 @@ def test_linear_probe_trains_only_the_heads_with_features_in_eval_mode():
 
 def test_figures_of_a_model_with_registers_and_a_distillation_token():
     pytest.importorskip("matplotlib")
-    from vit_train.report import model_figures
+    from vit_train.visualize import model_figures
 
     model = randomized(VisionTransformer(**SMALL, reg_tokens=2, distilled=True))
     figures = model_figures(model, torch.randn(2, 3, 32, 32), torch.tensor([0, 1]), [str(i) for i in range(10)],

@@ -6,17 +6,14 @@ in it is a pickled object, so loading one cannot run code.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
-import random
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torchvision
 
@@ -205,95 +202,6 @@ def _refuse(differences: list[str]) -> None:
                           "run's own settings, or start a new run (model.pretrained will load weights)")
 
 
-def rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    """Restore every RNG; a failure is an error, since the run would silently diverge."""
-    try:
-        random.setstate(state["python"])
-        name, keys, *rest = state["numpy"]
-        np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
-        torch.set_rng_state(state["torch"])
-        if state["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"the checkpoint's RNG states cannot be restored ({e}); the resumed run would not "
-                              f"match the original") from None
-
-
 def versions() -> dict[str, str]:
     return {"vit_train": __version__, "torch": str(torch.__version__), "torchvision": str(torchvision.__version__),
             "python": platform.python_version(), "format": str(FORMAT_VERSION)}
-
-
-def _require_safetensors() -> None:
-    try:
-        import safetensors  # noqa: F401
-    except ImportError:
-        raise CheckpointError("safetensors is not installed: pip install 'vit-train[export]'") from None
-
-
-def export_safetensors(ckpt: dict[str, Any], path: Path) -> None:
-    """The checkpoint's model weights as safetensors, with the config and class names as metadata."""
-    save_weights_safetensors(ckpt["model"], path, {"config": ckpt["config"], "class_names": ckpt["class_names"]})
-
-
-def save_weights_safetensors(weights: dict[str, torch.Tensor], path: Path, metadata: dict[str, Any]) -> None:
-    """A state dict as safetensors; metadata values are stored as JSON text (safetensors keeps strings only)."""
-    _require_safetensors()
-    from safetensors.torch import save_file
-
-    text = {"format": "vit-train", **{k: json.dumps(v) for k, v in metadata.items()}}
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(path), metadata=text)
-
-
-def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """(state dict, metadata) from a .safetensors file, a vit-train checkpoint or a plain state dict."""
-    path = Path(path)
-    if path.suffix == ".safetensors":
-        _require_safetensors()
-        from safetensors import SafetensorError, safe_open
-
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                weights = {k: f.get_tensor(k) for k in f.keys()}
-                metadata = f.metadata() or {}
-        except (SafetensorError, OSError) as e:
-            raise CheckpointError(f"{path} is not a readable safetensors file ({e})") from None
-        return weights, {k: _json_or_text(v) for k, v in metadata.items()}
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"{path} cannot be read ({_load_failure(e)})") from None
-    for key in ("model", "state_dict"):  # vit-train and DeiT checkpoints; Lightning-style files
-        if isinstance(data, dict) and isinstance(data.get(key), dict):
-            return data[key], {"config": data.get("config"), "class_names": data.get("class_names")}
-    if isinstance(data, dict) and all(isinstance(v, torch.Tensor) for v in data.values()):
-        return data, {}
-    raise CheckpointError(f"{path} holds neither a vit-train checkpoint nor a state dict of tensors: it holds "
-                          f"{_describe(data)}")
-
-
-def _describe(data: Any) -> str:
-    """What a loaded file holds, in a few words (a dict's first keys and their kinds)."""
-    if isinstance(data, dict):
-        items = ", ".join(f"{k} ({type(v).__name__})" for k, v in list(data.items())[:5])
-        return f"a dict of {len(data)} entries: {items}{', ...' if len(data) > 5 else ''}"
-    if isinstance(data, torch.Tensor):
-        return f"one tensor of shape {tuple(data.shape)}"
-    return f"a {type(data).__name__}"
-
-
-def _json_or_text(value: str) -> Any:
-    try:
-        return json.loads(value)
-    except ValueError:  # metadata written by another tool
-        return value

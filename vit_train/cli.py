@@ -4,23 +4,19 @@
 `Config` and hands it to `trainer.train`. `resume=PATH` continues that run in its own directory,
 from the config saved in its checkpoint, with any new key overrides applied on top.
 
-`vit-train -m ...` runs a sweep: each job returns its objective (`sweep.objective`) to the sweeper;
-a job that fails is recorded in its results.json and the sweep goes on; a job that already
-completed in the same sweep directory is skipped and an unfinished one resumes; at the end
-`SweepSummary` writes the sweep's summary and exits 1 if any job did not complete.
+`vit-train -m ...` runs a sweep: each job (sweep.run_job) returns its objective (`sweep.objective`)
+to the sweeper; at the end `SweepSummary` writes the sweep's summary and exits 1 if any job did not
+complete.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import math
 import os
 import re
 import shutil
 import sys
 import tempfile
-import traceback
 from pathlib import Path
 
 import hydra
@@ -32,16 +28,17 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from .config import Config, config_dir as _config_dir, known_keys, run_dir_of, unknown_key_message
-from .errors import ConfigError, RunStopped, UserError
+from .errors import ConfigError, RunStopped, UserError, exit_with
+from .extras import require
 from .unused_keys import ignored_keys, override_keys
 
 GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer", "objective", "experiment", "hparams_search", "hydra")
-# Optional plugins a command line may ask for, and the extra that installs each.
-PLUGINS = {"hparams_search=optuna": ("hydra_plugins.hydra_optuna_sweeper", "sweep"),
-           "hydra/sweeper=optuna": ("hydra_plugins.hydra_optuna_sweeper", "sweep"),
-           "hydra/launcher=joblib": ("hydra_plugins.hydra_joblib_launcher", "sweep"),
-           "hydra/launcher=parallel": ("hydra_plugins.hydra_joblib_launcher", "sweep"),
-           "hydra/launcher=slurm": ("hydra_plugins.hydra_submitit_launcher", "slurm")}
+# Optional Hydra plugins a command line may ask for (extras.py names the extra that installs each).
+PLUGINS = {"hparams_search=optuna": "hydra_plugins.hydra_optuna_sweeper",
+           "hydra/sweeper=optuna": "hydra_plugins.hydra_optuna_sweeper",
+           "hydra/launcher=joblib": "hydra_plugins.hydra_joblib_launcher",
+           "hydra/launcher=parallel": "hydra_plugins.hydra_joblib_launcher",
+           "hydra/launcher=slurm": "hydra_plugins.hydra_submitit_launcher"}
 
 
 def _is_resume_path(resume: object) -> bool:
@@ -119,8 +116,8 @@ def check_override_keys(args: list[str], sweeps: bool = True) -> None:
     installs them."""
     valid = known_keys()
     for arg in args:
-        if arg in PLUGINS and not _installed(PLUGINS[arg][0]):
-            raise ConfigError(f"{arg} needs a Hydra plugin that is not installed: pip install 'vit-train[{PLUGINS[arg][1]}]'")
+        if arg in PLUGINS:
+            require(PLUGINS[arg], arg, needs="a Hydra plugin that is not installed")
         if arg.startswith("-") or "=" not in arg:
             continue
         key, _ = parse_override(arg, sweep=sweeps)
@@ -128,13 +125,6 @@ def check_override_keys(args: list[str], sweeps: bool = True) -> None:
             continue
         if key not in valid:
             raise ConfigError(unknown_key_message(key, valid))
-
-
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # its parent package (hydra_plugins) is missing: no Hydra plugin at all
-        return False
 
 
 def check_writable(args: list[str]) -> None:
@@ -175,23 +165,25 @@ def apply_overrides(saved: dict, overrides: list[str]) -> dict:
     return OmegaConf.to_container(cfg)
 
 
-def compose_config(cfg: DictConfig) -> tuple[Config, list[str]]:
-    """The typed config for this run, and the command-line overrides that made it; logs one warning
-    per key that the chosen options ignore."""
+def compose_config(cfg: DictConfig) -> tuple[Config, list[str], tuple[Path, dict] | None]:
+    """The typed config for this run, the command-line overrides that made it, and for `resume=PATH`
+    the (path, checkpoint) it names, loaded once here for its config and handed to the trainer; logs
+    one warning per key that the chosen options ignore."""
     overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
     if _is_resume_path(cfg.resume):
         from .checkpoint import find_resume_checkpoint
 
-        _, ckpt = find_resume_checkpoint(cfg.resume, Path(HydraConfig.get().runtime.output_dir), mmap=True)
+        path, ckpt = find_resume_checkpoint(cfg.resume, Path(HydraConfig.get().runtime.output_dir), mmap=True)
         plain = apply_overrides(ckpt["config"], overrides)
         plain["resume"] = cfg.resume
         config, overrides = Config.from_dict(plain), list(ckpt.get("overrides", [])) + overrides
+        resume_from = (path, ckpt)
     else:
-        config = Config.from_dict(OmegaConf.to_container(cfg, resolve=True))
+        config, resume_from = Config.from_dict(OmegaConf.to_container(cfg, resolve=True)), None
     if os.environ.get("RANK", "0") == "0":
         for line in ignored_keys(config, override_keys(overrides)):
             logging.getLogger("vit_train").warning("warning: %s", line)
-    return config, overrides
+    return config, overrides, resume_from
 
 
 @hydra.main(version_base="1.3", config_path=_config_dir(), config_name="train")
@@ -206,17 +198,16 @@ def _train_app(cfg: DictConfig) -> float:
     if hydra_cfg.mode == RunMode.MULTIRUN:
         return _sweep_job(cfg, run_dir, list(hydra_cfg.overrides.task), hydra_cfg.job.num)
     try:
-        config, overrides = compose_config(cfg)
+        config, overrides, resume_from = compose_config(cfg)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: rank 0's run directory for every process
             run_dir = _shared_run_dir(config, run_dir)
         from .trainer import train  # torch is imported only once the config is known to be valid
 
-        results = train(config, run_dir, overrides)
+        results = train(config, run_dir, overrides, resume_from)
     except UserError as e:
         if not _resumes_existing(cfg.resume) and {p.name for p in run_dir.iterdir()} <= {".hydra"}:
             shutil.rmtree(run_dir)  # a run refused before it started leaves no empty directory behind
-        print(f"vit-train: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        exit_with("vit-train", e)
     except RunStopped as e:
         print(f"vit-train: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
@@ -257,61 +248,10 @@ def _shared_run_dir(config: Config, run_dir: Path) -> Path:
 
 
 def _sweep_job(cfg: DictConfig, run_dir: Path, overrides: list[str], job: int) -> float:
-    """One job of a sweep: its objective, or NaN after recording why it failed (the sweep goes on).
+    """One job of a sweep (sweep.run_job): its objective, or NaN when it failed (the sweep goes on)."""
+    from .sweep import run_job
 
-    A stop signal still stops the whole sweep (after the job's checkpoint): re-running the same
-    command with the same hydra.sweep.dir skips completed jobs and resumes the others.
-    """
-    from . import sweep
-
-    log = logging.getLogger("vit_train")
-    objective = str(cfg.sweep.objective)
-    try:
-        done = sweep.finished_job(run_dir, overrides)
-        if done is not None:
-            log.info("job %d (%s) already completed in %s; skipped", job, " ".join(overrides), run_dir)
-            return sweep.objective_value(done, objective)
-        config, _ = compose_config(cfg)
-        from .checkpoint import run_checkpoints
-
-        if run_checkpoints(run_dir):
-            sweep.check_same_job(run_dir, overrides)
-            config.resume = "auto"  # an unfinished job of this sweep continues from its checkpoint
-        lock = None
-        if config.sweep.devices:
-            index, lock = sweep.claim_device(run_dir.parent, config.sweep.devices, job)
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.set_device(index)
-                log.info("job %d runs on GPU %d (of %d shared by this sweep)", job, index, config.sweep.devices)
-            else:
-                log.info("job %d holds slot %d of %d (no GPU visible: the slots only limit concurrency)", job, index,
-                         config.sweep.devices)
-        from .trainer import train
-
-        try:
-            results = train(config, run_dir, overrides)
-        finally:
-            if lock is not None:
-                lock.close()
-        return sweep.objective_value(results, objective)
-    except RunStopped as e:
-        if e.exit_code != 3:  # a stop signal ends the sweep; a diverged job is recorded and the sweep goes on
-            print(f"vit-train: {e}", file=sys.stderr)
-            sys.exit(e.exit_code)
-        log.error("job %d (%s) diverged: %s", job, " ".join(overrides), e)
-    except KeyboardInterrupt:
-        print("vit-train: interrupted", file=sys.stderr)
-        sys.exit(130)
-    except Exception as e:  # noqa: BLE001 - any failure of one job is recorded; the sweep goes on
-        text = str(e) if isinstance(e, UserError) else traceback.format_exc()
-        log.error("job %d (%s) failed: %s", job, " ".join(overrides), text.strip().splitlines()[-1])
-        from .metrics import write_results
-
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_results(run_dir, sweep.failure_record(text, run_dir))
-    return math.nan
+    return run_job(lambda: compose_config(cfg), run_dir, overrides, job, str(cfg.sweep.objective))
 
 
 class SweepSummary(Callback):
@@ -337,6 +277,5 @@ def train_main() -> None:
         if not {"--cfg", "-c", "--help", "-h", "--info", "--hydra-help"} & set(sys.argv[1:]):
             check_writable(sys.argv[1:])
     except ConfigError as e:
-        print(f"vit-train: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        exit_with("vit-train", e)
     _train_app()

@@ -19,26 +19,23 @@ from typing import Any, Callable
 from omegaconf import OmegaConf
 
 from .config import Config, config_dir, known_keys, run_dir_of, unknown_key_message
-from .errors import ConfigError, UserError
+from .errors import ConfigError, UserError, exit_with
 
 CONFIG_SECTIONS = ("data", "trainer")  # what vit-eval may change in a checkpoint's config
 CONFIG_KEYS = ("model.img_size",)  # and these keys: another resolution, positions interpolated
 
 
-def parse_args(argv: list[str], options: dict[str, Any], config: bool = False) -> tuple[dict, dict, bool]:
-    """(options, config overrides, --json) from key=value arguments.
+def parse_args(argv: list[str], options: dict[str, Any], config: bool = False) -> tuple[dict, dict]:
+    """(options, config overrides) from key=value arguments.
 
     `options` maps each option to its default (... = required). With `config`, `data=NAME` picks a
     data group file and `data.KEY=VALUE` / `trainer.KEY=VALUE` override single keys.
     """
     from .cli import parse_override  # values are read as vit-train reads its overrides (Hydra's grammar)
 
-    values, overrides, as_json = dict(options), {}, False
+    values, overrides = dict(options), {}
     valid = known_keys()
     for arg in argv:
-        if arg == "--json":
-            as_json = True
-            continue
         if "=" not in arg:
             raise ConfigError(f"'{arg}' is not key=value (options: {', '.join(options)}); a value with spaces "
                               f"needs quotes, e.g. \"ckpt='/path/my run/last.pt'\"")
@@ -58,7 +55,7 @@ def parse_args(argv: list[str], options: dict[str, Any], config: bool = False) -
     missing = [k for k, v in values.items() if v is ...]
     if missing:
         raise ConfigError(f"missing {', '.join(f'{k}=...' for k in missing)}")
-    return values, overrides, as_json
+    return values, overrides
 
 
 def group_file(group: str, name: str) -> dict:
@@ -73,8 +70,9 @@ def group_file(group: str, name: str) -> dict:
     return {**Config().to_dict()[group], **plain}
 
 
-def run(prog: str, work: Callable[[list[str]], None]) -> None:
-    """Run a command's work; bad input becomes one line on stderr and exit status 2."""
+def run(prog: str, work: Callable[[list[str]], tuple[Any, Callable[[Any], str]]]) -> None:
+    """Run a command's work, which returns (results, a function rendering them as text): prints the
+    text, or with --json the results as JSON. Bad input becomes one line on stderr and exit status 2."""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr, force=True)
     logging.getLogger("vit_train").setLevel(logging.INFO)
     argv = sys.argv[1:]
@@ -82,51 +80,48 @@ def run(prog: str, work: Callable[[list[str]], None]) -> None:
         print(__doc__.split("\n\n")[1].replace("    ", "", 1))
         return
     try:
-        work(argv)
+        results, render = work([a for a in argv if a != "--json"])
     except UserError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        exit_with(prog, e)
+    print(json.dumps(results, indent=2) if "--json" in argv else render(results))
 
 
-def _eval(argv: list[str]) -> None:
-    opts, overrides, as_json = parse_args(argv, {"ckpt": ..., "weights": "auto", "attention.images": 8,
-                                                 "out": None, "progress": True}, config=True)
+def _eval(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
+    opts, overrides = parse_args(argv, {"ckpt": ..., "weights": "auto", "attention.images": 8, "out": None,
+                                        "progress": True}, config=True)
     from .report import evaluate_checkpoint  # torch is imported only once the arguments are known to be valid
 
-    results = evaluate_checkpoint(str(opts["ckpt"]), overrides, opts["weights"], int(opts["attention.images"]),
-                                  opts["out"], bool(opts["progress"]))
-    if as_json:
-        print(json.dumps(results, indent=2))
-        return
+    return evaluate_checkpoint(str(opts["ckpt"]), overrides, opts["weights"], int(opts["attention.images"]),
+                               opts["out"], bool(opts["progress"])), eval_text
+
+
+def eval_text(results: dict) -> str:
     weights = {"ema": "EMA weights", "model": "model weights (no EMA)"}[results["weights"]]
-    print(f"{results['checkpoint']} (step {results['step']}, {weights}) on {results['data']} val, "
-          f"{results['images']} images")
-    print(f"top-1 {results['top1']:.2f}%   top-5 {results['top5']:.2f}%   loss {results['loss']:.4f}\n")
     width = max(len(name) for name in results["per_class"])
     counts = [sum(row) for row in results["confusion"]]
-    print(f"{'class':<{width}}  top-1    images")
-    for (name, acc), count in zip(results["per_class"].items(), counts):
-        print(f"{name:<{width}}  {'-' if acc is None else f'{acc:5.1f}%'}  {count:>7}")
-    print(f"\nwritten to {results['out_dir']}: metrics.json" +
-          "".join(f", {Path(f).name}" for f in results["figures"]))
+    lines = [f"{results['checkpoint']} (step {results['step']}, {weights}) on {results['data']} val, "
+             f"{results['images']} images",
+             f"top-1 {results['top1']:.2f}%   top-5 {results['top5']:.2f}%   loss {results['loss']:.4f}\n",
+             f"{'class':<{width}}  top-1    images"]
+    lines += [f"{name:<{width}}  {'-' if acc is None else f'{acc:5.1f}%'}  {count:>7}"
+              for (name, acc), count in zip(results["per_class"].items(), counts)]
+    return "\n".join(lines) + (f"\n\nwritten to {results['out_dir']}: metrics.json" +
+                               "".join(f", {Path(f).name}" for f in results["figures"]))
 
 
-def _predict(argv: list[str]) -> None:
-    opts, _, as_json = parse_args(argv, {"ckpt": ..., "images": ..., "top_k": 5, "weights": "auto"})
+def _predict(argv: list[str]) -> tuple[list, Callable[[list], str]]:
+    opts, _ = parse_args(argv, {"ckpt": ..., "images": ..., "top_k": 5, "weights": "auto"})
     from .inference import load_for_inference, predict
 
     files = opts["images"] if isinstance(opts["images"], list) else [opts["images"]]
     model, cfg, ckpt, _ = load_for_inference(str(opts["ckpt"]), opts["weights"])
     results = predict(model, ckpt, cfg, [str(f) for f in files], int(opts["top_k"]))
-    if as_json:
-        print(json.dumps(results, indent=2))
-        return
-    for result in results:
-        print(result["file"] + ": " + ", ".join(f"{t['class']} {t['probability']:.3f}" for t in result["top"]))
+    return results, lambda results: "\n".join(r["file"] + ": " + ", ".join(f"{t['class']} {t['probability']:.3f}"
+                                                                         for t in r["top"]) for r in results)
 
 
-def _export(argv: list[str]) -> None:
-    opts, _, as_json = parse_args(argv, {"ckpt": ..., "format": "safetensors", "out": None, "weights": "auto"})
+def _export(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
+    opts, _ = parse_args(argv, {"ckpt": ..., "format": "safetensors", "out": None, "weights": "auto"})
     if opts["format"] not in ("safetensors", "onnx"):
         raise ConfigError(f"format must be safetensors or onnx; got {opts['format']!r}")
     from .inference import export, load_for_inference
@@ -135,15 +130,15 @@ def _export(argv: list[str]) -> None:
     model, cfg, ckpt, source = load_for_inference(ckpt_path, opts["weights"])
     fmt = str(opts["format"])
     out = Path(opts["out"]).expanduser() if opts["out"] else run_dir_of(str(ckpt_path)) / "export" / f"{ckpt_path.stem}.{fmt}"
-    result = export(model, cfg, ckpt, source, fmt, out)
-    if as_json:
-        print(json.dumps(result, indent=2))
-        return
+    return export(model, cfg, ckpt, source, fmt, out), export_text
+
+
+def export_text(result: dict) -> str:
     checked = ""
-    if fmt == "onnx":
+    if result["format"] == "onnx":
         checked = (f"; outputs match PyTorch's (max abs diff {result['max_abs_diff']:.1e})" if result["checked"]
                    else "; not checked (pip install onnxruntime)")
-    print(f"wrote {out} ({fmt}, {source} weights){checked}")
+    return f"wrote {result['path']} ({result['format']}, {result['weights']} weights){checked}"
 
 
 def eval_main() -> None:

@@ -114,7 +114,7 @@ def load_teacher(cfg: DistillConfig, num_classes: int, img_size: int) -> tuple[n
     if path is None or not path.is_file():
         raise ConfigError(f"distill.teacher={cfg.teacher} is not a file; give a vit-train checkpoint (.pt), a "
                           f".safetensors file, or distill.teacher_arch=NAME with a state-dict file")
-    from .checkpoint import load_weights
+    from .weights import load_weights
 
     weights, metadata = load_weights(path)
     saved = metadata.get("config")
@@ -128,7 +128,8 @@ def load_teacher(cfg: DistillConfig, num_classes: int, img_size: int) -> tuple[n
 
 def vit_train_teacher(path: Path, weights: dict, saved: dict, class_names: list | None, num_classes: int,
                       img_size: int) -> tuple[nn.Module, str]:
-    from .inference import at_size, ema_weights
+    from .inference import at_size
+    from .weights import ema_weights
     from .model import build_model
 
     is_vit = saved["model"].get("arch", "vit") == "vit"  # a ViT runs at the student's size, a CNN as it was trained

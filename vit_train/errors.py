@@ -1,4 +1,7 @@
-"""Errors caused by the user's input: the CLI prints their message on one line and exits 2."""
+"""Errors caused by the user's input: the commands print their message on one line and exit 2."""
+
+import sys
+from typing import NoReturn
 
 
 class UserError(Exception):
@@ -23,3 +26,9 @@ class RunStopped(Exception):
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def exit_with(prog: str, error: UserError) -> NoReturn:
+    """What every command does with bad input: one line on stderr, naming the command, and exit status 2."""
+    print(f"{prog}: error: {error}", file=sys.stderr)
+    sys.exit(2)

@@ -1,4 +1,4 @@
-"""The device and precision a run uses, and evaluation of a model over a data loader."""
+"""Evaluation of a model over a data loader: loss, top-1, top-5 and the confusion matrix."""
 
 from __future__ import annotations
 
@@ -8,26 +8,6 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .distributed import sum_all
-from .errors import ConfigError
-
-
-def pick_device(name: str, index: int | None = None) -> torch.device:
-    """The device trainer.device names; `index`: which GPU (a process's local rank under torchrun)."""
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("trainer.device=cuda but no CUDA GPU is visible; use trainer.device=auto or cpu")
-    cuda = name != "cpu" and torch.cuda.is_available()
-    device = torch.device("cuda", index) if cuda and index is not None else torch.device("cuda" if cuda else "cpu")
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("high")  # TF32 for fp32 matmuls on Ampere and newer
-        torch.backends.cudnn.allow_tf32 = True
-    return device
-
-
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype, or None for full fp32."""
-    if precision == "auto":
-        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""Using a trained checkpoint: its weights (model or EMA), its preprocessing, prediction and export.
+"""Using a trained checkpoint: its weights (model or EMA), prediction and export.
 
 A checkpoint carries everything needed here: the config (so the model can be rebuilt), the class
 names and the preprocessing (resize, crop, normalisation), so no data set is needed.
@@ -12,39 +12,20 @@ from typing import Any, Literal
 
 import torch
 from PIL import Image
-from torchvision.transforms import v2
 
-from .checkpoint import load_checkpoint, save_weights_safetensors
+from .checkpoint import load_checkpoint
 from .config import Config
-from .data import data_stats
 from .data.decode import IMAGE_ERRORS, open_rgb
-from .data.transforms import CROP_FRACTION
 from .errors import CheckpointError, ConfigError, DataError
+from .extras import available, require
 from .model import VisionTransformer, build_model
+from .preprocess import eval_spec, eval_transform
 from .pretrained import resize_pos_embed
+from .weights import ema_weights, export_safetensors
 
 log = logging.getLogger("vit_train")
 
 Weights = Literal["auto", "model", "ema"]
-
-
-def preprocess_spec(cfg: Config) -> dict[str, Any]:
-    """How an image becomes the model's input, as plain data: resize the short side to `resize`,
-    centre-crop `size`, scale to [0, 1], normalise by `mean` and `std`."""
-    size = cfg.model.img_size
-    small = cfg.data.name != "imagefolder"  # 32x32-style data sets are evaluated at full frame
-    mean, std = data_stats(cfg.data.name)
-    return {"size": size, "resize": size if small else int(size / CROP_FRACTION), "mean": list(mean), "std": list(std)}
-
-
-def preprocess(spec: dict[str, Any]) -> v2.Compose:
-    return v2.Compose([v2.ToImage(), v2.RGB(), v2.Resize(spec["resize"], antialias=True), v2.CenterCrop(spec["size"]),
-                       v2.ToDtype(torch.float32, scale=True), v2.Normalize(spec["mean"], spec["std"])])
-
-
-def ema_weights(ema_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The model's state dict inside an AveragedModel's (keys 'module.*', plus its 'n_averaged')."""
-    return {k.removeprefix("module."): v for k, v in ema_state.items() if k.startswith("module.")}
 
 
 def load_for_inference(path: str | Path, weights: Weights = "auto",
@@ -111,7 +92,7 @@ def predict(model: VisionTransformer, ckpt: dict, cfg: Config, files: list[str],
     """For each file, the `top_k` classes with their probabilities, most likely first."""
     if not files:
         raise ConfigError("no images given: images=[a.jpg,b.png]")
-    transform = preprocess(ckpt.get("preprocess") or preprocess_spec(cfg))
+    transform = eval_transform(ckpt.get("preprocess") or eval_spec(cfg))
     batch = torch.stack([transform(read_image(f)) for f in files])
     probs = model(batch).float().softmax(dim=1)
     top = probs.topk(min(top_k, probs.shape[1]), dim=1)
@@ -125,10 +106,8 @@ def export(model: VisionTransformer, cfg: Config, ckpt: dict, source: str, fmt: 
     """Write the weights as safetensors (config, class names, preprocessing in the metadata) or ONNX
     (input 'images' with a dynamic batch axis, output 'logits'); returns what was written and checked."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    spec = ckpt.get("preprocess") or preprocess_spec(cfg)
     if fmt == "safetensors":
-        save_weights_safetensors(model.state_dict(), out, {"config": cfg.to_dict(), "class_names": ckpt["class_names"],
-                                                            "preprocess": spec, "weights": source})
+        export_safetensors(ckpt, out, source)
         return {"path": str(out), "format": fmt, "weights": source}
     if fmt != "onnx":
         raise ConfigError(f"format must be safetensors or onnx; got {fmt!r}")
@@ -136,20 +115,17 @@ def export(model: VisionTransformer, cfg: Config, ckpt: dict, source: str, fmt: 
 
 
 def export_onnx(model: VisionTransformer, img_size: int, out: Path) -> dict[str, Any]:
-    try:
-        import onnx  # noqa: F401
-        import onnxscript  # noqa: F401
-    except ImportError:
-        raise ConfigError("ONNX export needs onnx and onnxscript: pip install 'vit-train[export]'") from None
+    require("onnx", "ONNX export")
+    require("onnxscript", "ONNX export")
     example = torch.randn(2, 3, img_size, img_size)
     batch = torch.export.Dim("batch", min=1)
     torch.onnx.export(model, (example,), str(out), input_names=["images"], output_names=["logits"],
                       dynamic_shapes={"x": {0: batch}}, dynamo=True, verbose=False)
-    try:
-        import onnxruntime
-    except ImportError:
+    if not available("onnxruntime"):
         log.warning("onnxruntime is not installed, so the ONNX file was not checked against PyTorch")
         return {"checked": False}
+    import onnxruntime
+
     check = torch.randn(3, 3, img_size, img_size)  # another batch size than the example's
     session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     got = torch.from_numpy(session.run(None, {"images": check.numpy()})[0])

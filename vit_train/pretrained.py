@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .checkpoint import load_weights
+from .weights import load_weights
 from .errors import ConfigError
 from .model import VisionTransformer
 

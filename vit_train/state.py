@@ -1,18 +1,22 @@
-"""What a run carries across a restart: the loop's position, the EMA, and the checkpoint's contents."""
+"""What a run carries across a restart: the loop's position, the EMA, every RNG's state, and the
+checkpoint's contents."""
 
 from __future__ import annotations
 
 import logging
+import random
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
+import numpy as np
+import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from .checkpoint import restore_rng, rng_state, versions
+from .checkpoint import versions
 from .config import Config
 from .errors import CheckpointError
-from .inference import preprocess_spec
+from .preprocess import eval_spec
 
 log = logging.getLogger("vit_train")
 
@@ -51,7 +55,7 @@ def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: Averag
         "scaler": scaler.state_dict(), "ema": ema.state_dict() if ema is not None else None, **asdict(state),
         "rng": rng_state(),
         "config": cfg.to_dict(), "overrides": list(overrides), "class_names": list(class_names),
-        "preprocess": preprocess_spec(cfg),
+        "preprocess": eval_spec(cfg),
         "versions": versions(),
     }
 
@@ -67,3 +71,27 @@ def restore(ckpt: dict, model: nn.Module, optimizer, scaler) -> TrainState:
         scaler.load_state_dict(ckpt["scaler"])
     restore_rng(ckpt["rng"])
     return TrainState(**{k: ckpt[k] for k in TrainState.__dataclass_fields__ if k in ckpt})
+
+
+def rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Restore every RNG; a failure is an error, since the run would silently diverge."""
+    try:
+        random.setstate(state["python"])
+        name, keys, *rest = state["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+        torch.set_rng_state(state["torch"])
+        if state["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"the checkpoint's RNG states cannot be restored ({e}); the resumed run would not "
+                              f"match the original") from None

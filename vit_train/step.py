@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -98,3 +99,10 @@ def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> None:
     if run.ema is not None and updated:  # on the device path a skipped step's weights are the step before's
         run.ema.update_parameters(run.model)
     run.window.add(total, grad_norm, hits if counted else None, len(images) * run.ctx.world_size, finite)
+
+
+def diverged_message(state: TrainState, run_dir: Path) -> str:
+    """Why the run stopped after `trainer.max_bad_steps` non-finite steps in a row, and what to do."""
+    return (f"{state.bad_in_a_row} steps in a row had a non-finite loss or gradient norm (up to step {state.step}), so "
+            f"the run stopped; the checkpoints in {run_dir / 'checkpoints'} are from before. Lower optim.lr, set "
+            f"optim.clip_grad, or use trainer.precision=bf16 or fp32, and start again or resume")

@@ -3,7 +3,8 @@
 A sweep directory (hydra.sweep.dir) holds one run directory per job (`0/`, `1/`, ...), each with
 the usual layout and `.hydra/overrides.yaml`. `summarize` turns them into a table sorted by the
 objective (printed, and written as summary.csv and summary.md) and TensorBoard HParams entries.
-No Hydra here: cli.py calls these from its callback and from `vit-sweep-summary`.
+`run_job` runs one job. No Hydra here: cli.py calls these from its entry point and callback, and
+`vit-sweep-summary` calls `main`.
 """
 
 from __future__ import annotations
@@ -13,17 +14,21 @@ import csv
 import fcntl
 import io
 import json
-import math
 import logging
+import math
 import shutil
 import sys
 import time
+import traceback
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 import yaml
 
-from .errors import UserError
+from .config import Config
+from .errors import RunStopped, UserError, exit_with
+
+log = logging.getLogger("vit_train")
 
 COLUMNS = ("job", "status", "objective", "best_top1", "final_top1", "epochs", "images_per_s", "wall_seconds",
            "overrides")
@@ -92,6 +97,63 @@ def claim_device(sweep_dir: Path, count: int, job: int, poll_seconds: float = 0.
             logging.getLogger("vit_train").info("job %d waits for one of the sweep's %d device slots", job, count)
             waited = True
         time.sleep(poll_seconds)
+
+
+def run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path, overrides: list[str], job: int,
+            objective: str) -> float:
+    """One job of a sweep: its objective, or NaN after recording why it failed (the sweep goes on).
+
+    `compose` gives the job's typed config (called only for a job that still has work to do). A job
+    that already completed in this sweep directory is skipped, and an unfinished one resumes. A stop
+    signal still stops the whole sweep (after the job's checkpoint): re-running the same command with
+    the same hydra.sweep.dir skips completed jobs and resumes the others.
+    """
+    try:
+        done = finished_job(run_dir, overrides)
+        if done is not None:
+            log.info("job %d (%s) already completed in %s; skipped", job, " ".join(overrides), run_dir)
+            return objective_value(done, objective)
+        config, _, resume_from = compose()
+        from .checkpoint import run_checkpoints
+
+        if run_checkpoints(run_dir):
+            check_same_job(run_dir, overrides)
+            config.resume = "auto"  # an unfinished job of this sweep continues from its checkpoint
+        lock = None
+        if config.sweep.devices:
+            index, lock = claim_device(run_dir.parent, config.sweep.devices, job)
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.set_device(index)
+                log.info("job %d runs on GPU %d (of %d shared by this sweep)", job, index, config.sweep.devices)
+            else:
+                log.info("job %d holds slot %d of %d (no GPU visible: the slots only limit concurrency)", job, index,
+                         config.sweep.devices)
+        from .trainer import train
+
+        try:
+            results = train(config, run_dir, overrides, resume_from)
+        finally:
+            if lock is not None:
+                lock.close()
+        return objective_value(results, objective)
+    except RunStopped as e:
+        if e.exit_code != 3:  # a stop signal ends the sweep; a diverged job is recorded and the sweep goes on
+            print(f"vit-train: {e}", file=sys.stderr)
+            sys.exit(e.exit_code)
+        log.error("job %d (%s) diverged: %s", job, " ".join(overrides), e)
+    except KeyboardInterrupt:
+        print("vit-train: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - any failure of one job is recorded; the sweep goes on
+        text = str(e) if isinstance(e, UserError) else traceback.format_exc()
+        log.error("job %d (%s) failed: %s", job, " ".join(overrides), text.strip().splitlines()[-1])
+        from .metrics import write_results
+
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_results(run_dir, failure_record(text, run_dir))
+    return math.nan
 
 
 def _number(text: str) -> Any:
@@ -207,8 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rows = summarize(args.sweep_dir, args.objective, direction)
     except UserError as e:
-        print(f"vit-sweep-summary: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        exit_with("vit-sweep-summary", e)
     incomplete = incomplete_jobs(args.sweep_dir, rows)
     if incomplete:
         print(f"vit-sweep-summary: {incomplete}", file=sys.stderr)

@@ -27,18 +27,19 @@ from .config import Config
 from .cpu import set_cpu_threads
 from .data import Data, build_data
 from .data.mix import BatchMix
+from .device import autocast_dtype, pick_device
 from .errors import CheckpointError, RunStopped
-from .evaluate import autocast_dtype, evaluate as evaluate_loader, pick_device
-from .metrics import NullLogger, RunLogger, TrainWindow, log_train, write_results
+from .evaluate import evaluate as evaluate_loader
+from .metrics import NullLogger, RunLogger, results_summary, write_results
 from .model import build_model
 from .objectives import Objective, build_objective, objective_state, restore_objective
 from .optim import build_optimizer, build_scheduler
 from .preemption import StopRequest
 from .pretrained import load_pretrained
-from .report import TrainingVisuals
-from .speed import flops_per_image, peak_tflops
 from .state import TrainState, build_ema, checkpoint_state, restore
-from .step import SkippedSteps, skips_on_device, train_step
+from .step import SkippedSteps, diverged_message, skips_on_device, train_step
+from .throughput import TrainWindow, flops_per_image, log_train, peak_tflops
+from .visualize import TrainingVisuals
 
 log = logging.getLogger("vit_train")
 
@@ -162,7 +163,7 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
                 log_train(run.logger, run.bar, run.window, state, run.scheduler.get_last_lr()[0], run.scaler)
             if state.bad_in_a_row >= t.max_bad_steps:
                 finish(run, "diverged")
-                raise RunStopped(diverged_message(run), exit_code=3)
+                raise RunStopped(diverged_message(state, run_dir), exit_code=3)
             epoch_done, final = state.batch_in_epoch == 0, state.step >= run.total_steps
             if final or (due(state.step, t.eval_every) if t.eval_every else epoch_done):
                 evaluate(run)
@@ -236,7 +237,7 @@ def finish(run: Run, status: str) -> dict[str, Any]:
     """results.json (rank 0) and the closing log line; returns the results."""
     state = run.state
     run.skips.settle(state)
-    results = summary(status, state, run.metrics, run.data.steps_per_epoch, time.time() - run.started, run.run_dir)
+    results = results_summary(status, state, run.metrics, run.data.steps_per_epoch, time.time() - run.started, run.run_dir)
     if run.ctx.is_main:
         write_results(run.run_dir, results)
     best = f"best top-1 {state.best_top1:.2f}% (step {state.best_step})" if state.best_top1 >= 0 else "not evaluated"
@@ -244,24 +245,3 @@ def finish(run: Run, status: str) -> dict[str, Any]:
              state.skipped_steps, results["images_per_s"] or 0, results["wall_seconds"], run.run_dir)
     run.logger.close()
     return results
-
-
-def diverged_message(run: Run) -> str:
-    state = run.state
-    return (f"{state.bad_in_a_row} steps in a row had a non-finite loss or gradient norm (up to step {state.step}), so "
-            f"the run stopped; the checkpoints in {run.run_dir / 'checkpoints'} are from before. Lower optim.lr, set "
-            f"optim.clip_grad, or use trainer.precision=bf16 or fp32, and start again or resume")
-
-
-def summary(status: str, state: TrainState, metrics: dict[str, float], steps_per_epoch: int, wall_seconds: float,
-            run_dir: Path) -> dict[str, Any]:
-    """results.json: how the run ended and its numbers (final_* are null if it never evaluated)."""
-    return {
-        "status": status, "best_top1": state.best_top1 if state.best_top1 >= 0 else None,
-        "best_step": state.best_step, "best_source": state.best_source, "final_top1": metrics.get("top1"),
-        "final_top5": metrics.get("top5"), "final_loss": metrics.get("loss"), "final_ema_top1": metrics.get("ema_top1"),
-        "epochs": state.epoch + state.batch_in_epoch / steps_per_epoch,
-        "steps": state.step, "skipped_steps": state.skipped_steps,
-        "images_per_s": state.images_seen / state.train_seconds if state.train_seconds else None,
-        "wall_seconds": wall_seconds, "run_dir": str(run_dir),
-    }

@@ -1,4 +1,5 @@
-"""Looking inside a ViT: attention per layer and head, attention rollout, and figures.
+"""Looking inside a ViT: attention per layer and head, attention rollout, and figures (vit-eval's,
+and TensorBoard's during training).
 
 The tensor functions need only torch. The figures use matplotlib's object-oriented API (no pyplot,
 no display), so they render headless; matplotlib is the optional extra `[viz]`.
@@ -12,7 +13,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .errors import ConfigError
+from .extras import require
+from .model import VisionTransformer
 
 CELL = 1.6  # inches per image tile
 DPI = 100  # so a tile is 160 x 160 pixels
@@ -86,10 +88,9 @@ def upsample(maps: torch.Tensor, grid: int, size: int) -> torch.Tensor:
 # --- figures --------------------------------------------------------------------------------------
 
 def _new_figure(rows: int, cols: int):
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ConfigError("figures need matplotlib: pip install 'vit-train[viz]'") from None
+    require("matplotlib", "figures")
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(cols * CELL, rows * CELL), dpi=DPI)
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat:
@@ -220,3 +221,80 @@ def save_figure(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
     return path
+
+
+# --- a model's figures: vit-eval's, and TensorBoard's during training (trainer.viz_every) ----------
+
+def first_images(loader, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loader's first `count` images and labels (the same ones every time for a val loader)."""
+    images, labels = [], []
+    for batch, targets in loader:
+        images.append(batch)
+        labels.append(targets)
+        if sum(len(b) for b in images) >= count:
+            break
+    return torch.cat(images)[:count], torch.cat(labels)[:count]
+
+
+@torch.no_grad()
+def model_figures(model: VisionTransformer, images: torch.Tensor, labels: torch.Tensor, class_names: list[str],
+                  stats: tuple, confusion: torch.Tensor | None = None) -> dict[str, Any]:
+    """Figures of `model` on normalised `images`: attention and rollout, per-head attention of the
+    first image, position-embedding similarity, patch-embedding filters, and the confusion matrix.
+    A model without attention (a ResNet) gets the confusion matrix only."""
+    if not isinstance(model, VisionTransformer):
+        return {"confusion": confusion_figure(confusion, class_names)} if confusion is not None else {}
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    logits, maps = model.attention_maps(images.to(device))
+    model.train(was_training)
+    maps = [m.float().cpu() for m in maps]
+    prefix, mean_pool, readout = model.num_prefix_tokens, model.pool == "mean", model.readout_weights()
+    attention = pooled_attention(maps, prefix, readout)  # (B, L, H, N)
+    probs = logits.float().softmax(dim=1).cpu()
+    titles = [f"{class_names[t]}\npred {class_names[p]} {probs[i, p]:.2f}"
+              for i, (t, p) in enumerate(zip(labels.tolist(), probs.argmax(dim=1).tolist()))]
+    shown = denormalize(images.cpu(), stats)
+    figures = {
+        "attention": attention_figure(shown, attention_rollout(maps, prefix, readout), attention.mean(dim=2), titles,
+                                      mean_pool),
+        "attention_heads": heads_figure(shown[0], attention[0], mean_pool),
+        "position_similarity": position_figure(position_similarity(model.pos_embed.detach().cpu(), prefix)),
+        "patch_filters": filters_figure(model.patch_embed.proj.weight.detach().cpu()),
+    }
+    if confusion is not None:
+        figures["confusion"] = confusion_figure(confusion, class_names)
+    return figures
+
+
+class TrainingVisuals:
+    """Figures for TensorBoard during training: the model's figures on a fixed set of val images
+    every `every` evaluations, and one batch of training images as the model sees them."""
+
+    def __init__(self, tb, every: int, data, count: int = 8):
+        require("matplotlib", "trainer.viz_every", hint=", or set trainer.viz_every=null")
+        self.tb, self.every, self.data = tb, every, data
+        self.images, self.labels = first_images(data.val_loader, count)
+        self.evals = 0
+        self.batch_shown = False
+
+    def after_eval(self, model: VisionTransformer, step: int, confusion: torch.Tensor | None) -> None:
+        self.evals += 1
+        if self.evals % self.every:
+            return
+        figures = model_figures(model, self.images, self.labels, self.data.class_names, self.data.stats, confusion)
+        for name, fig in figures.items():
+            self.tb.add_figure(f"figures/{name}", fig, step)
+
+    def training_batch(self, images: torch.Tensor, targets: torch.Tensor, step: int, count: int = 16) -> None:
+        """The first batch after augmentation (and MixUp/CutMix): titles give the target's main class and share."""
+        self.batch_shown = True
+        names = self.data.class_names
+        if targets.ndim == 1:
+            titles = [names[t] for t in targets[:count].tolist()]
+        else:
+            share, index = targets[:count].max(dim=1)
+            titles = [f"{names[i]} {s:.2f}" for s, i in zip(share.tolist(), index.tolist())]
+        fig = images_figure(denormalize(images[:count].cpu(), self.data.stats), titles)
+        self.tb.add_figure("figures/training_images", fig, step)

@@ -15,7 +15,8 @@ from ..config import Config
 from ..errors import ConfigError, DataError
 from . import cifar, imagefolder
 from .device import DeviceEvalPipeline, DeviceTrainPipeline
-from .sampler import EpochSampler, ShardSampler, TensorImages, TransformedDataset
+from .datasets import TensorImages, TransformedDataset
+from .sampler import EpochSampler, ShardSampler
 from .shapes import CLASS_NAMES as SHAPES_CLASSES, generate_shapes
 from .transforms import build_transforms
 from .unreadable import CheckedLoader, UnreadableImages
@@ -105,8 +106,7 @@ def build_data(cfg: Config, device: torch.device, rank: int = 0, world_size: int
     if pipeline(cfg, device) == "device":
         train = DeviceTrainPipeline(train_base.images, train_base.labels, sampler, cfg.aug, cfg.model.img_size, stats,
                                     device)
-        val = DeviceEvalPipeline(val_base.images, val_base.labels, eval_batch, cfg.model.img_size, stats, device, rank,
-                                 world_size)
+        val = DeviceEvalPipeline(val_base.images, val_base.labels, eval_batch, eval_tf, device, rank, world_size)
         log.info("data pipeline: on %s (%d training images held there as uint8)", device, len(train_base))
         return Data(train, val, sampler, class_names, steps, stats)
     count = min(8, os.cpu_count() or 1) if d.num_workers is None else d.num_workers

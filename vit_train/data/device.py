@@ -11,7 +11,7 @@ the training loop does not know which pipeline it reads.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -90,20 +90,19 @@ def crop_and_flip(images: torch.Tensor, padding: int, offsets: torch.Tensor, fli
 
 
 class DeviceEvalPipeline:
-    """Validation batches (normalised, in order; with several processes rank r takes r, r + W, ...)."""
+    """Validation batches, in order (with several processes rank r takes r, r + W, ...), through the
+    one evaluation preprocessing (preprocess.py), a whole batch at a time on the device."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, img_size: int, stats: tuple,
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, transform: Callable,
                  device: torch.device, rank: int = 0, world_size: int = 1):
         index = torch.arange(rank, len(labels), world_size)
         self.images, self.labels = images[index].to(device), labels[index].to(device)
-        self.batch_size = batch_size
-        self.prepare = Prepare(img_size, stats, device)
+        self.batch_size, self.transform = batch_size, transform
 
     def __len__(self) -> int:
         return -(-len(self.labels) // self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for start in range(0, len(self.labels), self.batch_size):
-            labels = self.labels[start:start + self.batch_size]
-            images = self.prepare.normalise(self.prepare.scale(self.images[start:start + self.batch_size]))
-            yield images, labels
+            end = start + self.batch_size
+            yield self.transform(self.images[start:end]).as_subclass(torch.Tensor), self.labels[start:end]

@@ -1,19 +1,16 @@
 """Data order and augmentation randomness as pure functions of (seed, epoch, position).
 
-The sampler yields (index, sample_seed) keys; the data set seeds the sample's augmentation with
-sample_seed. So a run's batches do not depend on worker count or process RNG state, and a run
+The sampler yields (index, sample_seed) keys; the data set (datasets.TransformedDataset) seeds the
+sample's augmentation with sample_seed. So a run's batches do not depend on worker count or process RNG state, and a run
 resumed in the middle of an epoch sees exactly the batches it would have seen.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Iterator
 
 import torch
-from torch.utils.data import Dataset, Sampler
-
-from ..errors import DataError
-from .imagefolder import UnreadableImage
+from torch.utils.data import Sampler
 
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:
@@ -72,51 +69,3 @@ class ShardSampler(Sampler):
 
     def __len__(self) -> int:
         return len(self.indices)
-
-
-MAX_REPLACEMENTS = 16  # unreadable images in a row before loading gives up
-
-
-class TransformedDataset(Dataset):
-    """Transforms (image, label) pairs of a base data set; keys are an index or (index, seed).
-
-    Items are (image, label, unreadable): an image the base cannot read is replaced by the next
-    readable one and its index returned as `unreadable` (-1 when the image was fine), so the
-    training process, not a worker, decides what to do about it.
-    """
-
-    def __init__(self, base: Any, transform: Callable):
-        self.base, self.transform = base, transform
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int, int]:
-        index, seed = key if isinstance(key, tuple) else (key, None)
-        unreadable = -1
-        for offset in range(MAX_REPLACEMENTS):
-            try:
-                image, label = self.base[(index + offset) % len(self.base)]
-                break
-            except UnreadableImage:
-                unreadable = index if unreadable < 0 else unreadable
-        else:
-            raise DataError(f"{MAX_REPLACEMENTS} unreadable images in a row after index {index}; check the data")
-        if seed is None:
-            return self.transform(image), label, unreadable
-        with torch.random.fork_rng(devices=[]):  # leave the caller's RNG (dropout, ...) untouched
-            torch.random.default_generator.manual_seed(seed)
-            return self.transform(image), label, unreadable
-
-
-class TensorImages(Dataset):
-    """(N, 3, H, W) uint8 images and (N,) labels held in memory."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
-        self.images, self.labels = images, labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return self.images[index], int(self.labels[index])

@@ -6,8 +6,8 @@ import torch
 from torchvision.transforms import v2
 
 from ..config import AugConfig
+from ..preprocess import eval_transform, spec
 
-CROP_FRACTION = 0.875  # eval: resize to size / 0.875, then centre-crop size (the ImageNet convention)
 
 
 def policy(aug: AugConfig, small_images: bool) -> list[v2.Transform]:
@@ -23,7 +23,7 @@ def policy(aug: AugConfig, small_images: bool) -> list[v2.Transform]:
 
 
 def build_transforms(aug: AugConfig, img_size: int, stats: tuple, native_size: int | None) -> tuple[v2.Compose, v2.Compose]:
-    """(train, eval) transforms ending in normalised float tensors.
+    """(train, eval) transforms ending in normalised float tensors; eval is preprocess.py's.
 
     `native_size` set: inputs are uint8 tensors of that side (CIFAR, shapes), augmented by padded
     random crops. `native_size` None: inputs are PIL images of any size (image folders), augmented
@@ -36,16 +36,15 @@ def build_transforms(aug: AugConfig, img_size: int, stats: tuple, native_size: i
         resize = [v2.Resize(img_size, antialias=True)] if native_size != img_size else []
         padding = img_size // 8 if aug.crop_padding is None else aug.crop_padding
         crop = [v2.RandomCrop(img_size, padding=padding), v2.RandomHorizontalFlip(aug.hflip)]
-        evaluate = resize
     else:
         resize = []
         crop = [v2.RandomResizedCrop(img_size, scale=(aug.scale_min, 1.0), antialias=True),
                 v2.RandomHorizontalFlip(aug.hflip)]
-        evaluate = [v2.Resize(int(img_size / CROP_FRACTION), antialias=True), v2.CenterCrop(img_size)]
+    evaluate = eval_transform(spec(img_size, native_size is not None, stats))
     if aug.name == "none":
-        train = evaluate + finish
+        train = list(evaluate.transforms)
     else:
         train = resize + crop + [v2.ToImage()] + policy(aug, native_size is not None) + finish
     if aug.random_erasing > 0:
         train.append(v2.RandomErasing(aug.random_erasing, value="random"))
-    return v2.Compose(train), v2.Compose(evaluate + finish)
+    return v2.Compose(train), evaluate

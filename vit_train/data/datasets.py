@@ -1,0 +1,60 @@
+"""The data sets the loaders read: images held in memory (CIFAR, shapes), and any base data set
+with its per-sample transform, seeded per sample by the sampler's key (sampler.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import Dataset
+
+from ..errors import DataError
+from .imagefolder import UnreadableImage
+
+
+MAX_REPLACEMENTS = 16  # unreadable images in a row before loading gives up
+
+
+class TransformedDataset(Dataset):
+    """Transforms (image, label) pairs of a base data set; keys are an index or (index, seed).
+
+    Items are (image, label, unreadable): an image the base cannot read is replaced by the next
+    readable one and its index returned as `unreadable` (-1 when the image was fine), so the
+    training process, not a worker, decides what to do about it.
+    """
+
+    def __init__(self, base: Any, transform: Callable):
+        self.base, self.transform = base, transform
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int, int]:
+        index, seed = key if isinstance(key, tuple) else (key, None)
+        unreadable = -1
+        for offset in range(MAX_REPLACEMENTS):
+            try:
+                image, label = self.base[(index + offset) % len(self.base)]
+                break
+            except UnreadableImage:
+                unreadable = index if unreadable < 0 else unreadable
+        else:
+            raise DataError(f"{MAX_REPLACEMENTS} unreadable images in a row after index {index}; check the data")
+        if seed is None:
+            return self.transform(image), label, unreadable
+        with torch.random.fork_rng(devices=[]):  # leave the caller's RNG (dropout, ...) untouched
+            torch.random.default_generator.manual_seed(seed)
+            return self.transform(image), label, unreadable
+
+
+class TensorImages(Dataset):
+    """(N, 3, H, W) uint8 images and (N,) labels held in memory."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.images[index], int(self.labels[index])
