@@ -19,6 +19,7 @@ import torchvision
 
 from . import __version__
 from .errors import CheckpointError
+from .integrity import archive_damage, checkpoint_size, load_failure, tensor_digest, write_failure
 
 log = logging.getLogger("vit_train")
 
@@ -35,7 +36,8 @@ STRUCTURE_KEYS = ("model.arch", "model.img_size", "model.patch_size", "model.emb
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     """Write to a temporary file in the same folder, fsync and verify it, then rename it over `path`.
 
-    A failed write (disk full, a crash) leaves the previous `path` untouched and no temporary file.
+    A failed write (disk full, a crash) leaves the previous `path` untouched and no temporary file;
+    the CheckpointError says why, naming a full disk as such.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -44,12 +46,18 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
+        damage = archive_damage(tmp)
+        if damage:
+            raise OSError(f"the written file does not read back: {damage}")
         torch.load(tmp, map_location="cpu", weights_only=True, mmap=True)  # verify: a complete, loadable archive
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, (OSError, RuntimeError)):
-            raise CheckpointError(f"could not write {path} ({e}); the previous checkpoint there is intact") from None
+            kept = "the previous checkpoint there is intact" if path.exists() else "there is no earlier checkpoint"
+            needed = max(checkpoint_size(state) + 4096, path.stat().st_size if path.exists() else 0)
+            raise CheckpointError(f"could not write {path}: {write_failure(e, path, needed)}; "
+                                  f"{kept}") from None
         raise
     _fsync_dir(path.parent)
 
@@ -80,10 +88,15 @@ def copy_checkpoint(src: Path, dst: Path) -> None:
     tmp = dst.with_name(dst.name + ".tmp")
     tmp.unlink(missing_ok=True)
     try:
-        os.link(src, tmp)  # `src` is only ever replaced by rename, so the link keeps this version
-    except OSError:
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+        try:
+            os.link(src, tmp)  # `src` is only ever replaced by rename, so the link keeps this version
+        except OSError:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"could not write {dst}: {write_failure(e, dst, src.stat().st_size)}; {src} is "
+                              f"intact") from None
     _fsync_dir(dst.parent)
 
 
@@ -96,29 +109,24 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
-    """Load a checkpoint on the CPU with `weights_only=True`; any fault becomes a CheckpointError."""
+    """Verify (zip CRCs) and load a checkpoint on the CPU with `weights_only=True`; any fault becomes a
+    CheckpointError."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    damage = archive_damage(path)
+    if damage:
+        raise CheckpointError(f"checkpoint {path} is damaged ({damage}); resume from another one (e.g. "
+                              f"checkpoints/best.pt)")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # truncated zip, a pickle with objects, not a torch file at all
-        raise CheckpointError(f"checkpoint {path} cannot be read ({_load_failure(e)}); it is truncated, corrupt or "
+        raise CheckpointError(f"checkpoint {path} cannot be read ({load_failure(e)}); it is truncated, corrupt or "
                               f"not a vit-train checkpoint: resume from another one (e.g. checkpoints/best.pt)") from None
     missing = [k for k in REQUIRED_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
         raise CheckpointError(f"{path} is not a vit-train checkpoint (it lacks {', '.join(missing)})")
     return ckpt
-
-
-def _load_failure(error: Exception) -> str:
-    """torch.load's error in a few words."""
-    text = str(error)
-    unsafe = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
-    if unsafe:
-        return f"it holds a pickled object, {unsafe.group(1)}, which is never loaded"
-    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-    return first[:200]
 
 
 def run_checkpoints(run_dir: Path) -> list[Path]:

@@ -27,9 +27,11 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from . import rundir
 from .config import Config, config_dir as _config_dir, known_keys, run_dir_of, unknown_key_message
 from .errors import ConfigError, RunStopped, UserError, exit_with
 from .extras import require
+from .rundir import RunDirBusy
 from .unused_keys import ignored_keys, override_keys
 
 GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer", "objective", "experiment", "hparams_search", "hydra")
@@ -205,7 +207,7 @@ def _train_app(cfg: DictConfig) -> float:
 
         results = train(config, run_dir, overrides, resume_from)
     except UserError as e:
-        if not _resumes_existing(cfg.resume) and {p.name for p in run_dir.iterdir()} <= {".hydra"}:
+        if not isinstance(e, RunDirBusy) and not _resumes_existing(cfg.resume) and _unused(run_dir):
             shutil.rmtree(run_dir)  # a run refused before it started leaves no empty directory behind
         exit_with("vit-train", e)
     except RunStopped as e:
@@ -235,8 +237,11 @@ def _shared_run_dir(config: Config, run_dir: Path) -> Path:
             if marker.read_text() == run_id:
                 chosen = marker.parent
     shared = Path(distributed.broadcast(str(chosen)))
-    if shared != run_dir and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra"}:
+    if shared != run_dir and run_dir.is_dir() and _unused(run_dir):
+        rundir.release(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)  # the directory Hydra made for this process (or all), unused
+    if ctx.is_main:
+        rundir.acquire(shared)  # rank 0 holds the lock for every process
     if ctx.is_main and run_id:
         shared.mkdir(parents=True, exist_ok=True)
         (shared / ".torchrun_run_id").write_text(run_id)
@@ -245,6 +250,32 @@ def _shared_run_dir(config: Config, run_dir: Path) -> Path:
         if ctx.is_main:
             logging.getLogger("vit_train").info("restart %d of the process group: resuming in %s", restart, shared)
     return shared
+
+
+def _unused(run_dir: Path) -> bool:
+    """Whether `run_dir` holds nothing but Hydra's record and the lock: no run has written into it."""
+    return {p.name for p in run_dir.iterdir()} <= {".hydra", rundir.LOCK_NAME}
+
+
+class RunDirLock(Callback):
+    """Takes the run directory's lock (the sweep directory's for a sweep) before Hydra writes into
+    it: a second vit-train into a directory in use exits 2 naming the holder and changes nothing
+    there. With torchrun, rank 0 holds it for all processes (see vit_train/rundir.py)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+            self._lock(Path(os.path.abspath(str(OmegaConf.select(config, "hydra.run.dir")))))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self._lock(Path(os.path.abspath(str(OmegaConf.select(config, "hydra.sweep.dir")))))
+
+    @staticmethod
+    def _lock(path: Path) -> None:
+        try:
+            rundir.acquire(path)
+        except RunDirBusy as e:
+            print(f"vit-train: error: {e}", file=sys.stderr)
+            sys.exit(2)
 
 
 def _sweep_job(cfg: DictConfig, run_dir: Path, overrides: list[str], job: int) -> float:

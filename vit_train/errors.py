@@ -3,9 +3,26 @@
 import sys
 from typing import NoReturn
 
+import re
+
 
 class UserError(Exception):
-    """Bad input (config, data, checkpoint); the message says what is wrong and what to do."""
+    """Bad input (config, data, checkpoint); the message says what is wrong and what to do.
+
+    Raised in a DataLoader worker, it reaches the training process rebuilt from a message that
+    holds the worker's whole traceback (torch's ExceptionWrapper); the message is cut back to the
+    original one line.
+    """
+
+    def __init__(self, message: str = ""):
+        super().__init__(_original(str(message)))
+
+
+def _original(message: str) -> str:
+    if message.startswith("Caught ") and "\nOriginal Traceback" in message:
+        last = message.rstrip().splitlines()[-1]
+        return re.sub(r"^[\w.]+: ", "", last, count=1)  # "vit_train.errors.DataError: <message>"
+    return message
 
 
 class ConfigError(UserError):

@@ -84,7 +84,7 @@ def read_image(path: str | Path) -> Image.Image:
     except FileNotFoundError:
         raise DataError(f"image {path} does not exist") from None
     except IMAGE_ERRORS as e:
-        raise DataError(f"{path} cannot be read as an image ({e})") from None
+        raise DataError(f"{path} cannot be read as an image ({type(e).__name__}: {str(e)[:200]})") from None
 
 
 @torch.no_grad()

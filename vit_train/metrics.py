@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,29 +18,45 @@ log = logging.getLogger("vit_train")
 
 
 class RunLogger:
-    """Writes one run's metrics; on resume at step S, drops what an earlier attempt logged after S."""
+    """Writes one run's metrics, one row per (split, step) whatever stopped earlier attempts.
+
+    On resume at step S it drops what an earlier attempt logged after S (and a fresh start drops
+    all of an earlier attempt's rows), in metrics.jsonl and, through SummaryWriter's purge_step, in
+    TensorBoard; a row for a (split, step) that is already logged is not written again (a finished
+    run resumed re-evaluates its last step without logging it twice).
+    """
 
     def __init__(self, run_dir: Path, resume_step: int | None = None):
         self.run_dir = run_dir
         self.jsonl = run_dir / "metrics.jsonl"
-        if resume_step is not None:
-            self._truncate_jsonl(resume_step)
-        # purge_step hides events an interrupted attempt wrote after the checkpoint: no duplicate steps.
-        self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=None if resume_step is None else resume_step + 1)
-        self.file_handler = logging.FileHandler(run_dir / "train.log")
+        self.logged = self._truncate_jsonl(resume_step or 0)
+        # purge_step hides events an interrupted attempt wrote after the checkpoint (all of them on a fresh start)
+        self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=0 if resume_step is None else resume_step + 1)
+        self.file_handler = QuietFileHandler(run_dir / "train.log")
         self.file_handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s] %(message)s"))
         log.addHandler(self.file_handler)
         if log.level == logging.NOTSET:
             log.setLevel(logging.INFO)
 
-    def _truncate_jsonl(self, step: int) -> None:
+    def _truncate_jsonl(self, step: int) -> set[tuple[str, int]]:
+        """Keep the rows up to `step` (a torn last line from a kill is dropped); returns their (split, step)."""
         if not self.jsonl.exists():
-            return
-        lines = self.jsonl.read_text().splitlines()
-        kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
-        write_atomic(self.jsonl, "".join(line + "\n" for line in kept))
+            return set()
+        kept = []
+        for line in self.jsonl.read_text(errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+                if row["step"] <= step:
+                    kept.append(row)
+            except (ValueError, KeyError, TypeError):  # half a line written when the process was killed
+                continue
+        write_atomic(self.jsonl, "".join(json.dumps(row) + "\n" for row in kept))
+        return {(row["split"], row["step"]) for row in kept}
 
     def scalars(self, split: str, step: int, values: dict[str, float]) -> None:
+        if (split, step) in self.logged:
+            return
+        self.logged.add((split, step))
         for name, value in values.items():
             self.tb.add_scalar(f"{split}/{name}", value, step)
         plain = {k: v if math.isfinite(v) else None for k, v in values.items()}  # NaN is not JSON

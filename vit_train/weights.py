@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from .checkpoint import _load_failure
 from .config import Config
 from .errors import CheckpointError
 from .extras import require
+from .integrity import archive_damage, load_failure as _load_failure
 from .preprocess import eval_spec
 
 
@@ -55,6 +55,9 @@ def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{path} is not a readable safetensors file ({e})") from None
         return weights, {k: _json_or_text(v) for k, v in metadata.items()}
+    damage = archive_damage(path)
+    if damage:
+        raise CheckpointError(f"{path} is damaged ({damage}); get a sound copy of it")
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
@@ -81,5 +84,8 @@ def _describe(data: Any) -> str:
 def _json_or_text(value: str) -> Any:
     try:
         return json.loads(value)
+    except RecursionError:  # a hostile file: nesting deep enough to exhaust the parser's stack
+        raise CheckpointError("safetensors metadata is nested too deeply to be read; this file was not written "
+                              "by a trainer, do not use it") from None
     except ValueError:  # metadata written by another tool
         return value

@@ -21,6 +21,7 @@ so one picture gives one tensor whatever the file's mode:
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -30,18 +31,26 @@ from PIL import Image, ImageOps
 ORIENTATION = 0x0112  # the EXIF tag; 1 = upright
 SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
 # What Pillow raises for truncated, empty, foreign or oversized files. Its decompression-bomb guard
-# (Image.MAX_IMAGE_PIXELS) stays on: an oversized image counts as unreadable.
+# (Image.MAX_IMAGE_PIXELS) stays on and is made strict (see open_rgb): an oversized image counts as unreadable.
 IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 
 def open_rgb(path: str | Path) -> Image.Image:
     """The file at `path` as an 8-bit RGB Pillow image (see the module's docstring for each mode).
 
-    Raises one of IMAGE_ERRORS for a missing or unreadable file (FileNotFoundError first).
+    An image over Image.MAX_IMAGE_PIXELS (89.5 M pixels by default), which Pillow would decode after
+    a warning up to twice that, raises Image.DecompressionBombError like a larger one (a small file
+    can claim a huge size and exhaust memory in every loader worker). Raises one of IMAGE_ERRORS for
+    a missing or unreadable file (FileNotFoundError first).
     """
-    with Image.open(Path(path).expanduser()) as image:
-        image.load()
-        return to_rgb(image)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            with Image.open(Path(path).expanduser()) as image:
+                image.load()
+                return to_rgb(image)
+        except Image.DecompressionBombWarning as e:
+            raise Image.DecompressionBombError(f"{e} (vit-train refuses images over this limit)") from None
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

@@ -1,0 +1,39 @@
+"""A run that fills a small tmpfs, then resumes after space is freed. Run by test_faults.py in a
+private mount namespace (`unshare -m`, or `unshare -rm` as a normal user), where it mounts the tmpfs
+itself; writes what happened as JSON to OUT/report.json and copies the run to OUT/run.
+
+    python diskfull.py OUT SIZE_KB SECTIONS_JSON
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import tiny_config  # noqa: E402
+
+from vit_train.errors import CheckpointError  # noqa: E402
+from vit_train.trainer import train  # noqa: E402
+
+out, size_kb, sections = Path(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+mount = Path(tempfile.mkdtemp())
+subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(mount)], check=True)
+run_dir = mount / "run"
+report = {"mount": str(mount)}
+try:
+    train(tiny_config(**sections), run_dir)
+    report["first"] = "completed"
+except CheckpointError as e:
+    report["first"] = str(e)
+report["results_after_failure"] = json.loads((run_dir / "results.json").read_text()) \
+    if (run_dir / "results.json").exists() else None
+report["log_after_failure"] = (run_dir / "train.log").read_text()
+report["checkpoints_after_failure"] = sorted(p.name for p in (run_dir / "checkpoints").glob("*")) \
+    if (run_dir / "checkpoints").exists() else []
+subprocess.run(["mount", "-o", "remount,size=16m", str(mount)], check=True)  # space freed
+train(tiny_config(**sections, resume="auto"), run_dir)
+shutil.copytree(run_dir, out / "run")
+(out / "report.json").write_text(json.dumps(report))

@@ -1,0 +1,283 @@
+"""Faults injected as an adversary would, each judged against an uninterrupted run with the same
+seed (per-step losses and val rows in metrics.jsonl, TensorBoard scalars, weights with torch.equal):
+kill -9 at chosen moments, bit rot, full disks, two writers, torn logs."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_config
+
+from vit_train import integrity
+from vit_train.checkpoint import load_checkpoint
+from vit_train.metrics import RunLogger
+from vit_train.trainer import train
+
+KILLER = Path(__file__).parent / "killer.py"
+# 16 steps (2 epochs of 8), every step logged, checkpoints at 3, 6, 8 (eval), 9, 12, 15, 16 (eval).
+SECTIONS = {"trainer": {"log_every": 1, "ckpt_every": 3, "keep_last": 2}}
+
+
+def rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def tb_scalars(run_dir, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})  # purges orphaned steps, as TB does
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def assert_same_run(run_dir, reference):
+    """Every (split, step) row once, with the reference's values; the same final weights; no temp files."""
+    got, want = rows(run_dir), rows(reference)
+    keys = [(r["split"], r["step"]) for r in got]
+    assert len(keys) == len(set(keys)), f"rows logged twice: {sorted(k for k in keys if keys.count(k) > 1)}"
+    drop = ("images_per_s", "data_wait", "tflops", "mfu")  # timing
+    strip = lambda r: {k: v for k, v in r.items() if k not in drop}  # noqa: E731
+    assert sorted(map(strip, got), key=lambda r: (r["step"], r["split"])) == \
+        sorted(map(strip, want), key=lambda r: (r["step"], r["split"]))
+    for tag in ("train/loss", "val/top1"):
+        assert tb_scalars(run_dir, tag) == tb_scalars(reference, tag), tag
+    a = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    b = torch.load(reference / "checkpoints" / "last.pt", weights_only=True)
+    for part in ("model", "optimizer"):
+        flat_a, flat_b = (torch.utils._pytree.tree_flatten(x[part])[0] for x in (a, b))
+        assert all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(flat_a, flat_b)), part
+    assert not list(run_dir.rglob("*.tmp")), list(run_dir.rglob("*.tmp"))
+    assert json.loads((run_dir / "results.json").read_text())["status"] == "completed"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("reference")
+    train(tiny_config(**SECTIONS), run_dir)
+    return run_dir
+
+
+def kill_at(run_dir, fault, n, sections=SECTIONS):
+    done = subprocess.run([sys.executable, str(KILLER), json.dumps({"run_dir": str(run_dir), "sections": sections,
+                                                                    "fault": fault, "n": n})],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == -9, (done.returncode, done.stdout, done.stderr[-2000:])
+
+
+FAULTS = {  # fault, n: what the resumed run starts from
+    "before-first-checkpoint": ("row", 2),  # nothing: a fresh start in a folder holding a log
+    "temp-file-complete-not-renamed": ("tmp_done", 1),  # nothing, and a leftover last.pt.tmp
+    "half-written-checkpoint": ("mid_write", 2),  # step 3, and a half last.pt.tmp
+    "just-renamed": ("renamed", 1),  # step 3 (last.pt, no step_3 link yet)
+    "after-val-row-before-its-checkpoint": ("val_row", 1),  # step 6; the val row of step 8 was logged
+    "between-checkpoints": ("row", 11),  # step 9
+    "after-the-final-checkpoint": ("results", 1),  # step 16: the run is finished but has no results.json
+}
+FAST = ("before-first-checkpoint", "after-the-final-checkpoint")
+
+
+@pytest.mark.parametrize("case", [c if c in FAST else pytest.param(c, marks=pytest.mark.slow) for c in FAULTS])
+def test_kill_9_then_resume_auto_equals_the_uninterrupted_run(tmp_path, make_config, reference, case):
+    fault, n = FAULTS[case]
+    kill_at(tmp_path, fault, n)
+    train(make_config(**SECTIONS, resume="auto"), tmp_path)
+    assert_same_run(tmp_path, reference)
+
+
+def test_resume_auto_on_a_finished_run_adds_no_row(tmp_path, make_config, reference):
+    train(make_config(**SECTIONS), tmp_path)
+    before = rows(tmp_path)
+    train(make_config(**SECTIONS, resume="auto"), tmp_path)
+    assert rows(tmp_path) == before
+    assert_same_run(tmp_path, reference)
+
+
+def test_a_fresh_start_cuts_an_earlier_log_back_to_step_0_and_skips_a_torn_line(tmp_path):
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"split": "train", "step": 1, "loss": 2.0}\n{"split": "train", "step": 2, "lo')  # killed mid-row
+    RunLogger(tmp_path).close()
+    assert log.read_text() == ""
+    log.write_text('{"split": "train", "step": 1, "loss": 2.0}\n{"split": "val", "step": 2, "top1": 5.0}\n{"spl')
+    logger = RunLogger(tmp_path, resume_step=1)
+    logger.scalars("train", 1, {"loss": 9.0})  # already logged: not again
+    logger.scalars("train", 2, {"loss": 3.0})
+    logger.close()
+    assert [(r["split"], r["step"], r["loss"]) for r in rows(tmp_path)] == [("train", 1, 2.0), ("train", 2, 3.0)]
+
+
+# ---------------------------------------------------------------- bit rot
+
+
+def flip(path, offset, count=16):
+    data = bytearray(path.read_bytes())
+    for i in range(offset, min(offset + count, len(data))):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_bit_rot_in_last_pt_is_reported_and_the_run_falls_back_to_the_newest_sound_checkpoint(
+        tmp_path, make_config, reference, caplog):
+    sections = {"trainer": {**SECTIONS["trainer"], "keep_last": 3}}
+    train(make_config(**sections), tmp_path)  # step files 12, 15, 16; last.pt is step 16
+    last = tmp_path / "checkpoints" / "last.pt"
+    flip(last, last.stat().st_size // 2)  # step_16 too: the same file
+    train(make_config(**sections, resume="auto"), tmp_path)
+    assert "last.pt is damaged (the CRC-32 of its record" in caplog.text
+    assert "resumed from" in caplog.text and "step_00000015.pt at epoch 1, step 15" in caplog.text
+    assert_same_run(tmp_path, reference)
+
+
+def test_every_flipped_region_of_a_checkpoint_is_refused_or_harmless(tmp_path, make_config):
+    """16 bytes flipped at 48 places from the first byte to the last: the load is refused with one
+    line, or (padding, fields the reader ignores) gives exactly the saved tensors. Never a silent change."""
+    train(make_config(trainer={"max_steps": 1}), tmp_path)
+    sound = tmp_path / "checkpoints" / "last.pt"
+    original = torch.load(sound, weights_only=True)
+    size = sound.stat().st_size
+    refused = 0
+    for k in range(48):
+        damaged = tmp_path / f"damaged_{k}.pt"
+        damaged.write_bytes(sound.read_bytes())
+        flip(damaged, k * (size - 16) // 47)
+        try:
+            got = load_checkpoint(damaged)
+        except Exception as e:  # noqa: BLE001 - anything but a CheckpointError is a failure too
+            assert type(e).__name__ == "CheckpointError" and "\n" not in str(e), repr(e)
+            refused += 1
+            continue
+        for key in ("model", "optimizer", "rng"):
+            flat_a, flat_b = (torch.utils._pytree.tree_flatten(x[key])[0] for x in (got, original))
+            assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(flat_a, flat_b))
+    assert refused >= 40  # most bytes matter; the few that do not are proven harmless above
+
+
+# ---------------------------------------------------------------- two writers
+
+
+def test_a_forked_child_does_not_keep_the_lock(tmp_path):
+    from vit_train import rundir
+
+    lock = rundir.acquire(tmp_path)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # a DataLoader worker, say, that outlives the lock for a moment
+        os.read(read, 1)
+        os._exit(0)
+    try:
+        lock.release()
+        probe = subprocess.run([sys.executable, "-c", f"from vit_train import rundir; rundir.acquire({str(tmp_path)!r})"],
+                               capture_output=True, text=True)
+        assert probe.returncode == 0, probe.stderr
+    finally:
+        os.write(write, b"x")
+        os.waitpid(child, 0)
+
+
+def test_a_leftover_temp_file_is_removed_once_the_lock_is_held(tmp_path):
+    from vit_train import rundir
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.pt.tmp").write_bytes(b"PK half")
+    (tmp_path / "metrics.jsonl.tmp").write_text("{")
+    (tmp_path / "checkpoints" / "last.pt").write_bytes(b"kept")
+    rundir.acquire(tmp_path).release()
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [".lock", "last.pt"]
+
+
+# ---------------------------------------------------------------- full disks
+
+
+def private_mount_namespace() -> list[str] | None:
+    """`unshare` arguments that give a private mount namespace where this user may mount a tmpfs."""
+    if not shutil.which("unshare"):
+        return None
+    for args in (["unshare", "-m"], ["unshare", "-rm"]):  # root; an unprivileged user namespace
+        if subprocess.run([*args, "true"], capture_output=True).returncode == 0:
+            return args
+    return None
+
+
+@pytest.mark.parametrize("size_kb, kept", [
+    pytest.param(200, "there is no earlier checkpoint", marks=pytest.mark.slow),
+    (450, "the previous checkpoint there is intact")], ids=["first-checkpoint", "a-later-checkpoint"])
+def test_a_full_tmpfs_says_so_and_resume_after_freeing_space_equals_the_uninterrupted_run(
+        tmp_path, reference, size_kb, kept):
+    """A real tmpfs (290 kB checkpoints): 200 kB holds none, 450 kB holds one but not a second beside it."""
+    unshare = private_mount_namespace()
+    if unshare is None:
+        pytest.skip("cannot mount a tmpfs here (no unshare, no user namespaces); the simulated test covers the message")
+    done = subprocess.run([*unshare, sys.executable, str(Path(__file__).parent / "diskfull.py"), str(tmp_path),
+                           str(size_kb), json.dumps(SECTIONS)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    message = report["first"]
+    assert message.startswith("could not write ") and "\n" not in message, message
+    assert f"no space left on {report['mount']} (" in message and " MB free, the checkpoint needs about 0.3 MB)" in message
+    assert message.endswith(kept)
+    assert "unexpected pos" not in message
+    assert not [name for name in report["checkpoints_after_failure"] if name.endswith(".tmp")]
+    assert_same_run(tmp_path / "run", reference)
+
+
+def test_a_disk_full_write_in_torchs_own_words_is_named_as_such(tmp_path, monkeypatch):
+    """torch's stream writer reports a full disk as "unexpected pos N vs M" (a RuntimeError): the
+    message names the disk and the sizes instead. Simulated: the write fails that way while
+    shutil.disk_usage reports 0.1 MB free."""
+    import shutil as shutil_module
+    from collections import namedtuple
+
+    import vit_train.checkpoint as checkpoint_module
+    from vit_train.checkpoint import save_checkpoint
+    from vit_train.errors import CheckpointError
+
+    def full(state, f):
+        f.write(b"PK\x03\x04" + b"\0" * 100)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1321216 vs 1321104")
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(checkpoint_module.torch, "save", full)
+    monkeypatch.setattr(shutil_module, "disk_usage", lambda path: usage(2**30, 2**30 - 2**17, 2**17))
+    with pytest.raises(CheckpointError) as failed:
+        save_checkpoint({"model": {"w": torch.zeros(2**18)}}, tmp_path / "last.pt")
+    assert str(failed.value) == (f"could not write {tmp_path / 'last.pt'}: no space left on "
+                                 f"{integrity.mount_point(tmp_path)} (0.1 MB free, the checkpoint needs about 1.0 MB); "
+                                 f"there is no earlier checkpoint")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_second_vit_train_into_a_running_runs_directory_exits_2_and_changes_nothing(tmp_path):
+    """The first run is paused (SIGSTOP) mid-training while a second, with another seed, is started
+    into its hydra.run.dir: the second exits 2 naming the first's pid, not one byte of the directory
+    changes, and the first, continued, ends exactly as an undisturbed run."""
+    import signal
+
+    from test_cli import TINY, vit_train
+
+    args = [*TINY, "trainer.max_steps=12", "trainer.log_every=1", "data.num_workers=0"]
+    reference_run = tmp_path / "reference"
+    assert vit_train(*args, f"hydra.run.dir={reference_run}", cwd=tmp_path).returncode == 0
+    run = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-m", "vit_train", *args, f"hydra.run.dir={run}"], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while not ((run / "metrics.jsonl").exists() and rows(run)):
+            assert first.poll() is None, first.stderr.read()
+        os.kill(first.pid, signal.SIGSTOP)
+        before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+        second = vit_train(*args, "seed=1", f"hydra.run.dir={run}", cwd=tmp_path)
+        assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+        assert f"is in use by another vit-train run (pid {first.pid} on " in second.stderr
+        assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+    assert [(r["split"], r["step"], r.get("loss")) for r in rows(run)] == \
+        [(r["split"], r["step"], r.get("loss")) for r in rows(reference_run)]
+    a, b = (torch.load(r / "checkpoints" / "last.pt", weights_only=True)["model"] for r in (run, reference_run))
+    assert all(torch.equal(a[k], b[k]) for k in b)
