@@ -281,3 +281,27 @@ def test_a_second_vit_train_into_a_running_runs_directory_exits_2_and_changes_no
         [(r["split"], r["step"], r.get("loss")) for r in rows(reference_run)]
     a, b = (torch.load(r / "checkpoints" / "last.pt", weights_only=True)["model"] for r in (run, reference_run))
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def hold_lock(path):
+    """Another process holding the lock on `path` (until killed)."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from vit_train import rundir; "
+                               f"rundir.acquire({str(path)!r}); print('locked', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "locked\n"
+    return holder
+
+
+def test_a_second_sweep_into_a_sweep_directory_in_use_is_refused(tmp_path):
+    from test_cli import TINY, vit_train
+
+    holder = hold_lock(tmp_path / "sweep")
+    try:
+        done = vit_train("-m", *TINY, "trainer.max_steps=1", "seed=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                         cwd=tmp_path)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert f"sweep is in use by another vit-train run (pid {holder.pid} on " in done.stderr
+        assert [p.name for p in (tmp_path / "sweep").iterdir()] == [".lock"]
+    finally:
+        holder.kill()
+        holder.wait()

@@ -63,6 +63,10 @@ class RunLogger:
         with open(self.jsonl, "a") as f:
             f.write(json.dumps({"split": split, "step": step, **plain}) + "\n")
 
+    def note_error(self, message: str) -> None:
+        """`message` as an error in train.log only (the command line prints it once itself)."""
+        self.file_handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, None))
+
     def config(self, config: dict[str, Any], step: int) -> None:
         text = yaml.safe_dump(config, sort_keys=False)
         self.tb.add_text("config", "    " + text.replace("\n", "\n    "), step)  # indented: shown as code
@@ -82,6 +86,9 @@ class NullLogger:
     def scalars(self, split: str, step: int, values: dict[str, float]) -> None:
         pass
 
+    def note_error(self, message: str) -> None:
+        pass
+
     def config(self, config: dict[str, Any], step: int) -> None:
         pass
 
@@ -90,9 +97,14 @@ class NullLogger:
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temporary file, then rename it over `path`: `path` is never half written."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_results(run_dir: Path, results: dict[str, Any]) -> None:

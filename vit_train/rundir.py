@@ -17,7 +17,9 @@ import os
 import socket
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from .errors import UserError
 
@@ -64,16 +66,24 @@ def acquire(run_dir: Path) -> RunLock | None:
         raise RunDirBusy(f"{run_dir} is in use by another vit-train run ({holder}); wait for it to end, or give "
                          f"this run its own directory (hydra.run.dir=...)") from None
     os.ftruncate(fd, 0)
+    program = Path(sys.argv[0]).name.replace("__main__.py", "vit-train")  # python -m vit_train
     os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime(
-        "%Y-%m-%d %H:%M:%S"), "command": " ".join(["vit-train", *sys.argv[1:]])[:500]}).encode(), 0)
+        "%Y-%m-%d %H:%M:%S"), "command": " ".join([program, *sys.argv[1:]])[:500]}).encode(), 0)
     lock = _held[run_dir] = RunLock(run_dir, fd)
     remove_leftovers(run_dir)
     return lock
 
 
-def holds(run_dir: Path) -> bool:
-    """Whether this process holds the lock on `run_dir`."""
-    return Path(run_dir).resolve() in _held
+@contextmanager
+def locked(run_dir: Path, enabled: bool = True) -> Iterator[None]:
+    """Hold the lock on `run_dir` for the block (unless not `enabled`, or this process holds it already:
+    then whoever took it releases it). Raises RunDirBusy."""
+    lock = acquire(run_dir) if enabled else None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def release(run_dir: Path) -> None:
