@@ -17,7 +17,7 @@ from conftest import tiny_config
 from vit_train.checkpoint import load_checkpoint
 from vit_train.weights import export_safetensors, load_weights
 from vit_train.data import build_data
-from vit_train.data.imagefolder import open_image
+from vit_train.data.decode import open_rgb
 from vit_train.errors import CheckpointError, DataError
 from vit_train.integrity import load_failure
 from vit_train.model import build_model
@@ -143,7 +143,7 @@ def test_decompression_bombs_are_refused_before_decoding(tmp_path, side):
     that; 10_000^2 = 100 M pixels would be decoded (300 MB as RGB) after a warning. Both are refused."""
     png_claiming(tmp_path / "bomb.png", side, side)
     with pytest.raises(Image.DecompressionBombError, match="vit-train refuses|exceeds limit"):
-        open_image(tmp_path / "bomb.png")
+        open_rgb(tmp_path / "bomb.png")
 
 
 def test_vit_predict_refuses_a_bomb_in_one_line(tmp_path, checkpoint):
