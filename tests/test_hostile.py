@@ -15,7 +15,7 @@ from PIL import Image
 from conftest import tiny_config
 
 from vit_train.checkpoint import load_checkpoint
-from vit_train.weights import export_safetensors, load_weights
+from vit_train.weights import load_weights
 from vit_train.data import build_data
 from vit_train.data.decode import open_rgb
 from vit_train.errors import CheckpointError, DataError
