@@ -39,7 +39,10 @@ class TransformedDataset(Dataset):
             except UnreadableImage:
                 unreadable = index if unreadable < 0 else unreadable
         else:
-            raise DataError(f"{MAX_REPLACEMENTS} unreadable images in a row after index {index}; check the data")
+            samples = getattr(self.base, "samples", None)
+            first = f" from {samples[index][0]}" if samples else f" from index {index}"
+            raise DataError(f"{MAX_REPLACEMENTS} unreadable images in a row{first} (a whole class folder gone or "
+                            f"damaged?); check that the data is in place and readable, then resume")
         if seed is None:
             return self.transform(image), label, unreadable
         with torch.random.fork_rng(devices=[]):  # leave the caller's RNG (dropout, ...) untouched
