@@ -79,7 +79,7 @@ def test_option_files_set_only_what_differs_from_the_schema(group, option):
 
 @pytest.mark.parametrize("group, option", OPTIONS + [("experiment", p.stem) for p in (CONFIGS / "experiment").glob("*.yaml")])
 def test_no_option_or_recipe_sets_a_key_it_ignores(group, option):
-    extra = ["data.root=/somewhere"] if option == "imagefolder" or option.startswith("imagenet") else []
+    extra = ["data.root=/somewhere"] if option == "imagefolder" or option.startswith(("imagenet", "imagefolder")) else []
     extra += ["distill.teacher=t.pt"] if option.endswith("distilled") or option == "distill" else []
     cfg = Config.from_dict(composed([f"{group}={option}", *extra]))
     assert ignored_keys(cfg) == []

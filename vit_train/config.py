@@ -131,7 +131,9 @@ class TrainerConfig:
 @dataclass
 class ObjectiveConfig:
     # what the training loss is (vit_train/objectives.py); pick with the config group objective=NAME
-    name: Literal["classify", "distill"] = "classify"  # classify: cross-entropy on the labels; distill: DeiT's (distill.*)
+    # classify: cross-entropy on the labels; distill: DeiT's (distill.*); mae: masked-autoencoder
+    # pre-training without labels (mae.*, docs/mae.md)
+    name: Literal["classify", "distill", "mae"] = "classify"
 
 
 @dataclass
@@ -258,7 +260,10 @@ class Config:
         return self
 
     def _validate_mae(self) -> None:
-        e, m = self.mae, self.model
+        e, m, a = self.mae, self.model, self.aug
+        _require(self.objective.name != "mae" or (a.mixup_alpha == 0 and a.cutmix_alpha == 0),
+                 f"objective.name=mae reads no labels, so batch mixing has nothing to mix: set aug.mixup_alpha=0 and "
+                 f"aug.cutmix_alpha=0 (got {a.mixup_alpha} and {a.cutmix_alpha})")
         _require(0.0 < e.mask_ratio < 1.0, f"mae.mask_ratio must be in (0, 1), got {e.mask_ratio}")
         patches = (m.img_size // m.patch_size) ** 2
         _require(int(patches * (1 - e.mask_ratio)) >= 1, f"mae.mask_ratio={e.mask_ratio} leaves no visible "

@@ -18,6 +18,7 @@ from .config import Config
 from .data.decode import IMAGE_ERRORS, open_rgb
 from .errors import CheckpointError, ConfigError, DataError
 from .extras import available, require
+from .mae import MaskedAutoencoder, build_mae
 from .model import VisionTransformer, build_model
 from .preprocess import eval_spec, eval_transform
 from .pretrained import resize_pos_embed
@@ -48,9 +49,15 @@ def load_for_inference(path: str | Path, weights: Weights = "auto",
     if weights == "ema" and not ckpt.get("ema"):
         raise CheckpointError(f"{path} has no EMA weights (the run had trainer.ema_decay=null); use weights=model")
     source = "ema" if weights == "ema" or (weights == "auto" and ckpt.get("ema")) else "model"
-    model = build_model(cfg.model, len(ckpt["class_names"]))
-    model.load_state_dict(at_size(model, ema_weights(ckpt["ema"]) if source == "ema" else ckpt["model"]))
-    if cfg.model.img_size != ckpt["config"]["model"]["img_size"]:
+    mae = cfg.objective.name == "mae"  # a masked-autoencoder pre-training checkpoint (docs/mae.md)
+    resized = cfg.model.img_size != ckpt["config"]["model"]["img_size"]
+    if mae and resized:
+        raise ConfigError(f"model.img_size cannot change for a masked-autoencoder checkpoint (trained at "
+                          f"{ckpt['config']['model']['img_size']}); evaluate it at its own size")
+    model = build_mae(cfg) if mae else build_model(cfg.model, len(ckpt["class_names"]))
+    state = ema_weights(ckpt["ema"]) if source == "ema" else ckpt["model"]
+    model.load_state_dict(state if mae else at_size(model, state))
+    if resized:
         log.info("evaluating at %dx%d, trained at %dx%d: positions interpolated", cfg.model.img_size,
                  cfg.model.img_size, ckpt["config"]["model"]["img_size"], ckpt["config"]["model"]["img_size"])
         ckpt = {**ckpt, "preprocess": None}  # the preprocessing follows the new size
@@ -90,6 +97,7 @@ def read_image(path: str | Path) -> Image.Image:
 @torch.no_grad()
 def predict(model: VisionTransformer, ckpt: dict, cfg: Config, files: list[str], top_k: int = 5) -> list[dict]:
     """For each file, the `top_k` classes with their probabilities, most likely first."""
+    refuse_pretraining(model, "predicts no classes")
     if not files:
         raise ConfigError("no images given: images=[a.jpg,b.png]")
     transform = eval_transform(ckpt.get("preprocess") or eval_spec(cfg))
@@ -114,7 +122,15 @@ def export(model: VisionTransformer, cfg: Config, ckpt: dict, source: str, fmt: 
     return {"path": str(out), "format": fmt, "weights": source, **export_onnx(model, cfg.model.img_size, out)}
 
 
+def refuse_pretraining(model: torch.nn.Module, what: str) -> None:
+    """A masked-autoencoder checkpoint (objective mae) has no classifier: one line on what to do instead."""
+    if isinstance(model, MaskedAutoencoder):
+        raise ConfigError(f"this is a masked-autoencoder pre-training checkpoint (objective=mae); it {what}. "
+                          f"Fine-tune it first: vit-train model.pretrained=<its run directory> (docs/mae.md)")
+
+
 def export_onnx(model: VisionTransformer, img_size: int, out: Path) -> dict[str, Any]:
+    refuse_pretraining(model, "has no classifier to export to ONNX (format=safetensors writes its weights)")
     require("onnx", "ONNX export")
     require("onnxscript", "ONNX export")
     example = torch.randn(2, 3, img_size, img_size)

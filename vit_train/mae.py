@@ -21,6 +21,7 @@ from .config import Config
 from .model import Block, VisionTransformer, build_model, sincos_2d
 
 NORM_PIX_EPS = 1e-6  # added to the patch variance before the square root, as in facebookresearch/mae
+EVAL_SEED = 12345  # seeds the val masks: the same at every evaluation and figure, so they compare across steps
 
 
 def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:
@@ -117,8 +118,9 @@ class MaskedAutoencoder(nn.Module):
     """Encoder (a VisionTransformer, head unused) + MaeDecoder; forward(images, noise) -> (pred, mask)."""
 
     def __init__(self, encoder: VisionTransformer, mask_ratio: float = 0.75, decoder_dim: int = 128,
-                 decoder_depth: int = 2, decoder_heads: int = 4):
+                 decoder_depth: int = 2, decoder_heads: int = 4, norm_pix_loss: bool = True):
         super().__init__()
+        self.norm_pix_loss = norm_pix_loss  # what the decoder learns to predict; figures map it back
         self.encoder = encoder
         self.decoder = MaeDecoder(encoder, decoder_dim, decoder_depth, decoder_heads)
         self.mask_ratio = mask_ratio
@@ -203,7 +205,8 @@ def reconstruct(model: MaskedAutoencoder, images: torch.Tensor, noise: torch.Ten
 def build_mae(cfg: Config) -> MaskedAutoencoder:
     """The encoder from `cfg.model` (no head: pre-training has no classes) and the decoder from `cfg.mae`."""
     e = cfg.mae
-    return MaskedAutoencoder(build_model(cfg.model, 0), e.mask_ratio, e.decoder_dim, e.decoder_depth, e.decoder_heads)
+    return MaskedAutoencoder(build_model(cfg.model, 0), e.mask_ratio, e.decoder_dim, e.decoder_depth, e.decoder_heads,
+                             e.norm_pix_loss)
 
 
 def mae_flops_per_image(cfg: Config) -> float:

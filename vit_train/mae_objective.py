@@ -1,5 +1,5 @@
-"""The `mae` objective as the training loop uses it: the loss call, the val reconstruction loss and
-the reconstruction figure. The model and the loss are in mae.py."""
+"""The `mae` objective as the training loop uses it: the loss call and the val reconstruction loss.
+The model and the loss are in mae.py, the reconstruction figure in visualize.py."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from torch import nn
 
 from .config import Config
 from .distributed import context, sum_all
-from .mae import MaskedAutoencoder, MaskSampler, reconstruct, reconstruction_loss
-from .visualize import denormalize, reconstruction_figure
+from .mae import EVAL_SEED, MaskSampler, reconstruction_loss
 
 
 class MaeObjective:
@@ -39,9 +38,6 @@ class MaeObjective:
         self.masks.load_state_dict(state)
 
 
-EVAL_SEED = 12345  # the val masks: the same at every evaluation, so val losses compare across steps
-
-
 @torch.no_grad()
 def evaluate_reconstruction(model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None,
                             cfg: Config) -> dict[str, float]:
@@ -59,17 +55,3 @@ def evaluate_reconstruction(model: nn.Module, loader, device: torch.device, amp_
     model.train(was_training)
     sum_all(totals)
     return {"loss": (totals[0] / totals[1]).item()}
-
-
-def reconstruction_figures(model: MaskedAutoencoder, images: torch.Tensor, stats: tuple, norm_pix_loss: bool):
-    """{"reconstruction": figure} of original / masked / reconstruction for normalised `images`, with the
-    fixed val masks (EVAL_SEED), so figures from different steps show the same masks."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    images = images.to(device)
-    noise = MaskSampler(EVAL_SEED).noise(len(images), model.num_patches, device)
-    masked, rebuilt = reconstruct(model, images, noise, norm_pix_loss)
-    model.train(was_training)
-    shown = [denormalize(x.cpu(), stats) for x in (images, masked, rebuilt)]
-    return {"reconstruction": reconstruction_figure(*shown, model.mask_ratio)}

@@ -119,6 +119,7 @@ def results_summary(status: str, state, metrics: dict[str, float], steps_per_epo
         "status": status, "best_top1": state.best_top1 if state.best_top1 >= 0 else None,
         "best_step": state.best_step, "best_source": state.best_source, "final_top1": metrics.get("top1"),
         "final_top5": metrics.get("top5"), "final_loss": metrics.get("loss"), "final_ema_top1": metrics.get("ema_top1"),
+        "best_loss": state.best_loss if math.isfinite(state.best_loss) else None,  # objective mae: lowest val loss
         "epochs": state.epoch + state.batch_in_epoch / steps_per_epoch,
         "steps": state.step, "skipped_steps": state.skipped_steps,
         "images_per_s": state.images_seen / state.train_seconds if state.train_seconds else None,

@@ -64,8 +64,14 @@ def build_distill(cfg: Config, model: nn.Module, num_classes: int) -> Objective:
     return build(cfg, model, num_classes)
 
 
+def build_mae(cfg: Config, model: nn.Module, num_classes: int) -> Objective:
+    from .mae_objective import MaeObjective  # the masked autoencoder's own module (He et al. 2022)
+
+    return MaeObjective(cfg)
+
+
 BUILDERS: dict[str, Callable[[Config, nn.Module, int], Objective]] = {"classify": build_classify,
-                                                                      "distill": build_distill}
+                                                                      "distill": build_distill, "mae": build_mae}
 
 
 def objective_state(objective: Objective) -> dict[str, Any] | None:

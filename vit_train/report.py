@@ -17,7 +17,9 @@ from .device import autocast_dtype, pick_device
 from .evaluate import evaluate
 from .inference import Weights, load_for_inference
 from .metrics import write_atomic
-from .visualize import first_images, model_figures, save_figure
+from .mae import MaskedAutoencoder
+from .mae_objective import evaluate_reconstruction
+from .visualize import first_images, model_figures, reconstruction_figures, save_figure
 
 log = logging.getLogger("vit_train")
 
@@ -39,6 +41,8 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights
     data = build_data(cfg, device)
     check_classes(ckpt, data.class_names)
     model.to(device)
+    if isinstance(model, MaskedAutoencoder):
+        return evaluate_pretraining(model, cfg, ckpt, source, data, device, path, attention_images, out_dir)
     metrics = evaluate(model, data.val_loader, device, autocast_dtype(cfg.trainer.precision, device), progress,
                        confusion=True)
     confusion = metrics.pop("confusion")
@@ -53,6 +57,26 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights
     elif attention_images > 0:
         images, labels = first_images(data.val_loader, attention_images)
         figures = model_figures(model, images, labels, data.class_names, data.stats, confusion)
+        results["figures"] = [str(save_figure(fig, out / f"{name}.png")) for name, fig in figures.items()]
+    write_atomic(out / "metrics.json", json.dumps(results, indent=2) + "\n")
+    results["out_dir"] = str(out)
+    return results
+
+
+def evaluate_pretraining(model: MaskedAutoencoder, cfg, ckpt: dict, source: str, data, device: torch.device,
+                         path: Path, images: int, out_dir: str | Path | None) -> dict[str, Any]:
+    """vit-eval on a masked-autoencoder checkpoint: the val reconstruction loss with the training run's fixed
+    val masks, and the original / masked / reconstruction figure of the first `images` val images."""
+    metrics = evaluate_reconstruction(model, data.val_loader, device, autocast_dtype(cfg.trainer.precision, device),
+                                      cfg)
+    out = Path(out_dir) if out_dir else run_dir_of(str(path)) / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    results = {"checkpoint": str(path), "step": ckpt["step"], "weights": source, "data": cfg.data.name,
+               "objective": "mae", **metrics, "figures": []}
+    if images > 0 and not available("matplotlib"):
+        log.warning("figures skipped: they need matplotlib (pip install 'vit-train[viz]')")
+    elif images > 0:
+        figures = reconstruction_figures(model, first_images(data.val_loader, images)[0], data.stats)
         results["figures"] = [str(save_figure(fig, out / f"{name}.png")) for name, fig in figures.items()]
     write_atomic(out / "metrics.json", json.dumps(results, indent=2) + "\n")
     results["out_dir"] = str(out)

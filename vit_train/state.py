@@ -28,7 +28,8 @@ class TrainState:
     batch_in_epoch: int = 0  # batches of the current epoch already trained on
     best_top1: float = -1.0  # best val top-1 so far (%), -1 before the first eval
     best_step: int = 0
-    best_source: str = "model"  # which weights scored best_top1: "model" or "ema"
+    best_source: str = "model"  # which weights scored best_top1 (best_loss): "model" or "ema"
+    best_loss: float = float("inf")  # objective mae: lowest val reconstruction loss so far (best.pt)
     skipped_steps: int = 0  # steps whose update was skipped for a non-finite loss or gradient norm
     bad_in_a_row: int = 0
     images_seen: int = 0  # training images processed, and the seconds they took: for images/s

@@ -31,6 +31,8 @@ from .device import autocast_dtype, pick_device
 from .errors import CheckpointError, RunStopped
 from .evaluate import evaluate as evaluate_loader
 from .metrics import NullLogger, RunLogger, results_summary, write_results
+from .mae import build_mae, mae_flops_per_image
+from .mae_objective import evaluate_reconstruction
 from .model import build_model
 from .objectives import Objective, build_objective, objective_state, restore_objective
 from .optim import build_optimizer, build_scheduler
@@ -99,9 +101,10 @@ def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: d
     set_cpu_threads(t.cpu_threads)
     torch.manual_seed(cfg.seed)
     data = build_data(cfg, device, ctx.rank, ctx.world_size)
-    model = build_model(cfg.model, len(data.class_names))
+    mae = cfg.objective.name == "mae"  # a masked autoencoder around the ViT (docs/mae.md)
+    model = build_mae(cfg) if mae else build_model(cfg.model, len(data.class_names))
     if cfg.model.pretrained and not ckpt:
-        load_pretrained(model, cfg.model.pretrained)
+        load_pretrained(model.encoder if mae else model, cfg.model.pretrained)
     model.to(device)
     optimizer = build_optimizer(model, cfg.optim, device, lr=cfg.lr)
     total_steps = min(t.epochs * data.steps_per_epoch, t.max_steps or math.inf)
@@ -123,7 +126,8 @@ def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: d
     mix = BatchMix(cfg.aug, classes, cfg.seed) if BatchMix.wanted(cfg.aug) else None
     logger = RunLogger(run_dir, resume_step=state.step if ckpt else None) if ctx.is_main else NullLogger()
     visuals = TrainingVisuals(logger.tb, t.viz_every, data) if t.viz_every and ctx.is_main else None
-    window = TrainWindow(device, flops_per_image(cfg.model, classes), peak_tflops(device, amp_dtype, t.peak_tflops))
+    flops = mae_flops_per_image(cfg) if mae else flops_per_image(cfg.model, classes)
+    window = TrainWindow(device, flops, peak_tflops(device, amp_dtype, t.peak_tflops))
     return Run(cfg=cfg, run_dir=run_dir, overrides=list(overrides), ctx=ctx, device=device, amp_dtype=amp_dtype,
                data=data, model=model, step_fn=torch.compile(ddp, mode=t.compile_mode) if t.compile else ddp,
                objective=objective, mix=mix, ema=ema, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
@@ -210,6 +214,8 @@ def save(run: Run, best: bool = False) -> None:
 
 def evaluate(run: Run) -> dict[str, float]:
     """Evaluates the model (and its EMA) on the val set; best.pt follows whichever of the two scores higher."""
+    if run.cfg.objective.name == "mae":
+        return evaluate_mae(run)
     state, progress = run.state, run.cfg.trainer.progress and run.ctx.is_main
     with run.window.paused():
         metrics = evaluate_loader(run.eval_fn, run.data.val_loader, run.device, run.amp_dtype, progress,
@@ -233,6 +239,30 @@ def evaluate(run: Run) -> dict[str, float]:
     return metrics
 
 
+def evaluate_mae(run: Run) -> dict[str, float]:
+    """MAE: the val reconstruction loss (fixed masks) of the model and its EMA; best.pt follows the lower."""
+    state = run.state
+    with run.window.paused():
+        metrics = evaluate_reconstruction(run.eval_fn, run.data.val_loader, run.device, run.amp_dtype, run.cfg)
+        if run.visuals is not None:
+            run.visuals.after_eval(run.model, state.step, None)
+        run.logger.scalars("val", state.step, metrics)
+        scores, ema_text = {"model": metrics["loss"]}, ""
+        if run.ema is not None:
+            ema_metrics = evaluate_reconstruction(run.ema.module, run.data.val_loader, run.device, run.amp_dtype,
+                                                  run.cfg)
+            run.logger.scalars("val_ema", state.step, ema_metrics)
+            metrics["ema_loss"] = scores["ema"] = ema_metrics["loss"]
+            ema_text = f", EMA {ema_metrics['loss']:.4f}"
+    source = min(scores, key=scores.get)  # the raw model wins a tie
+    if scores[source] < state.best_loss:
+        state.best_loss, state.best_step, state.best_source = scores[source], state.step, source
+    log.info("step %d (epoch %d): val reconstruction loss %.4f%s (best %.4f, %s)", state.step, state.epoch,
+             metrics["loss"], ema_text, state.best_loss, state.best_source)
+    run.metrics = metrics
+    return metrics
+
+
 def finish(run: Run, status: str) -> dict[str, Any]:
     """results.json (rank 0) and the closing log line; returns the results."""
     state = run.state
@@ -241,6 +271,8 @@ def finish(run: Run, status: str) -> dict[str, Any]:
     if run.ctx.is_main:
         write_results(run.run_dir, results)
     best = f"best top-1 {state.best_top1:.2f}% (step {state.best_step})" if state.best_top1 >= 0 else "not evaluated"
+    if math.isfinite(state.best_loss):
+        best = f"best val reconstruction loss {state.best_loss:.4f} (step {state.best_step})"
     log.info("%s: %s, %d steps (%d skipped), %.0f images/s, %.0f s; outputs in %s", status, best, state.step,
              state.skipped_steps, results["images_per_s"] or 0, results["wall_seconds"], run.run_dir)
     run.logger.close()

@@ -41,6 +41,8 @@ RULES: dict[str, tuple[Callable[[Config], bool], str, str]] = {
     "data.bad_images": (lambda c: c.data.name != "imagefolder", D, "data=imagefolder"),
     "data.max_bad_fraction": (lambda c: c.data.name != "imagefolder", D, "data=imagefolder"),
     "trainer.compile_mode": (lambda c: not c.trainer.compile, "trainer.compile=false", "trainer.compile=true"),
+    **{f"mae.{key}": (lambda c: c.objective.name != "mae", "objective={c.objective.name}", "objective=mae")
+       for key in ("mask_ratio", "decoder_dim", "decoder_depth", "decoder_heads", "norm_pix_loss")},
 }
 RULES.update({f"distill.{key}": (lambda c: c.objective.name != "distill", "objective.name={c.objective.name}",
                                  "objective=distill") for key in ("teacher", "teacher_arch", "type", "alpha", "tau")})

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .extras import require
+from .mae import EVAL_SEED, MaskedAutoencoder, MaskSampler, reconstruct
 from .model import VisionTransformer
 
 CELL = 1.6  # inches per image tile
@@ -217,6 +218,21 @@ def reconstruction_figure(original: torch.Tensor, masked: torch.Tensor, reconstr
     return fig
 
 
+@torch.no_grad()
+def reconstruction_figures(model: MaskedAutoencoder, images: torch.Tensor, stats: tuple) -> dict:
+    """{"reconstruction": figure}: original / masked / reconstruction of normalised `images`, with the
+    fixed val masks (mae.EVAL_SEED), so figures of different steps compare."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    images = images.to(device)
+    noise = MaskSampler(EVAL_SEED).noise(len(images), model.num_patches, device)
+    masked, rebuilt = reconstruct(model, images, noise, model.norm_pix_loss)
+    model.train(was_training)
+    shown = [denormalize(x.cpu(), stats) for x in (images, masked, rebuilt)]
+    return {"reconstruction": reconstruction_figure(*shown, model.mask_ratio)}
+
+
 def save_figure(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
@@ -279,11 +295,15 @@ class TrainingVisuals:
         self.evals = 0
         self.batch_shown = False
 
-    def after_eval(self, model: VisionTransformer, step: int, confusion: torch.Tensor | None) -> None:
+    def after_eval(self, model: VisionTransformer | MaskedAutoencoder, step: int,
+                   confusion: torch.Tensor | None) -> None:
         self.evals += 1
         if self.evals % self.every:
             return
-        figures = model_figures(model, self.images, self.labels, self.data.class_names, self.data.stats, confusion)
+        if isinstance(model, MaskedAutoencoder):
+            figures = reconstruction_figures(model, self.images, self.data.stats)
+        else:
+            figures = model_figures(model, self.images, self.labels, self.data.class_names, self.data.stats, confusion)
         for name, fig in figures.items():
             self.tb.add_figure(f"figures/{name}", fig, step)
 

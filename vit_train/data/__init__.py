@@ -72,7 +72,10 @@ def load_splits(cfg: Config):
         root = d.root or "data"
         (train_x, train_y), (val_x, val_y), names = cifar.load_cifar(d.name, root, d.download)
         return TensorImages(train_x, train_y), TensorImages(val_x, val_y), names, data_stats(d.name), 32
-    train, val, names = imagefolder.load_image_folders(d.root)
+    if cfg.objective.name == "mae":  # no labels read: any folder of images will do
+        train, val, names = imagefolder.load_unlabelled_folders(d.root)
+    else:
+        train, val, names = imagefolder.load_image_folders(d.root)
     return train, val, names, data_stats(d.name), None
 
 
