@@ -24,6 +24,13 @@ def test_every_recipe_runs_a_few_steps(recipe, tmp_path, image_folder):
         data.update(name="shapes", root=None)  # the CIFAR recipes' settings, on built-in images
     data.update(batch_size=24, eval_batch_size=None, num_workers=0, train_size=48, val_size=24)
     plain["trainer"].update(max_steps=2, device="cpu", progress=False, log_every=1, compile=False, viz_every=None)
+    if plain["objective"]["name"] == "distill":  # a distillation recipe names its teacher on the command line
+        import torch
+        from vit_train.cnn import build_resnet
+
+        classes = 3 if data["name"] == "imagefolder" else 10
+        torch.save(build_resnet("resnet18", classes, 16).state_dict(), tmp_path / "teacher.pth")
+        plain["distill"].update(teacher=str(tmp_path / "teacher.pth"), teacher_arch="resnet18")
     results = train(Config.from_dict(plain), tmp_path / "run")
     assert results["status"] == "completed" and results["steps"] == 2
     if plain["objective"]["name"] == "mae":  # pre-training: a reconstruction loss, no top-1
