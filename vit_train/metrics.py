@@ -96,6 +96,18 @@ class NullLogger:
         pass
 
 
+class QuietFileHandler(logging.FileHandler):
+    """train.log; a failed write (a full disk) is said once on stderr, not as a traceback per record."""
+
+    failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            self.failed = True
+            print(f"vit-train: warning: cannot write {self.baseFilename} (the disk may be full); it misses "
+                  f"records from here on", file=sys.stderr)
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write `text` to a temporary file, then rename it over `path`: `path` is never half written."""
     tmp = path.with_name(path.name + ".tmp")
