@@ -79,7 +79,7 @@ def test_all_commands_read_values_the_same_way():
     """vit-eval's data.* values equal what vit-train composes from the same arguments (1e-2 is a number)."""
     args = ["data.max_bad_fraction=1e-2", "data.root='/d/a=b, [c] #1 é'", "data.num_workers=null",
             "data.download=false", "data.batch_size=64"]
-    _, overrides, _ = commands.parse_args(args, {"ckpt": None}, config=True)
+    _, overrides = commands.parse_args(args, {"ckpt": None}, config=True)
     train_data = composed(["data=imagefolder", *args])["data"]
     assert overrides["data"] == {k: train_data[k] for k in overrides["data"]}
     assert overrides["data"]["max_bad_fraction"] == 0.01

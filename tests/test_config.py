@@ -13,8 +13,9 @@ GROUP_FILES = sorted(
     (path.parent.name, path.stem) for path in CONFIGS.glob("*/*.yaml") if path.parent.name != "hydra"
 )
 NEEDS = {("data", "imagefolder"): ["data.root=/somewhere"], ("objective", "distill"): ["distill.teacher=t.pt"]} | {
-    ("experiment", name): ["data.root=/somewhere"] * name.startswith("imagenet") + ["distill.teacher=t.pt"] *
-    name.endswith("distilled") for _, name in GROUP_FILES if name.startswith("imagenet") or name.endswith("distilled")}
+    ("experiment", name): ["data.root=/somewhere"] * name.startswith(("imagenet", "imagefolder")) + ["distill.teacher=t.pt"] *
+    name.endswith("distilled") for _, name in GROUP_FILES if name.startswith(("imagenet", "imagefolder")) or
+    name.endswith("distilled")}
 
 
 def test_every_group_has_files():
