@@ -30,7 +30,10 @@ class RunLogger:
         self.run_dir = run_dir
         self.jsonl = run_dir / "metrics.jsonl"
         self.logged = self._truncate_jsonl(resume_step or 0)
-        # purge_step hides events an interrupted attempt wrote after the checkpoint (all of them on a fresh start)
+        if resume_step is None:  # a fresh start discards an earlier attempt's events: purging them would depend
+            for old in (run_dir / "tb").glob("events.out.tfevents.*"):  # on file names sorting by start second
+                old.unlink()
+        # purge_step hides events an interrupted attempt wrote after the checkpoint
         self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=0 if resume_step is None else resume_step + 1)
         self.file_handler = QuietFileHandler(run_dir / "train.log")
         self.file_handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s] %(message)s"))
