@@ -5,6 +5,7 @@ from here (fixtures, or `from conftest import ...`), never from one another."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -105,3 +106,13 @@ def ugly_folder(tmp_path):
     from ugly_folder import write_ugly_folder
 
     return write_ugly_folder(tmp_path / "ugly data #1, [a]=b é")
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_before():
+    """An in-process command call (cli.main, commands.run) points the root logger at the stream pytest
+    captured for that test; later tests' log lines must not go to that closed stream."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:], root.level = handlers, level

@@ -145,7 +145,7 @@ def test_vit_eval_at_another_img_size(tmp_path, make_config):
     from vit_train.report import evaluate_checkpoint
 
     train(make_config(trainer={"max_steps": 2}), tmp_path)
-    _, overrides, _ = parse_args(["ckpt=x", "model.img_size=32"], {"ckpt": ...}, config=True)
+    _, overrides = parse_args(["ckpt=x", "model.img_size=32"], {"ckpt": ...}, config=True)
     assert overrides == {"model": {"img_size": 32}}
     results = evaluate_checkpoint(tmp_path / "checkpoints" / "last.pt", overrides, attention_images=0,
                                   out_dir=tmp_path / "eval32", progress=False)

@@ -13,7 +13,8 @@ from torchvision.transforms import v2
 
 from vit_train.data import SHAPES_STATS
 from vit_train.data.shapes import CLASS_NAMES, generate_shapes_with_masks
-from vit_train.inference import export, load_for_inference, predict
+from vit_train.checkpoint import load_checkpoint
+from vit_train.inference import auto_weights, export, load_for_inference, predict
 from vit_train.model import VisionTransformer
 from vit_train.pretrained import load_pretrained
 from vit_train.report import evaluate_checkpoint
@@ -34,9 +35,11 @@ def test_eval_top1_equals_the_training_runs_final_top1_for_model_and_ema(trained
     run_dir, results = trained_run
     last = run_dir / "checkpoints" / "last.pt"
     raw = evaluate_checkpoint(last, weights="model", attention_images=0, out_dir=tmp_path / "raw", progress=False)
-    ema = evaluate_checkpoint(last, attention_images=0, out_dir=tmp_path / "ema", progress=False)  # auto: EMA
+    ema = evaluate_checkpoint(last, weights="ema", attention_images=0, out_dir=tmp_path / "ema", progress=False)
     assert (raw["weights"], ema["weights"]) == ("model", "ema")
     assert raw["top1"] == results["final_top1"] and ema["top1"] == results["final_ema_top1"]
+    saved = load_checkpoint(last)  # weights=auto for last.pt reads the scores of its last evaluation
+    assert saved["last_eval"] == {"step": saved["step"], "metric": "top1", "model": raw["top1"], "ema": ema["top1"]}
     confusion = torch.tensor(raw["confusion"])
     assert confusion.sum() == raw["images"] == 500
     assert 100 * confusion.trace().item() / 500 == pytest.approx(raw["top1"])
@@ -46,9 +49,12 @@ def test_eval_top1_equals_the_training_runs_final_top1_for_model_and_ema(trained
 
 def test_vit_eval_command_prints_the_table_and_writes_figures(trained_run):
     run_dir, results = trained_run
-    done = cli("eval", f"ckpt={run_dir / 'checkpoints' / 'best.pt'}", "attention.images=4", "progress=false")
+    done = cli("eval", f"ckpt={run_dir}", "attention.images=4", "progress=false")  # a run dir: its best.pt
     assert done.returncode == 0, done.stderr
-    assert "EMA weights" in done.stdout and f"top-1 {results['best_top1']:.2f}%" in done.stdout
+    weights = {"ema": "EMA weights", "model": "model weights"}[results["best_source"]]
+    assert f"best.pt (step {results['best_step']}, {weights})" in done.stdout
+    assert f"top-1 {results['best_top1']:.2f}%" in done.stdout  # the run's best number, whichever weights won
+    assert "weights=auto: the " in done.stderr
     assert all(name in done.stdout for name in CLASS_NAMES)
     written = {p.name for p in (run_dir / "eval").iterdir()}
     assert written == {"metrics.json", "attention.png", "attention_heads.png", "position_similarity.png",
@@ -59,6 +65,53 @@ def test_vit_eval_command_prints_the_table_and_writes_figures(trained_run):
     for name in written - {"metrics.json"}:
         pixels = torch.tensor(np.array(Image.open(run_dir / "eval" / name).convert("L")), dtype=torch.float)
         assert pixels.std() > 20, f"{name} looks blank"
+
+
+@pytest.mark.parametrize("won", ["model", "ema"])
+def test_auto_weights_are_the_ones_that_scored_best_for_best_pt(trained_run, tmp_path, won):
+    """best.pt with best_source forced each way: weights=auto evaluates that side, in vit-eval,
+    vit-predict and vit-export alike (all load through load_for_inference)."""
+    run_dir, _ = trained_run
+    ckpt = load_checkpoint(run_dir / "checkpoints" / "best.pt")
+    ckpt["best_source"], ckpt["last_eval"] = won, None
+    torch.save(ckpt, tmp_path / "best.pt")
+    model, _, _, source = load_for_inference(tmp_path / "best.pt")
+    assert source == won
+    expected, *_ = load_for_inference(tmp_path / "best.pt", weights=won)
+    other, *_ = load_for_inference(tmp_path / "best.pt", weights="ema" if won == "model" else "model")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(model(x), expected(x)) and not torch.equal(model(x), other(x))
+
+
+@pytest.mark.parametrize("scores, won", [({"model": 80.0, "ema": 81.0}, "ema"), ({"model": 81.0, "ema": 80.0}, "model"),
+                                         ({"model": 80.0, "ema": 80.0}, "model")])  # the model wins a tie, as in training
+def test_auto_weights_for_last_pt_follow_its_last_evaluation(scores, won):
+    ckpt = {"ema": {"module.x": torch.zeros(1)}, "step": 9, "best_step": 3, "best_top1": 90.0, "best_source": "ema",
+            "last_eval": {"step": 9, **scores}}
+    source, why = auto_weights(ckpt)
+    assert source == won and f"{scores[won]:.2f}%" in why and "step 9" in why
+    assert auto_weights({**ckpt, "ema": None})[0] == "model"
+    assert auto_weights({**ckpt, "last_eval": None})[0] == "ema"  # no scores at step 9: the EMA, saying so
+    assert auto_weights({**ckpt, "last_eval": None, "best_step": 9, "best_source": "model"})[0] == "model"  # at the best
+
+
+@pytest.mark.parametrize("scores, won", [({"model": 0.50, "ema": 0.40}, "ema"), ({"model": 0.40, "ema": 0.50}, "model"),
+                                         ({"model": 0.40, "ema": 0.40}, "model")])
+def test_auto_weights_for_a_masked_autoencoder_take_the_lower_loss(scores, won):
+    ckpt = {"ema": {"module.x": torch.zeros(1)}, "step": 9, "best_step": 9, "best_top1": -1.0, "best_source": "model",
+            "last_eval": {"step": 9, "metric": "loss", **scores}}
+    source, why = auto_weights(ckpt)
+    assert source == won and f"reconstruction loss {scores[won]:.4f}" in why
+
+
+def test_vit_eval_and_export_take_a_run_directory(trained_run, tmp_path):
+    run_dir, _ = trained_run
+    done = cli("export", f"ckpt={run_dir}", "format=safetensors", f"out={tmp_path / 'm.safetensors'}", "--json")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "m.safetensors").is_file()
+    done = cli("eval", f"ckpt={tmp_path}")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "holds no checkpoints" in done.stderr
 
 
 @pytest.mark.parametrize("args, message", [
@@ -193,8 +246,11 @@ def test_onnx_export_matches_pytorch_at_another_batch_size(trained_run, tmp_path
     done = cli("export", f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", "format=onnx", f"out={tmp_path / 'm.onnx'}",
                "--json")
     assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout[done.stdout.index("{"):])
-    assert result["checked"] and result["max_abs_diff"] < 1e-4 and result["weights"] == "ema"
+    assert done.stdout.startswith("{")  # the exporter's progress messages are hidden (verbose=true shows them)
+    assert "torch.onnx" not in done.stderr and done.stderr.startswith("weights=auto: "), done.stderr
+    result = json.loads(done.stdout)
+    last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert result["checked"] and result["max_abs_diff"] < 1e-4 and result["weights"] == auto_weights(last)[0]
     import onnxruntime
     model, *_ = load_for_inference(run_dir / "checkpoints" / "last.pt")
     session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])

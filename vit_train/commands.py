@@ -3,7 +3,7 @@
     vit-eval ckpt=PATH [data=cifar10] [data.root=...] [model.img_size=N] [weights=auto|model|ema]
              [attention.images=8] [out=DIR] [--json]
     vit-predict ckpt=PATH images=[a.jpg,b.png] [top_k=5] [weights=auto|model|ema] [--json]
-    vit-export ckpt=PATH format=safetensors|onnx [out=PATH] [weights=auto|model|ema]
+    vit-export ckpt=PATH format=safetensors|onnx [out=PATH] [weights=auto|model|ema] [verbose=true]
 
 Bad input ends with one line on stderr and exit status 2, as for vit-train.
 """
@@ -96,7 +96,7 @@ def _eval(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
 
 
 def eval_text(results: dict) -> str:
-    weights = {"ema": "EMA weights", "model": "model weights (no EMA)"}[results["weights"]]
+    weights = {"ema": "EMA weights", "model": "model weights"}[results["weights"]]
     written = f"\n\nwritten to {results['out_dir']}: metrics.json" + "".join(f", {Path(f).name}" for f in results["figures"])
     if results.get("objective") == "mae":
         return (f"{results['checkpoint']} (step {results['step']}, {weights}) on {results['data']} val: masked-"
@@ -125,16 +125,17 @@ def _predict(argv: list[str]) -> tuple[list, Callable[[list], str]]:
 
 
 def _export(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
-    opts, _ = parse_args(argv, {"ckpt": ..., "format": "safetensors", "out": None, "weights": "auto"})
+    opts, _ = parse_args(argv, {"ckpt": ..., "format": "safetensors", "out": None, "weights": "auto",
+                                "verbose": False})
     if opts["format"] not in ("safetensors", "onnx"):
         raise ConfigError(f"format must be safetensors or onnx; got {opts['format']!r}")
-    from .inference import export, load_for_inference
+    from .inference import checkpoint_file, export, load_for_inference
 
-    ckpt_path = Path(str(opts["ckpt"]))
+    ckpt_path = checkpoint_file(str(opts["ckpt"]))
     model, cfg, ckpt, source = load_for_inference(ckpt_path, opts["weights"])
     fmt = str(opts["format"])
     out = Path(opts["out"]).expanduser() if opts["out"] else run_dir_of(str(ckpt_path)) / "export" / f"{ckpt_path.stem}.{fmt}"
-    return export(model, cfg, ckpt, source, fmt, out), export_text
+    return export(model, cfg, ckpt, source, fmt, out, bool(opts["verbose"])), export_text
 
 
 def export_text(result: dict) -> str:

@@ -6,14 +6,17 @@ names and the preprocessing (resize, crop, normalisation), so no data set is nee
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from PIL import Image
 
-from .checkpoint import load_checkpoint
+from .checkpoint import find_resume_checkpoint, load_checkpoint
 from .config import Config
 from .data.decode import IMAGE_ERRORS, open_rgb
 from .errors import CheckpointError, ConfigError, DataError
@@ -29,15 +32,40 @@ log = logging.getLogger("vit_train")
 Weights = Literal["auto", "model", "ema"]
 
 
+def auto_weights(ckpt: dict) -> tuple[str, str]:
+    """("model" or "ema", why) for weights=auto: the weights that scored best for this checkpoint.
+
+    Its last evaluation's scores when it records them (`last_eval`, at this step or before: val top-1,
+    higher is better, or for objective mae the val reconstruction loss, lower is better), else
+    `best_source` when the checkpoint was written at the run's best step; the model wins a tie, as in
+    training. A checkpoint without EMA weights has only the model's.
+    """
+    if not ckpt.get("ema"):
+        return "model", "the run kept no EMA"
+    scores = ckpt.get("last_eval") or {}
+    if "model" in scores and "ema" in scores:
+        loss = scores.get("metric") == "loss"
+        source = "ema" if (scores["ema"] < scores["model"] if loss else scores["ema"] > scores["model"]) else "model"
+        other = "model" if source == "ema" else "ema"
+        shown = (lambda v: f"reconstruction loss {v:.4f}") if loss else (lambda v: f"top-1 {v:.2f}%")
+        return source, (f"it scored {shown(scores[source])} against the {other}'s {shown(scores[other])} at the "
+                        f"evaluation of step {scores.get('step', ckpt['step'])}")
+    if ckpt.get("best_step") == ckpt["step"] and ckpt.get("best_top1", -1) >= 0:
+        return ckpt["best_source"], f"it scored the run's best top-1, {ckpt['best_top1']:.2f}%, at this step"
+    return "ema", "no evaluation is recorded for this checkpoint"
+
+
 def load_for_inference(path: str | Path, weights: Weights = "auto",
                        overrides: dict | None = None) -> tuple[VisionTransformer, Config, dict, str]:
     """(model in eval mode on the CPU, config, checkpoint, "model" or "ema") from a vit-train checkpoint.
 
-    weights=auto takes the EMA weights when the checkpoint has them. `overrides` (plain nested dict)
+    `path` is a .pt file or a run directory (its best.pt). weights=auto takes the weights that scored
+    best for this checkpoint (`auto_weights`) and logs which and why. `overrides` (plain nested dict)
     are merged into the saved config, e.g. another data root; the model's shape cannot change, but
     model.img_size can: learned positions are then interpolated as for fine-tuning (bicubic).
+    Raises ConfigError, CheckpointError.
     """
-    ckpt = load_checkpoint(Path(path))
+    ckpt = load_checkpoint(checkpoint_file(path))
     plain = _merge(ckpt["config"], overrides or {})
     changed = [f"model.{k}" for k in plain["model"]
                if plain["model"][k] != ckpt["config"]["model"].get(k) and k != "img_size"]
@@ -48,7 +76,11 @@ def load_for_inference(path: str | Path, weights: Weights = "auto",
         raise ConfigError(f"weights must be auto, model or ema; got {weights!r}")
     if weights == "ema" and not ckpt.get("ema"):
         raise CheckpointError(f"{path} has no EMA weights (the run had trainer.ema_decay=null); use weights=model")
-    source = "ema" if weights == "ema" or (weights == "auto" and ckpt.get("ema")) else "model"
+    source = weights
+    if weights == "auto":
+        source, why = auto_weights(ckpt)
+        log.info("weights=auto: the %s weights, as %s (weights=model or weights=ema to choose)",
+                 "EMA" if source == "ema" else "model's", why)
     mae = cfg.objective.name == "mae"  # a masked-autoencoder pre-training checkpoint (docs/mae.md)
     resized = cfg.model.img_size != ckpt["config"]["model"]["img_size"]
     if mae and resized:
@@ -75,6 +107,18 @@ def at_size(model: VisionTransformer, weights: dict[str, torch.Tensor]) -> dict[
     pos = resize_pos_embed(weights["pos_embed"], model.num_prefix_tokens, model.patch_embed.grid_size,
                            source_prefix=model.num_prefix_tokens)
     return {**weights, "pos_embed": pos}
+
+
+def checkpoint_file(path: str | Path) -> Path:
+    """The checkpoint a path names: the file itself, or a run directory's (or its checkpoints/
+    folder's) best.pt, else its newest readable checkpoint, as resume=PATH takes it."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        return path
+    folder = path if path.name == "checkpoints" else path / "checkpoints"
+    if (folder / "best.pt").is_file():
+        return folder / "best.pt"
+    return find_resume_checkpoint(str(path), path, mmap=True)[0]
 
 
 def _merge(base: dict, extra: dict) -> dict:
@@ -110,16 +154,18 @@ def predict(model: VisionTransformer, ckpt: dict, cfg: Config, files: list[str],
             for f, values, indices in zip(files, top.values, top.indices)]
 
 
-def export(model: VisionTransformer, cfg: Config, ckpt: dict, source: str, fmt: str, out: Path) -> dict[str, Any]:
+def export(model: VisionTransformer, cfg: Config, ckpt: dict, source: str, fmt: str, out: Path,
+           verbose: bool = False) -> dict[str, Any]:
     """Write the weights as safetensors (config, class names, preprocessing in the metadata) or ONNX
-    (input 'images' with a dynamic batch axis, output 'logits'); returns what was written and checked."""
+    (input 'images' with a dynamic batch axis, output 'logits'); returns what was written and checked.
+    The ONNX exporter's progress messages are shown only with `verbose`."""
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "safetensors":
         export_safetensors(ckpt, out, source)
         return {"path": str(out), "format": fmt, "weights": source}
     if fmt != "onnx":
         raise ConfigError(f"format must be safetensors or onnx; got {fmt!r}")
-    return {"path": str(out), "format": fmt, "weights": source, **export_onnx(model, cfg.model.img_size, out)}
+    return {"path": str(out), "format": fmt, "weights": source, **export_onnx(model, cfg.model.img_size, out, verbose)}
 
 
 def refuse_pretraining(model: torch.nn.Module, what: str) -> None:
@@ -129,14 +175,27 @@ def refuse_pretraining(model: torch.nn.Module, what: str) -> None:
                           f"Fine-tune it first: vit-train model.pretrained=<its run directory> (docs/mae.md)")
 
 
-def export_onnx(model: VisionTransformer, img_size: int, out: Path) -> dict[str, Any]:
+def export_onnx(model: VisionTransformer, img_size: int, out: Path, verbose: bool = False) -> dict[str, Any]:
     refuse_pretraining(model, "has no classifier to export to ONNX (format=safetensors writes its weights)")
     require("onnx", "ONNX export")
     require("onnxscript", "ONNX export")
     example = torch.randn(2, 3, img_size, img_size)
     batch = torch.export.Dim("batch", min=1)
-    torch.onnx.export(model, (example,), str(out), input_names=["images"], output_names=["logits"],
-                      dynamic_shapes={"x": {0: batch}}, dynamo=True, verbose=False)
+    chatter = io.StringIO()
+    with contextlib.ExitStack() as quiet:
+        if not verbose:  # "[torch.onnx] Obtain model graph ... ✅" and the like
+            quiet.enter_context(contextlib.redirect_stdout(chatter))
+            quiet.enter_context(contextlib.redirect_stderr(chatter))
+            quiet.enter_context(warnings.catch_warnings())
+            warnings.simplefilter("ignore")
+        try:
+            torch.onnx.export(model, (example,), str(out), input_names=["images"], output_names=["logits"],
+                              dynamic_shapes={"x": {0: batch}}, dynamo=True, verbose=verbose)
+        except Exception as e:
+            detail = (chatter.getvalue().strip().splitlines() or [""])[-1]
+            raise CheckpointError(f"the ONNX export failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                                  f"{'; ' + detail if detail else ''}); rerun with verbose=true to see the exporter's "
+                                  f"messages") from None
     if not available("onnxruntime"):
         log.warning("onnxruntime is not installed, so the ONNX file was not checked against PyTorch")
         return {"checked": False}

@@ -15,7 +15,7 @@ from .data import build_data
 from .extras import available
 from .device import autocast_dtype, pick_device
 from .evaluate import evaluate
-from .inference import Weights, load_for_inference
+from .inference import Weights, checkpoint_file, load_for_inference
 from .metrics import write_atomic
 from .mae import MaskedAutoencoder
 from .mae_objective import evaluate_reconstruction
@@ -35,7 +35,7 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights
                         progress: bool = True) -> dict[str, Any]:
     """Evaluate a checkpoint on its val set (or another with the same classes); write metrics.json and
     the figures to `out_dir` (default: the run's eval/ folder); returns the metrics."""
-    path = Path(path)
+    path = checkpoint_file(path)
     model, cfg, ckpt, source = load_for_inference(path, weights, overrides)
     device = pick_device(cfg.trainer.device)
     data = build_data(cfg, device)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -30,6 +30,7 @@ class TrainState:
     best_step: int = 0
     best_source: str = "model"  # which weights scored best_top1 (best_loss): "model" or "ema"
     best_loss: float = float("inf")  # objective mae: lowest val reconstruction loss so far (best.pt)
+    last_eval: Optional[dict] = None  # the latest evaluation: {"step", "metric": "top1"|"loss", "model", "ema"}
     skipped_steps: int = 0  # steps whose update was skipped for a non-finite loss or gradient norm
     bad_in_a_row: int = 0
     images_seen: int = 0  # training images processed, and the seconds they took: for images/s

@@ -230,6 +230,7 @@ def evaluate(run: Run) -> dict[str, float]:
             metrics["ema_top1"] = scores["ema"] = ema_metrics["top1"]
             ema_text = f", EMA top-1 {ema_metrics['top1']:.2f}%"
     source = max(scores, key=scores.get)  # the raw model wins a tie
+    state.last_eval = {"step": state.step, "metric": "top1", **scores}  # weights=auto (vit-eval/predict/export)
     if scores[source] > state.best_top1:
         state.best_top1, state.best_step, state.best_source = scores[source], state.step, source
     log.info("step %d (epoch %d): val loss %.4f, top-1 %.2f%%, top-5 %.2f%%%s (best %.2f%%, %s)", state.step,
@@ -255,6 +256,7 @@ def evaluate_mae(run: Run) -> dict[str, float]:
             metrics["ema_loss"] = scores["ema"] = ema_metrics["loss"]
             ema_text = f", EMA {ema_metrics['loss']:.4f}"
     source = min(scores, key=scores.get)  # the raw model wins a tie
+    state.last_eval = {"step": state.step, "metric": "loss", **scores}  # weights=auto (vit-eval/predict/export)
     if scores[source] < state.best_loss:
         state.best_loss, state.best_step, state.best_source = scores[source], state.step, source
     log.info("step %d (epoch %d): val reconstruction loss %.4f%s (best %.4f, %s)", state.step, state.epoch,
