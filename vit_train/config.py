@@ -1,8 +1,8 @@
 """The typed run config: one dataclass per component, validated before any work starts.
 
 The YAML files under configs/ compose (with Hydra, in cli.py) into a plain dict; `Config.from_dict`
-checks every key and type against the dataclasses below and `validate` checks the combinations.
-Nothing here imports torch, so a bad config fails in milliseconds.
+checks every key and type against the dataclasses below and `validate` the combinations
+(config_checks.py). Nothing here imports torch, so a bad config fails in milliseconds.
 """
 
 from __future__ import annotations
@@ -196,93 +196,11 @@ class Config:
         return self.optim.lr * (self.data.batch_size / base if base else 1.0)
 
     def validate(self) -> "Config":
-        """Fill data-set defaults and refuse combinations that cannot run; returns self."""
-        m, d, t = self.model, self.data, self.trainer
-        default_img, default_patch = DATASET_DEFAULTS[d.name]
-        m.img_size = default_img if m.img_size is None else m.img_size
-        m.patch_size = default_patch if m.patch_size is None else m.patch_size
-        _positive(
-            ("model.img_size", m.img_size), ("model.patch_size", m.patch_size),
-            ("model.embed_dim", m.embed_dim), ("model.depth", m.depth),
-            ("model.num_heads", m.num_heads), ("model.mlp_ratio", m.mlp_ratio),
-            ("data.batch_size", d.batch_size), ("data.train_size", d.train_size),
-            ("data.val_size", d.val_size), ("optim.lr", self.optim.lr),
-            ("trainer.epochs", t.epochs), ("trainer.accum_steps", t.accum_steps),
-            ("trainer.log_every", t.log_every), ("trainer.keep_last", t.keep_last),
-            ("trainer.max_bad_steps", t.max_bad_steps), ("data.repeated_aug", d.repeated_aug),
-        )
-        _require(t.ema_decay is None or 0.0 < t.ema_decay < 1.0, f"trainer.ema_decay must be in (0, 1), got {t.ema_decay}")
-        for key, value in (("data.eval_batch_size", d.eval_batch_size), ("trainer.max_steps", t.max_steps),
-                           ("trainer.eval_every", t.eval_every), ("trainer.ckpt_every", t.ckpt_every), ("trainer.viz_every", t.viz_every),
-                           ("trainer.cpu_threads", t.cpu_threads),
-                           ("sweep.devices", self.sweep.devices),
-                           ("optim.clip_grad", self.optim.clip_grad), ("optim.lr_base_batch", self.optim.lr_base_batch)):
-            if value is not None:
-                _positive((key, value))
-        _require(m.img_size % m.patch_size == 0, f"model.img_size ({m.img_size}) must be divisible by "
-                 f"model.patch_size ({m.patch_size})")
-        _require(m.embed_dim % m.num_heads == 0, f"model.embed_dim ({m.embed_dim}) must be divisible by "
-                 f"model.num_heads ({m.num_heads})")
-        _require(m.reg_tokens >= 0, f"model.reg_tokens must be >= 0, got {m.reg_tokens}")
-        if m.arch != "vit":
-            vit_only = [k for k, v in (("model.trainable=head", m.trainable == "head"), ("model.distilled", m.distilled),
-                                       ("optim.layer_decay", self.optim.layer_decay is not None)) if v]
-            _require(not vit_only, f"{', '.join(vit_only)} is for ViTs; model.arch={m.arch} does not support it")
-        _require(m.init_values is None or m.init_values > 0,
-                 f"model.init_values must be > 0 (LayerScale's initial scale, e.g. 1e-5) or null for none, got {m.init_values}")
-        _require(m.pos_embed != "sincos2d" or m.embed_dim % 4 == 0,
-                 f"model.pos_embed=sincos2d needs model.embed_dim divisible by 4, got {m.embed_dim}")
-        for key, value in (("model.dropout", m.dropout), ("model.attn_dropout", m.attn_dropout),
-                           ("model.drop_path", m.drop_path), ("aug.label_smoothing", self.aug.label_smoothing)):
-            _require(0.0 <= value < 1.0, f"{key} must be in [0, 1), got {value}")
-        self._validate_aug()
-        self._validate_mae()
-        _require(self.objective.name != "distill" or bool(self.distill.teacher),
-                 "objective=distill needs distill.teacher=PATH: a vit-train checkpoint or .safetensors, or a state-dict "
-                 "file with distill.teacher_arch=NAME")
-        _require(0.0 <= self.distill.alpha <= 1.0, f"distill.alpha must be in [0, 1], got {self.distill.alpha}")
-        _require(self.distill.tau > 0, f"distill.tau must be > 0, got {self.distill.tau}")
-        _require(0.0 <= d.max_bad_fraction <= 1.0, f"data.max_bad_fraction must be in [0, 1], got {d.max_bad_fraction}")
-        _require(d.num_workers is None or d.num_workers >= 0, f"data.num_workers must be >= 0, got {d.num_workers}")
-        _require(d.batch_size % t.accum_steps == 0, f"data.batch_size ({d.batch_size}) must be divisible "
-                 f"by trainer.accum_steps ({t.accum_steps})")
-        _require(d.name != "imagefolder" or bool(d.root),
-                 "data=imagefolder needs data.root, a folder holding train/<class>/* and val/<class>/*; "
-                 "add data.root=/path/to/images")
-        _require(self.optim.layer_decay is None or 0 < self.optim.layer_decay <= 1,
-                 f"optim.layer_decay must be in (0, 1] (e.g. 0.75 for fine-tuning) or null for off, got {self.optim.layer_decay}")
-        _require(self.optim.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.optim.weight_decay}")
-        _require(len(self.optim.betas) == 2, f"optim.betas must have two values, got {self.optim.betas}")
-        _require(self.schedule.warmup_epochs >= 0,
-                 f"schedule.warmup_epochs must be >= 0, got {self.schedule.warmup_epochs}")
-        _require(self.schedule.name != "cosine" or 0 <= self.schedule.min_lr <= self.lr, f"schedule.min_lr ({self.schedule.min_lr}) must be "
-                 f"between 0 and optim.lr ({self.lr:g}{' after batch scaling' if self.optim.lr_base_batch else ''})")
+        """Fill data-set defaults and refuse combinations that cannot run (config_checks.py); returns self."""
+        from .config_checks import check_config
+
+        check_config(self)
         return self
-
-    def _validate_mae(self) -> None:
-        e, m, a = self.mae, self.model, self.aug
-        _require(self.objective.name != "mae" or (a.mixup_alpha == 0 and a.cutmix_alpha == 0),
-                 f"objective.name=mae reads no labels, so batch mixing has nothing to mix: set aug.mixup_alpha=0 and "
-                 f"aug.cutmix_alpha=0 (got {a.mixup_alpha} and {a.cutmix_alpha})")
-        _require(0.0 < e.mask_ratio < 1.0, f"mae.mask_ratio must be in (0, 1), got {e.mask_ratio}")
-        patches = (m.img_size // m.patch_size) ** 2
-        _require(int(patches * (1 - e.mask_ratio)) >= 1, f"mae.mask_ratio={e.mask_ratio} leaves no visible "
-                 f"patch of the {patches}; lower it")
-        _positive(("mae.decoder_dim", e.decoder_dim), ("mae.decoder_depth", e.decoder_depth),
-                  ("mae.decoder_heads", e.decoder_heads))
-        _require(e.decoder_dim % e.decoder_heads == 0 and e.decoder_dim % 4 == 0, f"mae.decoder_dim "
-                 f"({e.decoder_dim}) must be divisible by mae.decoder_heads ({e.decoder_heads}) and by 4")
-
-    def _validate_aug(self) -> None:
-        a = self.aug
-        for key, value in (("aug.hflip", a.hflip), ("aug.mix_prob", a.mix_prob), ("aug.switch_prob", a.switch_prob),
-                           ("aug.random_erasing", a.random_erasing)):
-            _require(0.0 <= value <= 1.0, f"{key} must be in [0, 1], got {value}")
-        _require(0.0 < a.scale_min <= 1.0, f"aug.scale_min must be in (0, 1], got {a.scale_min}")
-        _require(a.mixup_alpha >= 0 and a.cutmix_alpha >= 0, f"aug.mixup_alpha and aug.cutmix_alpha must be >= 0 "
-                 f"(0 = off), got {a.mixup_alpha} and {a.cutmix_alpha}")
-        _require(0 <= a.randaug_m <= 30, f"aug.randaug_m must be in [0, 30], got {a.randaug_m}")
-        _require(a.randaug_n >= 0, f"aug.randaug_n must be >= 0, got {a.randaug_n}")
 
 
 def config_dir() -> str:
@@ -369,13 +287,3 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         return value
     names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
     raise ConfigError(f"{key} must be {names.get(tp, tp)}, got {value!r} ({type(value).__name__})")
-
-
-def _positive(*pairs: tuple[str, float]) -> None:
-    for key, value in pairs:
-        _require(value > 0, f"{key} must be > 0, got {value}")
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
