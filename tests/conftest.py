@@ -45,6 +45,13 @@ def composed(overrides: list[str]) -> dict:
         return OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
 
 
+def model_weights(run_dir: Path, name: str = "last.pt") -> dict:
+    """The model state dict of a run's checkpoints/<name>."""
+    import torch
+
+    return torch.load(run_dir / "checkpoints" / name, weights_only=True)["model"]
+
+
 def tiny_config(**sections) -> Config:
     """A micro ViT on a small shapes set; `sections` override keys, e.g. trainer={"max_steps": 3}."""
     plain = {

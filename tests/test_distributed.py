@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from conftest import logged, vit_train
+from conftest import logged, model_weights, vit_train
 from vit_train.data.sampler import EpochSampler
 from vit_train.report import evaluate_checkpoint
 
@@ -27,10 +27,6 @@ def torchrun(*args, cwd, nproc=2, restarts=0, wait=True):
     if not wait:
         return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-
-
-def weights(path):
-    return torch.load(path, weights_only=True)["model"]
 
 
 def assert_weights_close(a, b):
@@ -62,7 +58,7 @@ def test_two_processes_train_like_one_and_write_one_set_of_files(tmp_path):
     assert [e["step"] for e in twos] == list(range(1, 17))  # each step logged once
     for a, b in zip(ones, twos):
         assert abs(a["loss"] - b["loss"]) < 1e-5 * a["loss"], (a, b)
-    assert_weights_close(weights(tmp_path / "one" / "checkpoints" / "last.pt"), weights(run / "checkpoints" / "last.pt"))
+    assert_weights_close(model_weights(tmp_path / "one"), model_weights(run))
     # val accuracy over the whole val set (101 images, split 51 + 50), as one process evaluates it
     results = json.loads((run / "results.json").read_text())
     alone = evaluate_checkpoint(run / "checkpoints" / "last.pt", attention_images=0, out_dir=tmp_path / "eval",
@@ -84,7 +80,7 @@ def test_a_two_process_checkpoint_resumes_in_one_process(tmp_path):
     original = {e["step"]: e["loss"] for e in logged(tmp_path / "two", "train")}
     for e in logged(copy, "train"):
         assert abs(e["loss"] - original[e["step"]]) < 1e-5 * e["loss"]
-    assert_weights_close(weights(tmp_path / "two" / "checkpoints" / "last.pt"), weights(copy / "checkpoints" / "last.pt"))
+    assert_weights_close(model_weights(tmp_path / "two"), model_weights(copy))
 
 
 @pytest.mark.slow
@@ -190,5 +186,5 @@ def test_sigterm_to_the_process_group_stops_both_processes_at_one_step_and_resum
     assert resumed.returncode == 0, resumed.stdout
     assert [(e["step"], e["loss"]) for e in logged(run, "train")] == [(e["step"], e["loss"])
                                                                       for e in logged(tmp_path / "whole", "train")]
-    expected = weights(tmp_path / "whole" / "checkpoints" / "last.pt")
-    assert all(torch.equal(weights(run / "checkpoints" / "last.pt")[k], v) for k, v in expected.items())
+    expected = model_weights(tmp_path / "whole")
+    assert all(torch.equal(model_weights(run)[k], v) for k, v in expected.items())

@@ -5,7 +5,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import logged
+from conftest import logged, model_weights
 from vit_train.checkpoint import REQUIRED_KEYS
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.trainer import build_ema, train
@@ -15,10 +15,6 @@ def tb_steps(run_dir, tag):
     events = EventAccumulator(str(run_dir / "tb"))
     events.Reload()
     return [e.step for e in events.Scalars(tag)]
-
-
-def weights(run_dir, name="last.pt"):
-    return torch.load(run_dir / "checkpoints" / name, weights_only=True)["model"]
 
 
 def test_a_short_run_writes_every_output(tmp_path, make_config):
@@ -118,7 +114,7 @@ def test_resume_auto_starts_fresh_then_continues(tmp_path, make_config):
 def test_gradient_accumulation_matches_the_full_batch(tmp_path, make_config):
     full = train(make_config(trainer={"max_steps": 3}), tmp_path / "full")
     split = train(make_config(trainer={"max_steps": 3, "accum_steps": 4}), tmp_path / "split")
-    a, b = weights(tmp_path / "full"), weights(tmp_path / "split")
+    a, b = model_weights(tmp_path / "full"), model_weights(tmp_path / "split")
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
     assert full["steps"] == split["steps"] == 3
@@ -155,7 +151,7 @@ def test_compiled_model_trains_like_the_eager_one(tmp_path, make_config):
     train(make_config(trainer={"max_steps": 3}), tmp_path / "eager")
     results = train(make_config(trainer={"max_steps": 3, "compile": True}), tmp_path / "compiled")
     assert results["steps"] == 3
-    eager, compiled = weights(tmp_path / "eager"), weights(tmp_path / "compiled")
+    eager, compiled = model_weights(tmp_path / "eager"), model_weights(tmp_path / "compiled")
     assert set(compiled) == set(eager)  # saved from the plain module: no "_orig_mod." prefixes
     for name in eager:
         torch.testing.assert_close(compiled[name], eager[name], rtol=1e-4, atol=1e-5)
