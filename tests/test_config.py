@@ -77,6 +77,9 @@ def test_yaml_keys_are_exactly_schema_keys():
     ({"data": {"batch_size": 10}, "trainer": {"accum_steps": 3}}, "must be divisible by trainer.accum_steps"),
     ({"model": {"drop_path": 1.0}}, "model.drop_path must be in [0, 1)"),
     ({"schedule": {"min_lr": 1.0}}, "schedule.min_lr (1.0) must be between 0 and optim.lr"),
+    ({"sweep": {"objective": "best_loss"}}, "sweep.objective=best_loss is a loss: lower is better, so add "
+                                            "sweep.direction=minimize"),
+    ({"sweep": {"objective": "final_loss", "direction": "maximize"}}, "sweep.objective=final_loss is a loss"),
 ])
 def test_bad_config_is_refused_naming_the_key(plain, message):
     with pytest.raises(ConfigError) as info:

@@ -87,6 +87,24 @@ def test_a_failing_job_is_recorded_the_others_finish_and_the_exit_status_says_so
     assert summary.stderr.count("\n") == 1 and summary.stderr.startswith(f"vit-sweep-summary: {named}; see ")
 
 
+MAE_SHORT = [*SHORT, "objective=mae", "mae.decoder_dim=16", "mae.decoder_depth=1", "mae.decoder_heads=2",
+             "mae.mask_ratio=0.5,0.75"]
+
+
+def test_a_masked_autoencoder_sweep_minimises_its_reconstruction_loss(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    refused = vit_train("-m", *MAE_SHORT, f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)  # objective best_top1
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "add sweep.objective=best_loss sweep.direction=minimize" in refused.stderr
+    assert not (sweep_dir / "0").exists()
+    done = vit_train("-m", *MAE_SHORT, "sweep.objective=best_loss", "sweep.direction=minimize",
+                     f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    losses = sorted(results(sweep_dir / job)["best_loss"] for job in "01")
+    with open(sweep_dir / "summary.csv") as f:
+        assert [float(row["objective"]) for row in csv.DictReader(f)] == losses  # lowest first
+
+
 def test_a_sweep_directory_of_another_grid_is_not_resumed_into(grid, tmp_path):
     sweep_dir, _, first = grid
     assert first.returncode == 0

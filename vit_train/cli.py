@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import rundir
 from .config import Config, config_dir as _config_dir, known_keys, run_dir_of, unknown_key_message
+from .config_checks import LOSSES
 from .errors import ConfigError, RunStopped, UserError, exit_with
 from .extras import require
 from .rundir import RunDirBusy
@@ -286,8 +287,15 @@ def _sweep_job(cfg: DictConfig, run_dir: Path, overrides: list[str], job: int) -
 
 
 class SweepSummary(Callback):
-    """After a sweep: the summary table (printed, summary.csv, summary.md), TensorBoard HParams, and
-    exit status 1 when any job did not complete."""
+    """Before a sweep: its objective is one its jobs report. After it: the summary table (printed,
+    summary.csv, summary.md), TensorBoard HParams, and exit status 1 when any job did not complete."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        objective = str(OmegaConf.select(config, "sweep.objective"))
+        if OmegaConf.select(config, "objective.name") == "mae" and objective not in LOSSES:
+            exit_with("vit-train", ConfigError(
+                f"objective=mae jobs report a reconstruction loss and no top-1, so sweep.objective={objective} would "
+                f"be empty for every job: add sweep.objective=best_loss sweep.direction=minimize"))
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         from .sweep import incomplete_jobs, summarize

@@ -159,7 +159,8 @@ class DistillConfig:
 @dataclass
 class SweepConfig:
     # what a multirun job returns to the sweeper (a results.json key) and which way is better
-    objective: Literal["best_top1", "final_top1", "final_top5", "final_loss", "final_ema_top1"] = "best_top1"
+    objective: Literal["best_top1", "final_top1", "final_top5", "final_loss", "final_ema_top1",
+                       "best_loss"] = "best_top1"  # best_loss: objective=mae's lowest val reconstruction loss
     direction: Literal["maximize", "minimize"] = "maximize"
     devices: Optional[int] = None  # GPUs shared by parallel jobs: each job takes a free one; null = as trainer.device
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from .config import DATASET_DEFAULTS, Config
 from .errors import ConfigError
 
+LOSSES = ("best_loss", "final_loss")  # sweep.objective values that are minimised
+
 
 def check_config(cfg: Config) -> None:
     """Fill the data set's defaults for model.img_size/patch_size, then refuse what cannot run.
@@ -54,6 +56,8 @@ def check_config(cfg: Config) -> None:
     _require(cfg.objective.name != "distill" or bool(cfg.distill.teacher),
              "objective=distill needs distill.teacher=PATH: a vit-train checkpoint or .safetensors, or a state-dict "
              "file with distill.teacher_arch=NAME")
+    _require(cfg.sweep.objective not in LOSSES or cfg.sweep.direction == "minimize",
+             f"sweep.objective={cfg.sweep.objective} is a loss: lower is better, so add sweep.direction=minimize")
     _require(0.0 <= cfg.distill.alpha <= 1.0, f"distill.alpha must be in [0, 1], got {cfg.distill.alpha}")
     _require(cfg.distill.tau > 0, f"distill.tau must be > 0, got {cfg.distill.tau}")
     _require(0.0 <= d.max_bad_fraction <= 1.0, f"data.max_bad_fraction must be in [0, 1], got {d.max_bad_fraction}")
