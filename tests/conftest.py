@@ -28,6 +28,23 @@ def vit_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           env=env, timeout=300)
 
 
+def hold_lock(path: Path) -> subprocess.Popen:
+    """Another process holding the run-directory lock on `path` (vit_train/rundir.py) until killed."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from vit_train import rundir; "
+                               f"rundir.acquire({str(path)!r}); print('locked', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "locked\n"
+    return holder
+
+
+def lock_is_free(path: Path) -> bool:
+    """Whether another process could take the lock on `path` now (it tries, in a subprocess, and lets go)."""
+    probe = subprocess.run([sys.executable, "-c", f"from vit_train import rundir; rundir.acquire({str(path)!r})"],
+                           capture_output=True, text=True)
+    assert probe.returncode == 0 or "is in use by another vit-train run" in probe.stderr, probe.stderr
+    return probe.returncode == 0
+
+
 def logged(run_dir: Path, split: str) -> list[dict]:
     """The rows of a run's metrics.jsonl for `split` (train, val, val_ema), in order."""
     lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import hold_lock, tiny_config
 
 from vit_train import integrity
 from vit_train.checkpoint import load_checkpoint
@@ -221,6 +221,9 @@ def test_a_full_tmpfs_says_so_and_resume_after_freeing_space_equals_the_uninterr
     assert message.endswith(kept)
     assert "unexpected pos" not in message
     assert not [name for name in report["checkpoints_after_failure"] if name.endswith(".tmp")]
+    assert report["results_after_failure"]["status"] == "failed"
+    assert report["results_after_failure"]["error"] == message
+    assert report["log_after_failure"].rstrip().splitlines()[-1].endswith(f"[ERROR] {message}")
     assert_same_run(tmp_path / "run", reference)
 
 
@@ -281,15 +284,6 @@ def test_a_second_vit_train_into_a_running_runs_directory_exits_2_and_changes_no
         [(r["split"], r["step"], r.get("loss")) for r in rows(reference_run)]
     a, b = (torch.load(r / "checkpoints" / "last.pt", weights_only=True)["model"] for r in (run, reference_run))
     assert all(torch.equal(a[k], b[k]) for k in b)
-
-
-def hold_lock(path):
-    """Another process holding the lock on `path` (until killed)."""
-    holder = subprocess.Popen([sys.executable, "-c", "import sys; from vit_train import rundir; "
-                               f"rundir.acquire({str(path)!r}); print('locked', flush=True); sys.stdin.read()"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline() == "locked\n"
-    return holder
 
 
 def test_a_second_sweep_into_a_sweep_directory_in_use_is_refused(tmp_path):

@@ -54,12 +54,22 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, (OSError, RuntimeError)):
-            kept = "the previous checkpoint there is intact" if path.exists() else "there is no earlier checkpoint"
+            kept = earlier_checkpoint(path)
             needed = max(checkpoint_size(state) + 4096, path.stat().st_size if path.exists() else 0)
             raise CheckpointError(f"could not write {path}: {write_failure(e, path, needed)}; "
                                   f"{kept}") from None
         raise
     _fsync_dir(path.parent)
+
+
+def earlier_checkpoint(path: Path) -> str:
+    """What a failed write left at `path`, in words: intact only when it is there and sound."""
+    if not path.exists():
+        return "there is no earlier checkpoint"
+    damage = archive_damage(path)
+    if damage:
+        return f"the earlier checkpoint there is damaged too ({damage}); resume=auto passes over it to an older sound one"
+    return "the previous checkpoint there is intact"
 
 
 def save_run_checkpoint(state: dict[str, Any], folder: Path, keep_last: int, best: bool) -> None:

@@ -21,8 +21,7 @@ class RunLogger:
     """Writes one run's metrics, one row per (split, step) whatever stopped earlier attempts.
 
     On resume at step S it drops what an earlier attempt logged after S (and a fresh start drops
-    all of an earlier attempt's rows), in metrics.jsonl and, through SummaryWriter's purge_step, in
-    TensorBoard; a row for a (split, step) that is already logged is not written again (a finished
+    all of an earlier attempt's rows), in metrics.jsonl and in every TensorBoard event file; a row for a (split, step) that is already logged is not written again (a finished
     run resumed re-evaluates its last step without logging it twice).
     """
 
@@ -30,11 +29,12 @@ class RunLogger:
         self.run_dir = run_dir
         self.jsonl = run_dir / "metrics.jsonl"
         self.logged = self._truncate_jsonl(resume_step or 0)
-        if resume_step is None:  # a fresh start discards an earlier attempt's events: purging them would depend
-            for old in (run_dir / "tb").glob("events.out.tfevents.*"):  # on file names sorting by start second
+        if resume_step is None:  # a fresh start discards an earlier attempt's events
+            for old in (run_dir / "tb").glob("events.out.tfevents.*"):
                 old.unlink()
-        # purge_step hides events an interrupted attempt wrote after the checkpoint
-        self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=0 if resume_step is None else resume_step + 1)
+        else:  # and a resume those after its step, in every file: purge_step would rely on file names sorting
+            drop_events_after(run_dir / "tb", resume_step)  # by time, and two started in one second sort by pid
+        self.tb = SummaryWriter(str(run_dir / "tb"))
         self.file_handler = QuietFileHandler(run_dir / "train.log")
         self.file_handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s] %(message)s"))
         log.addHandler(self.file_handler)
@@ -79,6 +79,33 @@ class RunLogger:
         self.tb.close()
         log.removeHandler(self.file_handler)
         self.file_handler.close()
+
+
+def drop_events_after(tb_dir: Path, step: int) -> None:
+    """Rewrite each TensorBoard event file in `tb_dir` without its events after `step` and without
+    restart markers (what SummaryWriter's purge_step writes, which TensorBoard applies in file-name
+    order), through a temporary file renamed over it. Files with nothing to drop are left as they are."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    def keep(record: bytes) -> bool:
+        event = Event.FromString(record)
+        return event.HasField("file_version") or (not event.HasField("session_log") and event.step <= step)
+
+    for path in sorted(tb_dir.glob("events.out.tfevents.*")):
+        records = list(RawEventFileLoader(str(path)).Load())  # a record torn by a kill ends the file
+        kept = [r for r in records if keep(r)]
+        if len(kept) == len(records):
+            continue
+        tmp = tb_dir / "rewrite.tmp"  # not an event file name: TensorBoard never reads it
+        with open(tmp, "wb") as f:
+            writer = RecordWriter(f)
+            for record in kept:
+                writer.write(record)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
 
 class NullLogger:

@@ -101,8 +101,9 @@ def _describe(text: bytes) -> str:
 
 
 def remove_leftovers(run_dir: Path) -> list[Path]:
-    """Delete the `*.tmp` files of an interrupted write (checkpoints, metrics, results); returns them."""
-    found = [p for folder in (run_dir, run_dir / "checkpoints") if folder.is_dir() for p in folder.glob("*.tmp")]
+    """Delete the `*.tmp` files of an interrupted write (checkpoints, metrics, results, event files); returns them."""
+    found = [p for folder in (run_dir, run_dir / "checkpoints", run_dir / "tb") if folder.is_dir()
+             for p in folder.glob("*.tmp")]
     for path in found:
         path.unlink(missing_ok=True)
     if found:

@@ -27,6 +27,7 @@ import yaml
 
 from .config import Config
 from .errors import RunStopped, UserError, exit_with
+from .rundir import RunDirBusy, locked
 
 log = logging.getLogger("vit_train")
 
@@ -106,8 +107,19 @@ def run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path,
     `compose` gives the job's typed config (called only for a job that still has work to do). A job
     that already completed in this sweep directory is skipped, and an unfinished one resumes. A stop
     signal still stops the whole sweep (after the job's checkpoint): re-running the same command with
-    the same hydra.sweep.dir skips completed jobs and resumes the others.
+    the same hydra.sweep.dir skips completed jobs and resumes the others. A job directory that another
+    process holds (rundir.py) is left untouched, not even given a results.json, and the job counts as failed.
     """
+    try:
+        with locked(run_dir):  # before reading anything there: another process may be writing it
+            return _run_job(compose, run_dir, overrides, job, objective)
+    except RunDirBusy as e:
+        log.error("job %d (%s) failed: %s", job, " ".join(overrides), e)
+        return math.nan
+
+
+def _run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path, overrides: list[str], job: int,
+             objective: str) -> float:
     try:
         done = finished_job(run_dir, overrides)
         if done is not None:
@@ -151,8 +163,11 @@ def run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path,
         log.error("job %d (%s) failed: %s", job, " ".join(overrides), text.strip().splitlines()[-1])
         from .metrics import write_results
 
+        record, before = failure_record(text, run_dir), read_results(run_dir) or {}
+        if before.get("status") == "failed":  # the trainer's record of this failure: keep its numbers
+            record = {**record, **before, "error": record["error"]}
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_results(run_dir, failure_record(text, run_dir))
+        write_results(run_dir, record)
     return math.nan
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -20,7 +22,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from . import distributed
+from . import distributed, rundir
 from .batches import batches
 from .checkpoint import check_classes, check_compatible, find_resume_checkpoint, run_checkpoints, save_run_checkpoint
 from .config import Config
@@ -28,7 +30,7 @@ from .cpu import set_cpu_threads
 from .data import Data, build_data
 from .data.mix import BatchMix
 from .device import autocast_dtype, pick_device
-from .errors import CheckpointError, RunStopped
+from .errors import CheckpointError, RunStopped, UserError
 from .evaluate import evaluate as evaluate_loader
 from .metrics import NullLogger, RunLogger, results_summary, write_results
 from .mae import build_mae, mae_flops_per_image
@@ -124,10 +126,15 @@ def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: d
     objective = build_objective(cfg, model, classes)
     restore_objective(objective, ckpt)
     mix = BatchMix(cfg.aug, classes, cfg.seed) if BatchMix.wanted(cfg.aug) else None
-    logger = RunLogger(run_dir, resume_step=state.step if ckpt else None) if ctx.is_main else NullLogger()
-    visuals = TrainingVisuals(logger.tb, t.viz_every, data) if t.viz_every and ctx.is_main else None
     flops = mae_flops_per_image(cfg) if mae else flops_per_image(cfg.model, classes)
     window = TrainWindow(device, flops, peak_tflops(device, amp_dtype, t.peak_tflops))
+    # last: from here train.log has a handler, which train() removes however the run ends
+    logger = RunLogger(run_dir, resume_step=state.step if ckpt else None) if ctx.is_main else NullLogger()
+    try:
+        visuals = TrainingVisuals(logger.tb, t.viz_every, data) if t.viz_every and ctx.is_main else None
+    except BaseException:  # matplotlib missing, unreadable val images
+        logger.close()
+        raise
     return Run(cfg=cfg, run_dir=run_dir, overrides=list(overrides), ctx=ctx, device=device, amp_dtype=amp_dtype,
                data=data, model=model, step_fn=torch.compile(ddp, mode=t.compile_mode) if t.compile else ddp,
                objective=objective, mix=mix, ema=ema, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
@@ -140,25 +147,45 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
     """Train as `cfg` says, writing checkpoints and logs under `run_dir`; returns the results summary.
 
     `resume_from`: the (path, checkpoint) `cfg.resume` names, when the caller has already loaded it.
+    Holds the run directory's lock for the whole run (rundir.py; under torchrun rank 0 holds it for
+    every process; a caller that holds it already, as the command line does, keeps it).
+    Raises RunDirBusy when another process holds `run_dir`, before touching anything in it.
     Raises RunStopped when a stop signal or diverging losses end the run early (after writing
-    results.json, and for a signal a checkpoint to resume from).
+    results.json, and for a signal a checkpoint to resume from). Any other error once the run is
+    built (a full disk, bad data) is written to train.log and to results.json (status `failed`,
+    `error` the reason) before it is raised; train.log's handler is removed however the run ends.
     """
-    started, run_dir, t = time.time(), Path(run_dir), cfg.trainer
-    ckpt_path, ckpt = resume_from or find_resume_checkpoint(cfg.resume, run_dir) or (None, None)
-    if ckpt is None and run_checkpoints(run_dir):
-        raise CheckpointError(f"{run_dir} already holds checkpoints; continue that run with resume=auto (or "
-                              f"resume={run_dir}), or start this one in another directory (hydra.run.dir=...)")
-    changes = check_compatible(ckpt, cfg.to_dict()) if ckpt else []
-    run = build_run(cfg, run_dir, overrides, ckpt)
-    run.started, state = started, run.state
-    if ckpt:
-        log.info("resumed from %s at epoch %d, step %d", ckpt_path, state.epoch, state.step)
-        for change in changes:
-            log.warning("changed since the checkpoint: %s", change)
-    else:
-        run.logger.config(cfg.to_dict(), step=0)
-    describe(run)
+    run_dir = Path(run_dir)
+    with rundir.locked(run_dir, enabled=os.environ.get("RANK", "0") == "0"):
+        started = time.time()
+        ckpt_path, ckpt = resume_from or find_resume_checkpoint(cfg.resume, run_dir) or (None, None)
+        if ckpt is None and run_checkpoints(run_dir):
+            raise CheckpointError(f"{run_dir} already holds checkpoints; continue that run with resume=auto (or "
+                                  f"resume={run_dir}), or start this one in another directory (hydra.run.dir=...)")
+        changes = check_compatible(ckpt, cfg.to_dict()) if ckpt else []
+        run = build_run(cfg, run_dir, overrides, ckpt)
+        run.started = started
+        try:
+            if ckpt:
+                log.info("resumed from %s at epoch %d, step %d", ckpt_path, run.state.epoch, run.state.step)
+                for change in changes:
+                    log.warning("changed since the checkpoint: %s", change)
+            else:
+                run.logger.config(cfg.to_dict(), step=0)
+            describe(run)
+            return loop(run)
+        except RunStopped:  # diverged or stopped by a signal: finish() has recorded it
+            raise
+        except Exception as e:
+            record_failure(run, e)
+            raise
+        finally:
+            run.logger.close()
 
+
+def loop(run: Run) -> dict[str, Any]:
+    """The training loop, its periodic eval/checkpoint/log and its end; returns the results summary."""
+    state, t, run_dir = run.state, run.cfg.trainer, run.run_dir
     with logging_redirect_tqdm(), StopRequest(deferred=run.ctx.enabled) as stop:
         for images, targets in batches(run, stop):
             train_step(run, images, targets)
@@ -277,5 +304,19 @@ def finish(run: Run, status: str) -> dict[str, Any]:
         best = f"best val reconstruction loss {state.best_loss:.4f} (step {state.best_step})"
     log.info("%s: %s, %d steps (%d skipped), %.0f images/s, %.0f s; outputs in %s", status, best, state.step,
              state.skipped_steps, results["images_per_s"] or 0, results["wall_seconds"], run.run_dir)
-    run.logger.close()
     return results
+
+
+def record_failure(run: Run, error: Exception) -> None:
+    """A run that failed (a full disk, bad data, a bug): the reason in train.log and, where it can still be
+    written, results.json with status `failed` and `error` (its numbers up to the failure)."""
+    reason = str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}".strip()
+    run.logger.note_error(reason if isinstance(error, UserError) else traceback.format_exc().rstrip())
+    if not run.ctx.is_main:
+        return
+    results = results_summary("failed", run.state, run.metrics, run.data.steps_per_epoch, time.time() - run.started,
+                              run.run_dir)
+    try:
+        write_results(run.run_dir, {**results, "error": reason})
+    except OSError as e:  # the disk that stopped the run may refuse this too
+        log.warning("could not write %s: %s", run.run_dir / "results.json", e)
