@@ -9,6 +9,7 @@ Unreadable images are dealt with inside the loader (data/unreadable.py).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Iterator
 
@@ -19,11 +20,15 @@ from . import distributed
 from .preemption import StopRequest
 
 if TYPE_CHECKING:
+    from .data import Data
+    from .state import TrainState
     from .trainer import Run
 
 # What a loader raises when its worker processes are ended under it (a stop signal to the whole
 # process group): a worker's exit (RuntimeError), a reset connection (OSError), a cut pipe (EOFError).
 LOADER_ENDED = (RuntimeError, OSError, EOFError)
+
+log = logging.getLogger("vit_train")
 
 
 def next_batch(loader: Iterator, stop: StopRequest):
@@ -39,18 +44,34 @@ def next_batch(loader: Iterator, stop: StopRequest):
         return None
 
 
+def end_epoch(state: TrainState, data: Data) -> None:
+    state.epoch, state.batch_in_epoch, state.sample_in_epoch, state.epoch_end = state.epoch + 1, 0, 0, 0
+    data.epoch_done(state.epoch)
+
+
 def batches(run: Run, stop: StopRequest) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(images, targets) for each step until `run.total_steps` or a stop. Before a batch is yielded,
-    `run.state` is advanced past it (step, batch_in_epoch, and at an epoch's end the epoch), so the
-    loop's periodic actions read the position after the step; `state.batch_in_epoch == 0` then
-    means an epoch has just ended. With several processes the stop is agreed after every fetch,
-    before the step: all processes stop at the same step, whichever got the signal, and none waits
-    for a step that another will not take."""
+    `run.state` is advanced past it (step, batch_in_epoch, sample_in_epoch, and at an epoch's end
+    the epoch), so the loop's periodic actions read the position after the step;
+    `state.batch_in_epoch == 0` then means an epoch has just ended. The position inside an epoch is
+    kept in images, so a run resumed with another data.batch_size continues from the same image
+    (a shorter last batch ends the epoch). With several processes the stop is agreed after every
+    fetch, before the step: all processes stop at the same step, whichever got the signal, and none
+    waits for a step that another will not take."""
     state, data, t = run.state, run.data, run.cfg.trainer
+    sampler = data.train_sampler
     while state.step < run.total_steps and not stop:
-        data.train_sampler.set_epoch(state.epoch, start=state.batch_in_epoch * run.cfg.data.batch_size)
-        run.bar = tqdm(total=data.steps_per_epoch, initial=state.batch_in_epoch, desc=f"epoch {state.epoch + 1}/"
-                       f"{t.epochs}", disable=not (t.progress and run.ctx.is_main), dynamic_ncols=True, leave=False)
+        sampler.set_epoch(state.epoch, start=state.sample_in_epoch, end=state.epoch_end)
+        state.epoch_end, state.train_images = sampler.end, sampler.size
+        if sampler.left_out and run.ctx.is_main:
+            log.warning("%d images of epoch %d are left out: its last batch cannot be shared evenly by %d processes",
+                        sampler.left_out, state.epoch + 1, run.ctx.world_size)
+        if not sampler.batches_left():  # all that was left of the epoch was left out
+            end_epoch(state, data)
+            continue
+        run.bar = tqdm(total=state.batch_in_epoch + sampler.batches_left(), initial=state.batch_in_epoch,
+                       desc=f"epoch {state.epoch + 1}/{t.epochs}", disable=not (t.progress and run.ctx.is_main),
+                       dynamic_ncols=True, leave=False)
         loader = iter(data.train_loader)
         run.window.start()
         try:
@@ -63,8 +84,8 @@ def batches(run: Run, stop: StopRequest) -> Iterator[tuple[torch.Tensor, torch.T
                 if stop:
                     return
                 if batch is None:
-                    raise RuntimeError(f"the training loader ended after batch {state.batch_in_epoch} of epoch "
-                                       f"{state.epoch + 1}, which has {data.steps_per_epoch}")
+                    raise RuntimeError(f"the training loader ended at image {state.sample_in_epoch} of epoch "
+                                       f"{state.epoch + 1}, which ends at {state.epoch_end}")
                 images, targets = (x.to(run.device, non_blocking=True) for x in batch)
                 if run.mix is not None:
                     images, targets = run.mix(images, targets, state.step)
@@ -72,9 +93,9 @@ def batches(run: Run, stop: StopRequest) -> Iterator[tuple[torch.Tensor, torch.T
                     run.visuals.training_batch(images, targets, state.step)
                 state.step += 1
                 state.batch_in_epoch += 1
-                if state.batch_in_epoch == data.steps_per_epoch:
-                    state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-                    data.epoch_done(state.epoch)
+                state.sample_in_epoch = sampler.advance(state.sample_in_epoch)
+                if state.sample_in_epoch == state.epoch_end:
+                    end_epoch(state, data)
                 yield images, targets
                 run.bar.update()
                 if state.batch_in_epoch == 0:

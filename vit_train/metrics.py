@@ -153,7 +153,7 @@ def write_results(run_dir: Path, results: dict[str, Any]) -> None:
     write_atomic(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
 
 
-def results_summary(status: str, state, metrics: dict[str, float], steps_per_epoch: int, wall_seconds: float,
+def results_summary(status: str, state, metrics: dict[str, float], wall_seconds: float,
                     run_dir: Path) -> dict[str, Any]:
     """results.json: how the run ended and its numbers (final_* are null if it never evaluated);
     `state` is the run's TrainState."""
@@ -162,7 +162,7 @@ def results_summary(status: str, state, metrics: dict[str, float], steps_per_epo
         "best_step": state.best_step, "best_source": state.best_source, "final_top1": metrics.get("top1"),
         "final_top5": metrics.get("top5"), "final_loss": metrics.get("loss"), "final_ema_top1": metrics.get("ema_top1"),
         "best_loss": state.best_loss if math.isfinite(state.best_loss) else None,  # objective mae: lowest val loss
-        "epochs": state.epoch + state.batch_in_epoch / steps_per_epoch,
+        "epochs": state.epoch + (state.sample_in_epoch / state.epoch_end if state.epoch_end else 0.0),
         "steps": state.step, "skipped_steps": state.skipped_steps,
         "images_per_s": state.images_seen / state.train_seconds if state.train_seconds else None,
         "wall_seconds": wall_seconds, "run_dir": str(run_dir),

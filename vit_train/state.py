@@ -15,7 +15,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from .checkpoint import versions
 from .config import Config
-from .errors import CheckpointError
+from .errors import CheckpointError, ConfigError
 from .preprocess import eval_spec
 
 log = logging.getLogger("vit_train")
@@ -26,6 +26,9 @@ class TrainState:
     epoch: int = 0  # epochs completed
     step: int = 0  # optimiser steps completed (skipped ones included)
     batch_in_epoch: int = 0  # batches of the current epoch already trained on
+    sample_in_epoch: int = 0  # positions of the epoch's permutation already trained on (images, all processes)
+    epoch_end: int = 0  # the position where the current epoch ends (data/sampler.py); 0 before it begins
+    train_images: int = 0  # the size of the training set the current epoch permutes; 0 before the first
     best_top1: float = -1.0  # best val top-1 so far (%), -1 before the first eval
     best_step: int = 0
     best_source: str = "model"  # which weights scored best_top1 (best_loss): "model" or "ema"
@@ -73,6 +76,33 @@ def restore(ckpt: dict, model: nn.Module, optimizer, scaler) -> TrainState:
         scaler.load_state_dict(ckpt["scaler"])
     restore_rng(ckpt["rng"])
     return TrainState(**{k: ckpt[k] for k in TrainState.__dataclass_fields__ if k in ckpt})
+
+
+def check_data_position(state: TrainState, saved: dict, cfg: Config, train_images: int) -> None:
+    """Make sure a run resumed in the middle of an epoch continues that epoch's permutation.
+
+    The position is kept in images (`sample_in_epoch`), so a changed data.batch_size continues
+    from the same image (data/sampler.py). What would reorder the epoch's permutation (another
+    training-set size, data.repeated_aug or seed) is refused with a ConfigError: images would be
+    skipped or trained on twice. `saved` is the checkpoint's config; a checkpoint written before
+    positions were counted in images gets its position from its own batch size."""
+    if state.batch_in_epoch and not state.sample_in_epoch:  # an older checkpoint: position in batches
+        batch = saved["data"]["batch_size"]
+        state.sample_in_epoch, state.epoch_end = state.batch_in_epoch * batch, train_images // batch * batch
+    if not state.sample_in_epoch:
+        return  # at an epoch's boundary: the next epoch is a new permutation anyway
+    before = {"data.repeated_aug": saved["data"].get("repeated_aug", 1), "seed": saved.get("seed", 0)}
+    now = {"data.repeated_aug": cfg.data.repeated_aug, "seed": cfg.seed}
+    changed = [f"the training set holds {train_images} images, not {state.train_images}"] if (
+        state.train_images and state.train_images != train_images) else []
+    changed += [f"{key} is {now[key]}, not {before[key]}" for key in before if now[key] != before[key]]
+    if changed:
+        steps = -(-(state.epoch_end - state.sample_in_epoch) // saved["data"]["batch_size"])
+        raise ConfigError(f"cannot resume in the middle of epoch {state.epoch + 1} ({state.sample_in_epoch} of its "
+                          f"{state.epoch_end} images trained on): {' and '.join(changed)}, which reorders the epoch; "
+                          f"finish the epoch with the saved settings first (resume with trainer.max_steps="
+                          f"{state.step + steps}), then resume with the change, or start a new run from these "
+                          f"weights with model.pretrained=<the checkpoint>")
 
 
 def rng_state() -> dict[str, Any]:

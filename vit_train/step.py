@@ -74,7 +74,9 @@ def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> None:
         with distributed.no_sync(run.step_fn, last=i == len(chunks) - 1):  # one gradient all-reduce per step
             with torch.autocast(images.device.type, dtype=run.amp_dtype, enabled=run.amp_dtype is not None):
                 loss, logits = run.objective(run.step_fn, x, y)
-                loss = loss / t.accum_steps
+                # each micro-batch weighs as its images: a short last batch (batch size changed mid-epoch)
+                # may split unevenly, or into fewer than accum_steps micro-batches
+                loss = loss / t.accum_steps if len(x) * t.accum_steps == len(images) else loss * (len(x) / len(images))
             scaler.scale(loss).backward()
         total += loss.detach()
         if logits is not None:

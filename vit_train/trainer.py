@@ -40,7 +40,7 @@ from .objectives import Objective, build_objective, objective_state, restore_obj
 from .optim import build_optimizer, build_scheduler
 from .preemption import StopRequest
 from .pretrained import load_pretrained
-from .state import TrainState, build_ema, checkpoint_state, restore
+from .state import TrainState, build_ema, check_data_position, checkpoint_state, restore
 from .step import SkippedSteps, diverged_message, skips_on_device, train_step
 from .throughput import TrainWindow, flops_per_image, log_train, peak_tflops
 from .visualize import TrainingVisuals
@@ -109,13 +109,16 @@ def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: d
         load_pretrained(model.encoder if mae else model, cfg.model.pretrained)
     model.to(device)
     optimizer = build_optimizer(model, cfg.optim, device, lr=cfg.lr)
-    total_steps = min(t.epochs * data.steps_per_epoch, t.max_steps or math.inf)
     amp_dtype = autocast_dtype(t.precision, device)
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     state = TrainState()
     if ckpt:
         check_classes(ckpt, data.class_names)
         state = restore(ckpt, model, optimizer, scaler)
+        check_data_position(state, ckpt["config"], cfg, data.train_sampler.size)
+    # the epochs left, the current one from where it stands (its steps follow a changed data.batch_size)
+    steps_left = data.train_sampler.steps_left(state.sample_in_epoch, state.epoch_end, t.epochs - state.epoch)
+    total_steps = min(state.step + steps_left, t.max_steps or math.inf)
     if ctx.enabled:  # dropout and drop path draw differently on each process
         torch.manual_seed(cfg.seed * 1_000_003 + 7919 * state.step + ctx.rank)
     ema = build_ema(model, t.ema_decay, ckpt)
@@ -296,7 +299,7 @@ def finish(run: Run, status: str) -> dict[str, Any]:
     """results.json (rank 0) and the closing log line; returns the results."""
     state = run.state
     run.skips.settle(state)
-    results = results_summary(status, state, run.metrics, run.data.steps_per_epoch, time.time() - run.started, run.run_dir)
+    results = results_summary(status, state, run.metrics, time.time() - run.started, run.run_dir)
     if run.ctx.is_main:
         write_results(run.run_dir, results)
     best = f"best top-1 {state.best_top1:.2f}% (step {state.best_step})" if state.best_top1 >= 0 else "not evaluated"

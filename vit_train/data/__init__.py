@@ -33,9 +33,9 @@ class Data:
 
     train_loader: Iterable[tuple[torch.Tensor, torch.Tensor]]
     val_loader: Iterable[tuple[torch.Tensor, torch.Tensor]]
-    train_sampler: EpochSampler  # set_epoch(epoch, start) before each pass over train_loader
+    train_sampler: EpochSampler  # set_epoch(epoch, start, end) before each pass over train_loader
     class_names: list[str]
-    steps_per_epoch: int  # optimiser steps (global batches) per epoch; the last partial batch is dropped
+    steps_per_epoch: int  # optimiser steps (global batches) per fresh epoch; the last partial batch is dropped
     stats: tuple = ((0.0,) * 3, (1.0,) * 3)  # (mean, std) the images were normalised with
     train_unreadable: UnreadableImages | None = None  # image folders only
 
@@ -115,9 +115,10 @@ def build_data(cfg: Config, device: torch.device, rank: int = 0, world_size: int
     count = min(8, os.cpu_count() or 1) if d.num_workers is None else d.num_workers
     workers = dict(num_workers=count, persistent_workers=count > 0, pin_memory=device.type == "cuda",
                    worker_init_fn=_worker_signals, prefetch_factor=4 if count else None)
-    # Each loader owns a generator, so creating an iterator never draws from the global RNG.
+    # Each loader owns a generator, so creating an iterator never draws from the global RNG. The sampler
+    # yields whole global batches (and a shorter last one after a batch-size change mid-epoch): nothing to drop.
     train_loader = DataLoader(TransformedDataset(train_base, train_tf), batch_size=d.batch_size // world_size,
-                              sampler=sampler, drop_last=True, generator=torch.Generator(), **workers)
+                              sampler=sampler, drop_last=False, generator=torch.Generator(), **workers)
     val_sampler = ShardSampler(len(val_base), rank, world_size) if world_size > 1 else None
     val_loader = DataLoader(TransformedDataset(val_base, eval_tf), batch_size=eval_batch, sampler=val_sampler,
                             shuffle=False, generator=torch.Generator(), **workers)

@@ -31,22 +31,24 @@ class DeviceTrainPipeline:
         self.padding = (img_size // 8 if aug.crop_padding is None else aug.crop_padding) if aug.name == "basic" else 0
         self.prepare = Prepare(img_size, stats, device)
         self.global_batch = sampler.batch_size
-        self.share = sampler.batch_size // sampler.world_size
 
     def __len__(self) -> int:
-        return len(self.sampler) // self.share
+        return self.sampler.batches_left()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        keys = torch.tensor([index for index, _ in self.sampler], device=self.device)
+        keys = torch.tensor([index for index, _ in self.sampler], dtype=torch.long, device=self.device)
         first = self.sampler.start // self.global_batch  # global batches already done this epoch
-        for b in range(len(keys) // self.share):
-            index = keys[b * self.share:(b + 1) * self.share]
-            images = self.augment(self.images[index], first + b)
-            yield images, self.labels[index]
+        taken, position = 0, self.sampler.start
+        for b in range(len(self)):  # the last one is shorter after a batch-size change mid-epoch
+            after = self.sampler.advance(position)
+            share = (after - position) // self.sampler.world_size
+            index = keys[taken:taken + share]
+            yield self.augment(self.images[index], first + b), self.labels[index]
+            taken, position = taken + share, after
 
     def augment(self, images: torch.Tensor, batch: int) -> torch.Tensor:
         """Crop, flip and normalise a (share, 3, H, W) uint8 batch: the draws of global batch `batch`,
-        this process's part of them."""
+        this process's part of them (rank r takes images r * share ... of the global batch)."""
         images = self.prepare.scale(images)
         if self.aug.name != "basic":
             return self.prepare.normalise(images)
@@ -54,7 +56,7 @@ class DeviceTrainPipeline:
             (self.sampler.seed * 1_000_003 + self.sampler.epoch) * 1_000_003 + batch)
         offsets = torch.randint(0, 2 * self.padding + 1, (self.global_batch, 2), generator=g, device=self.device)
         flips = torch.rand(self.global_batch, generator=g, device=self.device) < self.aug.hflip
-        mine = slice(self.sampler.rank * self.share, (self.sampler.rank + 1) * self.share)
+        mine = slice(self.sampler.rank * len(images), (self.sampler.rank + 1) * len(images))
         return self.prepare.normalise(crop_and_flip(images, self.padding, offsets[mine], flips[mine]))
 
 
