@@ -9,6 +9,10 @@ and compared with what an uninterrupted run trains on.
 """
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -191,6 +195,25 @@ def test_processes_share_a_resumed_epoch_with_a_short_last_batch():
     assert rebuilt == order[48:]
     assert sampler.batches_left() == sampler.steps_left(48, SIZE, 1) == 3 and sampler.left_out == 0
     assert sampler.steps_left(48, SIZE, 3) == 3 + 2 * 4
+
+
+def test_two_processes_resume_a_one_process_run_at_another_batch_size_like_one_process(tmp_path, make_config):
+    """torchrun, 2 processes on gloo: the short last batch (16) is shared 8 + 8; the losses and weights
+    are those of one process resuming the same checkpoint at the same batch size."""
+    train(config(make_config, 16, max_steps=3), tmp_path / "one")
+    shutil.copytree(tmp_path / "one", tmp_path / "two")
+    train(config(make_config, 32, resume=tmp_path / "one"), tmp_path / "one")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "vit_train",
+               f"resume={tmp_path / 'two'}", "data.batch_size=32", "trainer.max_steps=null"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    one, two = ({e["step"]: e["loss"] for e in logged(tmp_path / d, "train")} for d in ("one", "two"))
+    assert set(one) == set(two) and max(one) == 6
+    assert all(abs(one[s] - two[s]) < 1e-5 * one[s] for s in one)
+    a, b = (torch.load(tmp_path / d / "checkpoints" / "last.pt", weights_only=True)["model"] for d in ("one", "two"))
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=key)
 
 
 @pytest.mark.parametrize("start, end, new_end, kept, left_out", [
