@@ -317,8 +317,7 @@ def record_failure(run: Run, error: Exception) -> None:
     run.logger.note_error(reason if isinstance(error, UserError) else traceback.format_exc().rstrip())
     if not run.ctx.is_main:
         return
-    results = results_summary("failed", run.state, run.metrics, run.data.steps_per_epoch, time.time() - run.started,
-                              run.run_dir)
+    results = results_summary("failed", run.state, run.metrics, time.time() - run.started, run.run_dir)
     try:
         write_results(run.run_dir, {**results, "error": reason})
     except OSError as e:  # the disk that stopped the run may refuse this too
