@@ -124,6 +124,20 @@ def test_repeated_augmentation_resumed_at_another_batch_size_keeps_every_copy(tm
     assert sorted(epoch) == sorted(list(set(epoch)) * 2) and len(set(epoch)) == SIZE // 2
 
 
+def test_a_periodic_checkpoint_in_the_middle_of_an_epoch_resumes_at_another_batch_size(tmp_path, make_config,
+                                                                                        trained):
+    """Lightning#19815, mini_trainer#79: a checkpoint written every step (not at a stop) holds the
+    position after its step, so the resumed run neither repeats that step's images nor skips any."""
+    train(config(make_config, 16, ckpt_every=1, keep_last=100), tmp_path / "whole")
+    epoch = flat(trained)
+    for step in (1, 7):
+        trained.clear()
+        snapshot = tmp_path / "whole" / "checkpoints" / f"step_{step:08d}.pt"
+        train(config(make_config, 24, resume=snapshot), tmp_path / f"from_{step}")
+        assert flat(trained) == epoch[16 * step:]
+        assert [len(s) for s in trained] == [24] * (16 * (8 - step) // 24) + [16 * (8 - step) % 24]
+
+
 def drop_position_fields(path):
     """Rewrite a checkpoint as vit-train wrote it before positions were counted in images."""
     ckpt = torch.load(path, weights_only=True)
@@ -167,6 +181,26 @@ def test_a_change_that_reorders_the_epoch_is_refused_in_its_middle_only(tmp_path
     # finishing the epoch as the message says, then making the change, is fine: the next epoch is a new permutation
     train(config(make_config, 16, max_steps=8, resume=tmp_path), tmp_path)
     assert train(config(make_config, 16, epochs=2, resume=tmp_path, **change), tmp_path)["epochs"] == 2
+
+
+@pytest.mark.parametrize("edit, count", [("add", 49), ("remove", 47)])
+def test_an_image_folder_that_changed_in_the_middle_of_an_epoch_is_refused(tmp_path, make_config, image_folder, edit,
+                                                                           count):
+    """Images added to (or deleted from) the training folder between the stop and the resume."""
+    def cfg(**trainer):
+        return make_config(data={"name": "imagefolder", "root": str(image_folder), "batch_size": 8,
+                                 "num_workers": 0}, model={"img_size": 16}, trainer={"epochs": 1, **trainer},
+                           resume=str(tmp_path / "run") if "max_steps" not in trainer else None)
+
+    train(cfg(max_steps=2), tmp_path / "run")
+    picture = image_folder / "train" / "red" / "0.png"
+    if edit == "add":
+        shutil.copy(picture, picture.with_name("new.png"))
+    else:
+        picture.unlink()
+    with pytest.raises(ConfigError, match=rf"\(16 of its 48 images trained on\): the training set holds {count} "
+                                          r"images, not 48, which reorders the epoch"):
+        train(cfg(), tmp_path / "run")
 
 
 def test_the_refusal_is_one_line_and_exit_status_2_from_the_command_line(tmp_path, make_config):
