@@ -215,6 +215,11 @@ def test_predict_names_the_shape_in_image_files(trained_run, tmp_path):
     done = cli("predict", f"ckpt={run_dir / 'checkpoints' / 'best.pt'}", f"images=[{files[0]},{files[1]}]", "--json")
     assert done.returncode == 0, done.stderr
     assert [r["top"][0]["class"] for r in json.loads(done.stdout)] == [r["top"][0]["class"] for r in results[:2]]
+    assert done.stderr.startswith("weights=auto: ")  # said once the work succeeded
+    (tmp_path / "notes.txt").write_text("not an image")
+    done = cli("predict", f"ckpt={run_dir}", f"images=[{files[0]},{tmp_path / 'notes.txt'}]")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr  # the weights line is held back
+    assert done.stderr.startswith("vit-predict: error: ") and "notes.txt cannot be read as an image" in done.stderr
 
 
 # --- vit-export -----------------------------------------------------------------------------------

@@ -158,4 +158,5 @@ def test_a_linear_probe_on_the_pretrained_encoder_beats_one_on_a_random_encoder(
     pretrained = train(make_config(model={**model, "trainable": "head", "pretrained": str(tmp_path / "mae")}, **probe),
                        tmp_path / "probe_mae")["best_top1"]
     random = train(make_config(model={**model, "trainable": "head"}, **probe), tmp_path / "probe_random")["best_top1"]
+    print(f"linear-probe top-1 on shapes val: MAE-pre-trained encoder {pretrained:.2f}%, random encoder {random:.2f}%")
     assert pretrained > random + 15, (pretrained, random)

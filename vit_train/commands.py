@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -72,8 +73,13 @@ def group_file(group: str, name: str) -> dict:
 
 def run(prog: str, work: Callable[[list[str]], tuple[Any, Callable[[Any], str]]]) -> None:
     """Run a command's work, which returns (results, a function rendering them as text): prints the
-    text, or with --json the results as JSON. Bad input becomes one line on stderr and exit status 2."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr, force=True)
+    text, or with --json the results as JSON. Bad input becomes one line on stderr and exit status 2:
+    the work's log lines (which weights, which size) are held back until it succeeds."""
+    held = logging.handlers.MemoryHandler(capacity=10_000, flushLevel=logging.CRITICAL + 1)
+    stderr = logging.StreamHandler(sys.stderr)
+    stderr.setFormatter(logging.Formatter("%(message)s"))
+    held.setTarget(stderr)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[held], force=True)
     logging.getLogger("vit_train").setLevel(logging.INFO)
     argv = sys.argv[1:]
     if {"-h", "--help"} & set(argv):
@@ -82,7 +88,10 @@ def run(prog: str, work: Callable[[list[str]], tuple[Any, Callable[[Any], str]]]
     try:
         results, render = work([a for a in argv if a != "--json"])
     except UserError as e:
+        held.buffer.clear()
         exit_with(prog, e)
+    held.flush()
+    held.capacity = 0  # from here on, lines go out as they come
     print(json.dumps(results, indent=2) if "--json" in argv else render(results))
 
 
