@@ -19,7 +19,8 @@ from vit_train.model import VisionTransformer
 from vit_train.pretrained import load_pretrained
 from vit_train.report import evaluate_checkpoint
 from vit_train.trainer import train
-from vit_train.visualize import CELL, DPI, attention_rollout, pooled_attention
+from vit_train.attention import attention_rollout, pooled_attention
+from vit_train.visualize import CELL, DPI
 
 pytest.importorskip("matplotlib")
 

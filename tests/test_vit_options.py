@@ -9,7 +9,7 @@ import torch
 
 from vit_train.model import VisionTransformer, set_trainable
 from vit_train.trainer import train
-from vit_train.visualize import attention_rollout, pooled_attention
+from vit_train.attention import attention_rollout, pooled_attention
 
 SMALL = dict(img_size=32, patch_size=8, num_classes=10, embed_dim=32, depth=2, num_heads=2)
 OPTIONS = [dict(reg_tokens=4), dict(init_values=1e-5), dict(qk_norm=True),
