@@ -49,7 +49,7 @@ def test_stop_signal_then_resume_auto_equals_an_uninterrupted_run(tmp_path, unin
     os.killpg(proc.pid, sig)  # the whole process group, loader workers too, as a cluster or a terminal does
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == exit_code, err
-    assert "Traceback" not in err and "rerun the same command with resume=auto" in err
+    assert "Traceback" not in err and f"last.pt holds it; continue with: vit-train resume={run}" in err
     stopped = json.loads((run / "results.json").read_text())
     assert stopped["status"] == "interrupted" and 3 <= stopped["steps"] < 160
     ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=True)

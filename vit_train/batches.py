@@ -2,8 +2,9 @@
 
 `batches(run, stop)` owns what happens around the loader, so the loop sees only (images, targets)
 on the device: each epoch's order (`set_epoch`, skipping what a resumed run already trained on),
-the epoch roll-over, the progress bar, MixUp/CutMix, the first batch's figure, the narrow
-handling of a loader that a stop signal ended, and the stop agreement between processes.
+the epoch roll-over, the progress (a bar on a terminal, lines in a log: progress.py), MixUp/CutMix,
+the first batch's figure, the narrow handling of a loader that a stop signal ended, and the stop
+agreement between processes.
 Unreadable images are dealt with inside the loader (data/unreadable.py).
 """
 
@@ -14,10 +15,10 @@ import time
 from typing import TYPE_CHECKING, Iterator
 
 import torch
-from tqdm.auto import tqdm
 
 from . import distributed
 from .preemption import StopRequest
+from .progress import progress_bar
 
 if TYPE_CHECKING:
     from .data import Data
@@ -69,9 +70,8 @@ def batches(run: Run, stop: StopRequest) -> Iterator[tuple[torch.Tensor, torch.T
         if not sampler.batches_left():  # all that was left of the epoch was left out
             end_epoch(state, data)
             continue
-        run.bar = tqdm(total=state.batch_in_epoch + sampler.batches_left(), initial=state.batch_in_epoch,
-                       desc=f"epoch {state.epoch + 1}/{t.epochs}", disable=not (t.progress and run.ctx.is_main),
-                       dynamic_ncols=True, leave=False)
+        run.bar = progress_bar(state.batch_in_epoch + sampler.batches_left(), f"epoch {state.epoch + 1}/{t.epochs}",
+                               t.progress and run.ctx.is_main, initial=state.batch_in_epoch)
         loader = iter(data.train_loader)
         run.window.start()
         try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from .distributed import sum_all
+from .progress import progress_iter
 
 
 @torch.no_grad()
@@ -19,7 +19,7 @@ def evaluate(model: nn.Module, loader, device: torch.device, amp_dtype: torch.dt
     model.eval()
     totals = torch.zeros(4, device=device, dtype=torch.float64)  # loss sum, top-1 hits, top-5 hits, count
     matrix = None
-    for images, targets in tqdm(loader, desc="eval", leave=False, disable=not progress, dynamic_ncols=True):
+    for images, targets in progress_iter(loader, "eval", progress):
         images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             logits = model(images)

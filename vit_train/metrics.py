@@ -71,9 +71,15 @@ class RunLogger:
         self.file_handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, None))
 
     def config(self, config: dict[str, Any], step: int) -> None:
+        """The run's config in full to train.log and TensorBoard (Text tab); one line on the console
+        saying where it is (it is about 90 lines: printed at every start it buried the log)."""
         text = yaml.safe_dump(config, sort_keys=False)
         self.tb.add_text("config", "    " + text.replace("\n", "\n    "), step)  # indented: shown as code
-        log.info("config:\n%s", text.rstrip())
+        self.file_handler.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, "config:\n%s", (text.rstrip(),),
+                                                None))
+        composed = self.run_dir / ".hydra" / "config.yaml"
+        log.info("config: in %s%s and TensorBoard's Text tab", self.run_dir / "train.log",
+                 f", {composed}" if composed.is_file() else "")
 
     def close(self) -> None:
         self.tb.close()
@@ -153,10 +159,11 @@ def write_results(run_dir: Path, results: dict[str, Any]) -> None:
     write_atomic(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
 
 
-def results_summary(status: str, state, metrics: dict[str, float], wall_seconds: float,
-                    run_dir: Path) -> dict[str, Any]:
+def results_summary(status: str, state, metrics: dict[str, float], wall_seconds: float, run_dir: Path,
+                    all_attempts: float | None = None, error: str | None = None) -> dict[str, Any]:
     """results.json: how the run ended and its numbers (final_* are null if it never evaluated);
-    `state` is the run's TrainState."""
+    `state` is the run's TrainState. `wall_seconds` is this attempt's, `all_attempts` adds the
+    earlier attempts' (each up to its last checkpoint); `error` says why a `failed` run stopped."""
     return {
         "status": status, "best_top1": state.best_top1 if state.best_top1 >= 0 else None,
         "best_step": state.best_step, "best_source": state.best_source, "final_top1": metrics.get("top1"),
@@ -165,5 +172,7 @@ def results_summary(status: str, state, metrics: dict[str, float], wall_seconds:
         "epochs": state.epoch + (state.sample_in_epoch / state.epoch_end if state.epoch_end else 0.0),
         "steps": state.step, "skipped_steps": state.skipped_steps,
         "images_per_s": state.images_seen / state.train_seconds if state.train_seconds else None,
-        "wall_seconds": wall_seconds, "run_dir": str(run_dir),
+        "wall_seconds": wall_seconds,
+        "wall_seconds_all_attempts": wall_seconds if all_attempts is None else all_attempts,
+        "error": error, "run_dir": str(run_dir),
     }

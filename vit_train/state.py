@@ -38,6 +38,7 @@ class TrainState:
     bad_in_a_row: int = 0
     images_seen: int = 0  # training images processed, and the seconds they took: for images/s
     train_seconds: float = 0.0
+    wall_seconds: float = 0.0  # wall time of every attempt of the run, up to this checkpoint
 
 
 def build_ema(model: nn.Module, decay: float | None, ckpt: dict | None) -> AveragedModel | None:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from . import distributed
+from .checkpoint import run_checkpoints
 from .state import TrainState
 
 if TYPE_CHECKING:
@@ -105,6 +106,9 @@ def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> None:
 
 def diverged_message(state: TrainState, run_dir: Path) -> str:
     """Why the run stopped after `trainer.max_bad_steps` non-finite steps in a row, and what to do."""
+    kept = run_checkpoints(run_dir)
+    where = (f"the checkpoints in {run_dir / 'checkpoints'} are from before" if kept else
+             "it had written no checkpoint yet")
     return (f"{state.bad_in_a_row} steps in a row had a non-finite loss or gradient norm (up to step {state.step}), so "
-            f"the run stopped; the checkpoints in {run_dir / 'checkpoints'} are from before. Lower optim.lr, set "
-            f"optim.clip_grad, or use trainer.precision=bf16 or fp32, and start again or resume")
+            f"the run stopped; {where}. Lower optim.lr, set optim.clip_grad, or use trainer.precision=bf16 or fp32, "
+            f"and {'start again or resume' if kept else 'start again'}")

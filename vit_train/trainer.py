@@ -8,6 +8,7 @@ batches come from `batches.batches`, and the loss from the run's objective (`obj
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -78,6 +79,7 @@ class Run:
     state: TrainState
     total_steps: int
     started: float = field(default_factory=time.time)
+    earlier_seconds: float = 0.0  # wall time of earlier attempts, up to their last checkpoint
     metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation's
     bar: Any = None  # the epoch's progress bar (batches.py)
 
@@ -167,7 +169,9 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
                                   f"resume={run_dir}), or start this one in another directory (hydra.run.dir=...)")
         changes = check_compatible(ckpt, cfg.to_dict()) if ckpt else []
         run = build_run(cfg, run_dir, overrides, ckpt)
-        run.started = started
+        run.started, run.earlier_seconds = started, run.state.wall_seconds
+        if cfg.resume == "auto" and ckpt is None and run.ctx.is_main:
+            log.warning(resume_auto_found_nothing(run_dir))
         try:
             if ckpt:
                 log.info("resumed from %s at epoch %d, step %d", ckpt_path, run.state.epoch, run.state.step)
@@ -207,14 +211,27 @@ def loop(run: Run) -> dict[str, Any]:
         if stop:
             save(run)
             finish(run, "interrupted")
-            raise RunStopped(f"stopped by {stop.name} at step {state.step}; checkpoints/last.pt holds it: rerun the "
-                             f"same command with resume=auto (or resume={run_dir}) to continue", stop.exit_code)
+            raise RunStopped(f"stopped by {stop.name} at step {state.step}; {run_dir / 'checkpoints' / 'last.pt'} "
+                             f"holds it; continue with: vit-train resume={run_dir}", stop.exit_code)
         if not run.metrics:  # resumed a run that had already finished
             log.info("the run already reached its last step (%d); raise trainer.epochs or trainer.max_steps to "
                      "train longer", run.total_steps)
             evaluate(run)
             save(run, best=state.best_step == state.step)
     return finish(run, "completed")
+
+
+def resume_auto_found_nothing(run_dir: Path) -> str:
+    """The line for `resume=auto` in a run directory without checkpoints: where it looked, and how to
+    continue an earlier run (naming the newest one beside it, in Hydra's <date>/<time> layout)."""
+    others = []
+    for last in run_dir.parent.parent.glob("*/*/checkpoints/last.pt"):
+        with contextlib.suppress(OSError):  # a run removed meanwhile
+            if not last.parent.parent.samefile(run_dir):
+                others.append((last.stat().st_mtime, last.parent.parent))
+    newest = f" (the newest beside it: vit-train resume={max(others)[1]})" if others else ""
+    return (f"resume=auto: no checkpoint in {run_dir} (hydra.run.dir), so this run starts at step 0; to continue an "
+            f"earlier run, give its directory: resume=<run dir>{newest}")
 
 
 def describe(run: Run) -> None:
@@ -232,6 +249,7 @@ def describe(run: Run) -> None:
 def save(run: Run, best: bool = False) -> None:
     """last.pt (and best.pt), written by rank 0 once every process is here; the weights are the same on each."""
     run.skips.settle(run.state)
+    run.state.wall_seconds = run.earlier_seconds + time.time() - run.started
     with run.window.paused():
         distributed.barrier()
         if run.ctx.is_main:
@@ -299,7 +317,9 @@ def finish(run: Run, status: str) -> dict[str, Any]:
     """results.json (rank 0) and the closing log line; returns the results."""
     state = run.state
     run.skips.settle(state)
-    results = results_summary(status, state, run.metrics, time.time() - run.started, run.run_dir)
+    seconds = time.time() - run.started
+    results = results_summary(status, state, run.metrics, seconds, run.run_dir,
+                              all_attempts=run.earlier_seconds + seconds)
     if run.ctx.is_main:
         write_results(run.run_dir, results)
     best = f"best top-1 {state.best_top1:.2f}% (step {state.best_step})" if state.best_top1 >= 0 else "not evaluated"
@@ -317,8 +337,10 @@ def record_failure(run: Run, error: Exception) -> None:
     run.logger.note_error(reason if isinstance(error, UserError) else traceback.format_exc().rstrip())
     if not run.ctx.is_main:
         return
-    results = results_summary("failed", run.state, run.metrics, time.time() - run.started, run.run_dir)
+    seconds = time.time() - run.started
+    results = results_summary("failed", run.state, run.metrics, seconds, run.run_dir,
+                              all_attempts=run.earlier_seconds + seconds, error=reason)
     try:
-        write_results(run.run_dir, {**results, "error": reason})
+        write_results(run.run_dir, results)
     except OSError as e:  # the disk that stopped the run may refuse this too
         log.warning("could not write %s: %s", run.run_dir / "results.json", e)

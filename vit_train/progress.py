@@ -1,0 +1,78 @@
+"""Progress: a tqdm bar on a terminal; plain periodic lines in a log (SLURM, CI, `> file`).
+
+A bar redraws itself with carriage returns, which a file keeps: the log of a long run fills with
+megabytes of half-lines (Lightning #6647 and #8975 report it). When stderr is not a terminal,
+`progress_bar` returns a `LineProgress` instead: the same figures as one whole line at most every
+`LINE_INTERVAL` seconds and at the end of each epoch. An evaluation gets no progress lines there:
+its result is logged.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO, Any, Callable, Iterable
+
+from tqdm.auto import tqdm
+
+LINE_INTERVAL = 60.0  # seconds between progress lines in a non-interactive log
+
+
+class LineProgress:
+    """The part of tqdm's interface the loop uses (`update`, `set_postfix`, `close`), as whole lines:
+    `epoch 2/5: 78/156 steps (50%), 0.41 s/step, img_s=156, loss=0.8964, lr=1.54e-03, wait=3%`.
+
+    `set_postfix` only keeps the figures (it never prints: a log gets no line per log step);
+    `update` prints once `interval` seconds of `clock` have passed since the last line; `close`
+    prints the last line, once, if any step was made since the start.
+    """
+
+    def __init__(self, total: int, desc: str, initial: int = 0, interval: float = LINE_INTERVAL,
+                 file: IO[str] | None = None, clock: Callable[[], float] = time.monotonic):
+        self.total, self.desc, self.n, self.interval, self.clock = total, desc, initial, interval, clock
+        self.file = file if file is not None else sys.stderr
+        self.start_n, self.started = initial, clock()
+        self.last_line, self.postfix, self.closed = self.started, {}, False
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.clock() - self.last_line >= self.interval:
+            self.print_line()
+
+    def set_postfix(self, ordered_dict: dict[str, Any] | None = None, refresh: bool = True, **kwargs: Any) -> None:
+        self.postfix = {**(ordered_dict or {}), **kwargs}
+
+    def print_line(self) -> None:
+        self.last_line = self.clock()
+        done = self.n - self.start_n
+        rate = f", {(self.last_line - self.started) / done:.2f} s/step" if done else ""
+        share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
+        figures = "".join(f", {k}={v}" for k, v in self.postfix.items())
+        print(f"{self.desc}: {self.n}/{self.total} steps{share}{rate}{figures}", file=self.file, flush=True)
+
+    def close(self) -> None:
+        if not self.closed and self.n > self.start_n:
+            self.print_line()
+        self.closed = True
+
+
+def interactive(stream: IO[str] | None = None) -> bool:
+    """Whether `stream` (stderr) is shown live: a terminal, or a Jupyter notebook's output (where
+    tqdm.auto draws a widget, though its isatty() is False)."""
+    stream = stream if stream is not None else sys.stderr
+    return bool(getattr(stream, "isatty", lambda: False)()) or type(stream).__module__.startswith("ipykernel")
+
+
+def progress_bar(total: int, desc: str, enabled: bool, initial: int = 0) -> Any:
+    """A tqdm bar of `total` steps on a terminal, `LineProgress` in a log; a silent one when not `enabled`."""
+    if enabled and not interactive():
+        return LineProgress(total, desc, initial, interval=LINE_INTERVAL)
+    return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, dynamic_ncols=True, leave=False)
+
+
+def progress_iter(iterable: Iterable, desc: str, enabled: bool) -> Iterable:
+    """`iterable` with a tqdm bar on a terminal; as it is in a log (an evaluation logs its result)."""
+    if enabled and interactive():
+        return tqdm(iterable, desc=desc, leave=False, dynamic_ncols=True)
+    return iterable
+
