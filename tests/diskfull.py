@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import tiny_config  # noqa: E402
 
-from vit_train.errors import CheckpointError  # noqa: E402
+from vit_train.errors import UserError  # noqa: E402
 from vit_train.trainer import train  # noqa: E402
 
 out, size_kb, sections = Path(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
@@ -26,11 +26,11 @@ report = {"mount": str(mount)}
 try:
     train(tiny_config(**sections), run_dir)
     report["first"] = "completed"
-except CheckpointError as e:
+except UserError as e:  # a checkpoint, metrics.jsonl or the events that do not fit
     report["first"] = str(e)
 report["results_after_failure"] = json.loads((run_dir / "results.json").read_text()) \
     if (run_dir / "results.json").exists() else None
-report["log_after_failure"] = (run_dir / "train.log").read_text()
+report["log_after_failure"] = (run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else None
 report["checkpoints_after_failure"] = sorted(p.name for p in (run_dir / "checkpoints").glob("*")) \
     if (run_dir / "checkpoints").exists() else []
 subprocess.run(["mount", "-o", "remount,size=16m", str(mount)], check=True)  # space freed

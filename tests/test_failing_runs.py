@@ -18,7 +18,7 @@ from conftest import hold_lock, lock_is_free, tiny_config
 import vit_train.checkpoint as checkpoint_module
 import vit_train.trainer as trainer_module
 from vit_train import rundir
-from vit_train.errors import CheckpointError, DataError
+from vit_train.errors import CheckpointError, DataError, OutputError
 from vit_train.rundir import RunDirBusy
 from vit_train.sweep import run_job
 from vit_train.trainer import train
@@ -149,6 +149,29 @@ def test_a_full_disk_goes_to_train_log_and_results_json_says_failed(tmp_path, mo
     assert log_lines[-1].endswith(f"[ERROR] {message}")
     left = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())  # last.pt and its step_N link, no *.tmp
     assert left == ([] if failing_save == 1 else ["last.pt", "step_00000001.pt"])
+
+
+def test_a_metrics_row_that_does_not_fit_is_one_line_in_train_log_and_results_json(tmp_path, monkeypatch):
+    """A disk that fills during the run may refuse metrics.jsonl first: the same one line, naming it."""
+    import builtins
+
+    import vit_train.metrics as metrics_module
+
+    def full_open(path, mode="r", *args, **kwargs):
+        if str(path).endswith("metrics.jsonl") and mode == "a":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return builtins.open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(metrics_module, "open", full_open, raising=False)
+    with pytest.raises(OutputError) as failed:
+        train(tiny_config(**SHORT), tmp_path)
+    message = str(failed.value)
+    assert message.startswith(f"could not write {tmp_path / 'metrics.jsonl'}: no space left on ")
+    assert message.endswith(" MB free); free some space, then continue with resume=auto") and "\n" not in message
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["status"] == "failed" and results["error"] == message and results["steps"] == 1
+    assert (tmp_path / "train.log").read_text().splitlines()[-1].endswith(f"[ERROR] {message}")
+    assert file_handlers() == []
 
 
 def test_a_damaged_earlier_checkpoint_is_not_called_intact(tmp_path, monkeypatch):

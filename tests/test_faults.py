@@ -4,6 +4,7 @@ kill -9 at chosen moments, bit rot, full disks, two writers, torn logs."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -202,19 +203,25 @@ def private_mount_namespace() -> list[str] | None:
     return None
 
 
+def fill_tmpfs(out, size_kb):
+    """tests/diskfull.py on a `size_kb` tmpfs: the run fails, space is freed, it resumes; its report."""
+    unshare = private_mount_namespace()
+    if unshare is None:
+        pytest.skip("cannot mount a tmpfs here (no unshare, no user namespaces); the simulated tests cover the messages")
+    done = subprocess.run([*unshare, sys.executable, str(Path(__file__).parent / "diskfull.py"), str(out),
+                           str(size_kb), json.dumps(SECTIONS)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]  # not even from TensorBoard's writer thread
+    return json.loads((out / "report.json").read_text())
+
+
 @pytest.mark.parametrize("size_kb, kept", [
     pytest.param(200, "there is no earlier checkpoint", marks=pytest.mark.slow),
     (450, "the previous checkpoint there is intact")], ids=["first-checkpoint", "a-later-checkpoint"])
 def test_a_full_tmpfs_says_so_and_resume_after_freeing_space_equals_the_uninterrupted_run(
         tmp_path, reference, size_kb, kept):
     """A real tmpfs (290 kB checkpoints): 200 kB holds none, 450 kB holds one but not a second beside it."""
-    unshare = private_mount_namespace()
-    if unshare is None:
-        pytest.skip("cannot mount a tmpfs here (no unshare, no user namespaces); the simulated test covers the message")
-    done = subprocess.run([*unshare, sys.executable, str(Path(__file__).parent / "diskfull.py"), str(tmp_path),
-                           str(size_kb), json.dumps(SECTIONS)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = fill_tmpfs(tmp_path, size_kb)
     message = report["first"]
     assert message.startswith("could not write ") and "\n" not in message, message
     assert f"no space left on {report['mount']} (" in message and " MB free, the checkpoint needs about 0.3 MB)" in message
@@ -224,6 +231,19 @@ def test_a_full_tmpfs_says_so_and_resume_after_freeing_space_equals_the_uninterr
     assert report["results_after_failure"]["status"] == "failed"
     assert report["results_after_failure"]["error"] == message
     assert report["log_after_failure"].rstrip().splitlines()[-1].endswith(f"[ERROR] {message}")
+    assert_same_run(tmp_path / "run", reference)
+
+
+@pytest.mark.parametrize("size_kb", [4, pytest.param(12, marks=pytest.mark.slow)])
+def test_a_tmpfs_too_full_for_the_logs_names_the_file_in_one_line_and_resume_equals_the_uninterrupted_run(
+        tmp_path, reference, size_kb):
+    """4 kB: TensorBoard's first event does not fit; 12 kB: a metrics.jsonl row does not (train.log is
+    full before either: one warning). No traceback from TensorBoard's writer thread either."""
+    report = fill_tmpfs(tmp_path, size_kb)
+    mount = report["mount"]
+    assert re.fullmatch(rf"could not write {re.escape(mount)}/run/(tb|metrics\.jsonl): no space left on "
+                        rf"{re.escape(mount)} \(0\.0 MB free\); free some space, then continue with resume=auto",
+                        report["first"]), report["first"]
     assert_same_run(tmp_path / "run", reference)
 
 

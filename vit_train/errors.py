@@ -37,6 +37,10 @@ class CheckpointError(UserError):
     """A checkpoint that is missing, unreadable or does not fit the config."""
 
 
+class OutputError(UserError):
+    """A run's own file (metrics, TensorBoard events, results) that cannot be written: a full disk, a quota."""
+
+
 class RunStopped(Exception):
     """The run stopped before its end (a stop signal, diverging losses); `exit_code` is for the CLI."""
 

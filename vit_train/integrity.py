@@ -72,14 +72,19 @@ def mount_point(path: Path) -> Path:
     return path
 
 
-def write_failure(error: BaseException, path: Path, needed: int) -> str:
-    """Why writing `path` (about `needed` bytes) failed: the disk being full is named as such."""
+def write_failure(error: BaseException, path: Path, needed: int, what: str | None = "the checkpoint") -> str:
+    """Why writing `path` (about `needed` bytes: `what`, or None to leave the size out) failed: the disk
+    being full (or the user's quota) is named as such."""
     folder = path.parent if path.parent.exists() else Path(path.anchor or ".")
     free = shutil.disk_usage(folder).free
     full = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
     if full or free < needed:
-        return (f"no space left on {mount_point(folder)} ({free / MB:.1f} MB free, the checkpoint needs about "
-                f"{needed / MB:.1f} MB)")
+        size = f", {what} needs about {needed / MB:.1f} MB" if what else ""
+        quota = isinstance(error, OSError) and error.errno == errno.EDQUOT
+        return (f"{'your disk quota is used up' if quota else 'no space left'} on {mount_point(folder)} "
+                f"({free / MB:.1f} MB free{size})")
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
     return str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
 
 

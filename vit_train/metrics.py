@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
 import os
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import yaml
 from torch.utils.tensorboard import SummaryWriter
 
+from .errors import OutputError
+from .integrity import write_failure
+
 log = logging.getLogger("vit_train")
+FREE_SPACE = "free some space, then continue with resume=auto"
 
 
 class RunLogger:
@@ -27,14 +34,17 @@ class RunLogger:
 
     def __init__(self, run_dir: Path, resume_step: int | None = None):
         self.run_dir = run_dir
-        self.jsonl = run_dir / "metrics.jsonl"
-        self.logged = self._truncate_jsonl(resume_step or 0)
-        if resume_step is None:  # a fresh start discards an earlier attempt's events
-            for old in (run_dir / "tb").glob("events.out.tfevents.*"):
-                old.unlink()
-        else:  # and a resume those after its step, in every file: purge_step would rely on file names sorting
-            drop_events_after(run_dir / "tb", resume_step)  # by time, and two started in one second sort by pid
-        self.tb = SummaryWriter(str(run_dir / "tb"))
+        self.jsonl, self.events = run_dir / "metrics.jsonl", run_dir / "tb"
+        with writing(self.jsonl):
+            self.logged = self._truncate_jsonl(resume_step or 0)
+        with writing(self.events):
+            if resume_step is None:  # a fresh start discards an earlier attempt's events
+                for old in self.events.glob("events.out.tfevents.*"):
+                    old.unlink()
+            else:  # and a resume those after its step, in every file: purge_step relies on file names sorting
+                drop_events_after(self.events, resume_step)  # by time, and two started in one second sort by pid
+            quiet_event_writer_errors()
+            self.tb = SummaryWriter(str(self.events))
         self.file_handler = QuietFileHandler(run_dir / "train.log")
         self.file_handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s] %(message)s"))
         log.addHandler(self.file_handler)
@@ -60,10 +70,11 @@ class RunLogger:
         if (split, step) in self.logged:
             return
         self.logged.add((split, step))
-        for name, value in values.items():
-            self.tb.add_scalar(f"{split}/{name}", value, step)
+        with writing(self.events):
+            for name, value in values.items():
+                self.tb.add_scalar(f"{split}/{name}", value, step)
         plain = {k: v if math.isfinite(v) else None for k, v in values.items()}  # NaN is not JSON
-        with open(self.jsonl, "a") as f:
+        with writing(self.jsonl), open(self.jsonl, "a") as f:
             f.write(json.dumps({"split": split, "step": step, **plain}) + "\n")
 
     def note_error(self, message: str) -> None:
@@ -74,7 +85,8 @@ class RunLogger:
         """The run's config in full to train.log and TensorBoard (Text tab); one line on the console
         saying where it is (it is about 90 lines: printed at every start it buried the log)."""
         text = yaml.safe_dump(config, sort_keys=False)
-        self.tb.add_text("config", "    " + text.replace("\n", "\n    "), step)  # indented: shown as code
+        with writing(self.events):
+            self.tb.add_text("config", "    " + text.replace("\n", "\n    "), step)  # indented: shown as code
         self.file_handler.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, "config:\n%s", (text.rstrip(),),
                                                 None))
         composed = self.run_dir / ".hydra" / "config.yaml"
@@ -82,9 +94,44 @@ class RunLogger:
                  f", {composed}" if composed.is_file() else "")
 
     def close(self) -> None:
-        self.tb.close()
+        try:
+            self.tb.close()
+        except OSError as e:  # the events' disk is full: said once, the run's own error (if any) stays the one raised
+            log.warning("TensorBoard events after %s were lost: %s", self.events, write_failure(e, self.events, 0, None))
         log.removeHandler(self.file_handler)
         self.file_handler.close()
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """A failed write of one of the run's files or folders (a full disk, a quota) becomes an OutputError naming it."""
+    try:
+        yield
+    except OSError as e:
+        raise OutputError(f"could not write {path}: {write_failure(e, path, 0, None)}; {FREE_SPACE}") from None
+
+
+def output_error(error: Exception, run_dir: Path) -> Exception:
+    """`error` as the run reports it: a full disk or quota met in a write not named otherwise (figures in
+    TensorBoard, say) becomes one OutputError naming the run directory; anything else is kept."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return OutputError(f"could not write in {run_dir}: {write_failure(error, run_dir / 'x', 0, None)}; {FREE_SPACE}")
+    return error
+
+
+def quiet_event_writer_errors() -> None:
+    """TensorBoard's writer thread prints a traceback when its disk is full, then the same error is raised
+    in the training thread at the next call (and reported there in one line): the thread's print is dropped."""
+    previous = threading.excepthook
+    if getattr(previous, "quiets_event_writer", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if not (isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread"):
+            previous(args)
+
+    hook.quiets_event_writer = True
+    threading.excepthook = hook
 
 
 def drop_events_after(tb_dir: Path, step: int) -> None:
@@ -143,6 +190,13 @@ class QuietFileHandler(logging.FileHandler):
             print(f"vit-train: warning: cannot write {self.baseFilename} (the disk may be full); it misses "
                   f"records from here on", file=sys.stderr)
 
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # its last records could not be flushed: handleError has said so, or the run's error will
+            self.handleError(None)
+            self.stream = None
+
 
 def write_atomic(path: Path, text: str) -> None:
     """Write `text` to a temporary file, then rename it over `path`: `path` is never half written."""
@@ -156,7 +210,8 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def write_results(run_dir: Path, results: dict[str, Any]) -> None:
-    write_atomic(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
+    with writing(run_dir / "results.json"):
+        write_atomic(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
 
 
 def results_summary(status: str, state, metrics: dict[str, float], wall_seconds: float, run_dir: Path,

@@ -67,8 +67,11 @@ def acquire(run_dir: Path) -> RunLock | None:
                          f"this run its own directory (hydra.run.dir=...)") from None
     os.ftruncate(fd, 0)
     program = Path(sys.argv[0]).name.replace("__main__.py", "vit-train")  # python -m vit_train
-    os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime(
-        "%Y-%m-%d %H:%M:%S"), "command": " ".join([program, *sys.argv[1:]])[:500]}).encode(), 0)
+    try:  # who holds it, for a second run's message; the lock itself needs no bytes (a full disk)
+        os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime(
+            "%Y-%m-%d %H:%M:%S"), "command": " ".join([program, *sys.argv[1:]])[:500]}).encode(), 0)
+    except OSError:
+        pass
     lock = _held[run_dir] = RunLock(run_dir, fd)
     remove_leftovers(run_dir)
     return lock

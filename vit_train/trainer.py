@@ -33,7 +33,7 @@ from .data.mix import BatchMix
 from .device import autocast_dtype, pick_device
 from .errors import CheckpointError, RunStopped, UserError
 from .evaluate import evaluate as evaluate_loader
-from .metrics import NullLogger, RunLogger, results_summary, write_results
+from .metrics import NullLogger, RunLogger, output_error, results_summary, write_results
 from .mae import build_mae, mae_flops_per_image
 from .mae_objective import evaluate_reconstruction
 from .model import build_model
@@ -184,7 +184,10 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
         except RunStopped:  # diverged or stopped by a signal: finish() has recorded it
             raise
         except Exception as e:
-            record_failure(run, e)
+            error = output_error(e, run_dir)  # a full disk met anywhere: one line
+            record_failure(run, error)
+            if error is not e:
+                raise error from None
             raise
         finally:
             run.logger.close()
@@ -342,5 +345,5 @@ def record_failure(run: Run, error: Exception) -> None:
                               all_attempts=run.earlier_seconds + seconds, error=reason)
     try:
         write_results(run.run_dir, results)
-    except OSError as e:  # the disk that stopped the run may refuse this too
-        log.warning("could not write %s: %s", run.run_dir / "results.json", e)
+    except UserError as e:  # the disk that stopped the run may refuse this too
+        log.warning("%s", e)
