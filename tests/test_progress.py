@@ -4,7 +4,9 @@ Made from users' reports: a SLURM or CI log filled with a progress bar's carriag
 (Lightning #6647, #8975; CompRhys/roost #19); a bar throttled by time that still wrote a line for
 every postfix change (niznik-dev/cruijff_kit #269); a progress line wanted once per epoch in a
 log (Lightning #9412); a bar that did not show in a notebook once it was switched off for non-
-terminals (tqdm.auto draws a widget there, whose stream is not a tty).
+terminals (tqdm.auto draws a widget there, whose stream is not a tty); a config tree printed at
+every start that buried the log (IntelLabs/MART #202), and users who could not find the config
+that Hydra had saved (hydra #1907: it is in the hidden .hydra/), so the one line names it.
 """
 
 import io

@@ -82,8 +82,8 @@ def test_resume_auto_that_finds_nothing_says_where_it_looked_and_names_the_newes
     assert results["steps"] == 1  # it started at step 0
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resume=auto")]
     assert lines == [f"resume=auto: no checkpoint in {fresh} (hydra.run.dir), so this run starts at step 0; to "
-                     f"continue an earlier run, give its directory: resume=<run dir> (the newest beside it: "
-                     f"vit-train resume={newer})"]
+                     f"continue an earlier run, give its directory, e.g. the newest beside it: vit-train "
+                     f"resume={newer}"]
     caplog.clear()
     alone = tmp_path / "elsewhere" / "a" / "b"  # nothing beside it: no run is named
     train(make_config(trainer={"max_steps": 1}, resume="auto"), alone)

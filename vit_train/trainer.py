@@ -232,9 +232,9 @@ def resume_auto_found_nothing(run_dir: Path) -> str:
         with contextlib.suppress(OSError):  # a run removed meanwhile
             if not last.parent.parent.samefile(run_dir):
                 others.append((last.stat().st_mtime, last.parent.parent))
-    newest = f" (the newest beside it: vit-train resume={max(others)[1]})" if others else ""
+    how = f", e.g. the newest beside it: vit-train resume={max(others)[1]}" if others else ": resume=<run dir>"
     return (f"resume=auto: no checkpoint in {run_dir} (hydra.run.dir), so this run starts at step 0; to continue an "
-            f"earlier run, give its directory: resume=<run dir>{newest}")
+            f"earlier run, give its directory{how}")
 
 
 def describe(run: Run) -> None:
