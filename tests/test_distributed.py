@@ -178,6 +178,7 @@ def test_sigterm_to_the_process_group_stops_both_processes_at_one_step_and_resum
     assert proc.returncode != 0 and "vit_train/" not in output, output  # torchrun itself prints its SignalException
     stops = [int(line.split(" at step ")[1].split(";")[0]) for line in output.splitlines() if "stopped by SIGTERM" in line]
     assert len(stops) == 2 and stops[0] == stops[1], output  # both processes, the same step
+    assert f"continue with: torchrun <the same options> -m vit_train resume={run}" in output, output
     results = json.loads((run / "results.json").read_text())
     saved = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     assert results["status"] == "interrupted" and saved["step"] == results["steps"] == stops[0] < 72

@@ -13,6 +13,7 @@ import io
 
 import pytest
 import yaml
+from conftest import TINY, vit_train
 
 from vit_train import progress
 from vit_train.progress import LineProgress, interactive, progress_bar, progress_iter
@@ -60,10 +61,17 @@ def test_a_line_comes_once_the_interval_has_passed_and_not_before():
     assert "\r" not in out.getvalue()
 
 
-def test_a_bar_closed_without_a_step_prints_nothing():
+def test_close_prints_only_what_no_line_has_shown():
     out = io.StringIO()
     LineProgress(total=3, desc="epoch 1/1", initial=3, file=out).close()  # a resumed run at the epoch's end
     assert out.getvalue() == ""
+    clock = Clock()
+    bar = LineProgress(total=2, desc="epoch 1/1", interval=60.0, file=out, clock=clock)
+    bar.update()
+    clock.now += 60.0
+    bar.update()  # the epoch's last step, a minute in: its line
+    bar.close()  # not the same line again
+    assert out.getvalue() == "epoch 1/1: 2/2 steps (100%), 30.00 s/step\n"
 
 
 @pytest.mark.parametrize("stream, bar", [(Terminal(), True), (NotebookStream(), True), (io.StringIO(), False)],
@@ -114,3 +122,17 @@ def test_the_config_is_one_console_line_and_whole_in_train_log(tmp_path, make_co
     log = (tmp_path / "train.log").read_text()
     whole = log.split("config:\n", 1)[1].split("\n[")[0]  # up to the next record
     assert yaml.safe_load(whole) == cfg.to_dict()
+
+
+def test_the_command_line_in_a_log_shows_one_config_line_and_whole_progress_lines(tmp_path):
+    """The real command, its stderr and stdout pipes as under SLURM or `> file`."""
+    args = [a for a in TINY if a != "trainer.progress=false"]
+    done = vit_train(*args, "trainer.epochs=2", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "\r" not in done.stdout + done.stderr
+    ends = [line for line in done.stderr.splitlines() if line.startswith("epoch ") and " (100%)" in line]
+    assert [line.split(" steps")[0] for line in ends] == ["epoch 1/2: 4/4", "epoch 2/2: 4/4"]  # (and one a minute)
+    run = tmp_path / "run"
+    assert [line for line in done.stdout.splitlines() if line.startswith("config")] == [
+        f"config: in {run / 'train.log'}, {run / '.hydra' / 'config.yaml'} and TensorBoard's Text tab"]
+    assert "model:\n" not in done.stdout and "model:\n" in (run / "train.log").read_text()

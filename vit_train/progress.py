@@ -24,7 +24,7 @@ class LineProgress:
 
     `set_postfix` only keeps the figures (it never prints: a log gets no line per log step);
     `update` prints once `interval` seconds of `clock` have passed since the last line; `close`
-    prints the last line, once, if any step was made since the start.
+    prints the last line, once, if a step was made since the start and the last line.
     """
 
     def __init__(self, total: int, desc: str, initial: int = 0, interval: float = LINE_INTERVAL,
@@ -32,7 +32,7 @@ class LineProgress:
         self.total, self.desc, self.n, self.interval, self.clock = total, desc, initial, interval, clock
         self.file = file if file is not None else sys.stderr
         self.start_n, self.started = initial, clock()
-        self.last_line, self.postfix, self.closed = self.started, {}, False
+        self.last_line, self.postfix, self.closed, self.shown_n = self.started, {}, False, initial
 
     def update(self, n: int = 1) -> None:
         self.n += n
@@ -43,7 +43,7 @@ class LineProgress:
         self.postfix = {**(ordered_dict or {}), **kwargs}
 
     def print_line(self) -> None:
-        self.last_line = self.clock()
+        self.last_line, self.shown_n = self.clock(), self.n
         done = self.n - self.start_n
         rate = f", {(self.last_line - self.started) / done:.2f} s/step" if done else ""
         share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
@@ -51,7 +51,7 @@ class LineProgress:
         print(f"{self.desc}: {self.n}/{self.total} steps{share}{rate}{figures}", file=self.file, flush=True)
 
     def close(self) -> None:
-        if not self.closed and self.n > self.start_n:
+        if not self.closed and self.n != self.shown_n:
             self.print_line()
         self.closed = True
 

@@ -214,8 +214,9 @@ def loop(run: Run) -> dict[str, Any]:
         if stop:
             save(run)
             finish(run, "interrupted")
+            command = "torchrun <the same options> -m vit_train" if run.ctx.enabled else "vit-train"
             raise RunStopped(f"stopped by {stop.name} at step {state.step}; {run_dir / 'checkpoints' / 'last.pt'} "
-                             f"holds it; continue with: vit-train resume={run_dir}", stop.exit_code)
+                             f"holds it; continue with: {command} resume={run_dir}", stop.exit_code)
         if not run.metrics:  # resumed a run that had already finished
             log.info("the run already reached its last step (%d); raise trainer.epochs or trainer.max_steps to "
                      "train longer", run.total_steps)
