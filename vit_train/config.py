@@ -121,7 +121,7 @@ class TrainerConfig:
     eval_every: Optional[int] = None  # evaluate every N steps; null = at the end of each epoch
     ckpt_every: Optional[int] = None  # also write last.pt every N steps; null = each epoch only
     log_every: int = 50  # steps between train metric logs
-    progress: bool = True  # tqdm progress bars
+    progress: bool = True  # progress on stderr: a tqdm bar on a terminal, whole lines in a log (docs/outputs.md)
     keep_last: int = 2  # checkpoint versions kept (last.pt plus step_<N>.pt files); resume falls back on them
     max_bad_steps: int = 20  # consecutive steps with a non-finite loss or gradient norm before the run stops
     ema_decay: Optional[float] = None  # exponential moving average of the weights; null = off, e.g. 0.9998
