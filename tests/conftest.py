@@ -45,6 +45,42 @@ def lock_is_free(path: Path) -> bool:
     return probe.returncode == 0
 
 
+def rows(run_dir):
+    """All rows of a run's metrics.jsonl, in order."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def tb_scalars(run_dir, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})  # purges orphaned steps, as TB does
+    acc.Reload()
+    return sorted((e.step, e.value) for e in acc.Scalars(tag))  # as TensorBoard plots them: by step
+
+
+def assert_same_run(run_dir, reference):
+    """Every (split, step) row once, with the reference's values (an uninterrupted run with the same seed);
+    the same TensorBoard scalars, final weights and optimiser state; no temporary files; completed."""
+    import torch
+
+    got, want = rows(run_dir), rows(reference)
+    keys = [(r["split"], r["step"]) for r in got]
+    assert len(keys) == len(set(keys)), f"rows logged twice: {sorted(k for k in keys if keys.count(k) > 1)}"
+    drop = ("images_per_s", "data_wait", "tflops", "mfu")  # timing
+    strip = lambda r: {k: v for k, v in r.items() if k not in drop}  # noqa: E731
+    assert sorted(map(strip, got), key=lambda r: (r["step"], r["split"])) == \
+        sorted(map(strip, want), key=lambda r: (r["step"], r["split"]))
+    for tag in ("train/loss", "val/top1"):
+        assert tb_scalars(run_dir, tag) == tb_scalars(reference, tag), tag
+    a = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    b = torch.load(reference / "checkpoints" / "last.pt", weights_only=True)
+    for part in ("model", "optimizer"):
+        flat_a, flat_b = (torch.utils._pytree.tree_flatten(x[part])[0] for x in (a, b))
+        assert all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(flat_a, flat_b)), part
+    assert not list(run_dir.rglob("*.tmp")), list(run_dir.rglob("*.tmp"))
+    assert json.loads((run_dir / "results.json").read_text())["status"] == "completed"
+
+
 def logged(run_dir: Path, split: str) -> list[dict]:
     """The rows of a run's metrics.jsonl for `split` (train, val, val_ema), in order."""
     lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()

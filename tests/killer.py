@@ -1,5 +1,6 @@
 """Run `train()` in this process and end it with a real SIGKILL at one chosen moment (no clean-up
-code runs, as with kill -9 or the OOM killer). Used by test_faults.py:
+code runs, as with kill -9 or the OOM killer), or with "signal": "STOP" pause it there (a second
+writer is tried meanwhile; SIGCONT lets it go on). Used by test_faults.py and scripts/fault_table.py:
 
     python killer.py '{"run_dir": ..., "sections": {...}, "fault": "row", "n": 2}'
 
@@ -29,6 +30,7 @@ import vit_train.trainer as trainer  # noqa: E402
 
 spec = json.loads(sys.argv[1])
 fault, n = spec["fault"], spec.get("n", 1)
+stop_with = getattr(signal, "SIG" + spec.get("signal", "KILL"))  # STOP: paused there until SIGCONT, then goes on
 count = {"n": 0}
 
 
@@ -36,7 +38,7 @@ def kill_on_nth() -> None:
     count["n"] += 1
     if count["n"] == n:
         sys.stdout.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), stop_with)
 
 
 if fault in ("row", "val_row"):

@@ -9,11 +9,12 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 
 import pytest
 import torch
-from conftest import hold_lock, lock_is_free, tiny_config
+from conftest import assert_same_run, hold_lock, lock_is_free, tb_scalars, tiny_config
 
 import vit_train.checkpoint as checkpoint_module
 import vit_train.trainer as trainer_module
@@ -232,14 +233,6 @@ def test_no_train_log_handler_is_left_behind_by_a_failing_run(tmp_path, monkeypa
 # ---------------------------------------------------------------- TensorBoard after a resume
 
 
-def tb_steps(run_dir, tag):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
-    acc.Reload()
-    return sorted((e.step, e.value) for e in acc.Scalars(tag))  # TensorBoard plots by step, files in name order
-
-
 def killed_after(event_file, last_step):
     """Make `event_file` what an attempt killed after `last_step` wrote, with its later values
     changed (as a run that was not resumed exactly would have): only what happened after the
@@ -275,8 +268,8 @@ def test_tensorboard_holds_each_step_once_when_an_earlier_attempts_file_sorts_af
     train(tiny_config(**sections, resume=str(run / "checkpoints" / "step_00000012.pt")), run)
     assert len(list((run / "tb").glob("events.out.tfevents.*"))) == 2
     for tag in ("train/loss", "train/lr", "val/top1"):
-        assert tb_steps(run, tag) == tb_steps(reference, tag), tag
-    assert [s for s, _ in tb_steps(run, "train/loss")] == list(range(1, 17))
+        assert tb_scalars(run, tag) == tb_scalars(reference, tag), tag
+    assert [s for s, _ in tb_scalars(run, "train/loss")] == list(range(1, 17))
     assert not list((run / "tb").glob("*.tmp"))
 
 
@@ -286,3 +279,93 @@ def test_a_leftover_rewrite_of_an_event_file_is_removed_at_the_next_start(tmp_pa
     rundir.acquire(tmp_path).release()
     assert not (tmp_path / "tb" / "rewrite.tmp").exists()
     assert os.listdir(tmp_path / "tb") == []
+
+
+# ---------------------------------------------------------------- faults other trainers' users reported
+
+FAULT_SECTIONS = {"trainer": {"log_every": 1, "ckpt_every": 3, "keep_last": 3}}
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    """An uninterrupted run: 16 steps, checkpoints at 3, 6, 8, 9, 12, 15, 16; step files 12, 15, 16 kept."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    train(tiny_config(**FAULT_SECTIONS), run_dir)
+    (run_dir / ".lock").unlink()
+    return run_dir
+
+
+def test_a_zero_byte_last_checkpoint_is_passed_over(tmp_path, reference_run, caplog):
+    """facebookresearch/metaseq#53: a failed write left 0-byte checkpoint_last files, which resume then
+    tried to load. Here last.pt (and step_16.pt, the same file) is empty: it is named in one line and
+    the run continues from step_15.pt to the reference's end."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir)
+    folder = run_dir / "checkpoints"
+    (folder / "last.pt").write_bytes(b"")
+    (folder / "step_00000016.pt").unlink()
+    os.link(folder / "last.pt", folder / "step_00000016.pt")  # as the run keeps them: one file, two names
+    train(tiny_config(**FAULT_SECTIONS, resume="auto"), run_dir)
+    assert "last.pt cannot be read" in caplog.text and "step_00000015.pt at epoch 1, step 15" in caplog.text
+    assert_same_run(run_dir, reference_run)
+
+
+def test_resuming_from_another_runs_checkpoint_leaves_that_run_as_it_was(tmp_path, reference_run):
+    """Lightning-AI/pytorch-lightning#16426: resuming from a checkpoint of an earlier run deleted that
+    file at the next rotation. Here a new run directory continues from the reference's step 12: the
+    reference's files keep every byte, and the new run ends with the reference's weights."""
+    before = files(reference_run)
+    run_dir = tmp_path / "continued"
+    train(tiny_config(**FAULT_SECTIONS, resume=str(reference_run / "checkpoints" / "step_00000012.pt")), run_dir)
+    assert files(reference_run) == before
+    got = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["model"]
+    want = torch.load(reference_run / "checkpoints" / "last.pt", weights_only=True)["model"]
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "best.pt", "last.pt", "step_00000015.pt", "step_00000016.pt"]
+
+
+def test_a_failed_write_removes_no_older_checkpoint(tmp_path, monkeypatch):
+    """Lightning-AI/pytorch-lightning#1150 and #1696: deleting the oldest checkpoint before the new one
+    is written loses everything when the write fails. Here the 4th write (step 9) meets a full disk:
+    step_3, step_6 and step_8 stay, each loads, and last.pt is still step 8."""
+    full_disk_at(monkeypatch, 4)
+    with pytest.raises(CheckpointError):
+        train(tiny_config(**FAULT_SECTIONS), tmp_path)
+    folder = tmp_path / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["best.pt", "last.pt", "step_00000003.pt", "step_00000006.pt",
+                                                        "step_00000008.pt"]
+    assert [checkpoint_module.load_checkpoint(folder / f"step_{s:08d}.pt")["step"] for s in (3, 6, 8)] == [3, 6, 8]
+    assert checkpoint_module.load_checkpoint(folder / "last.pt")["step"] == 8
+
+
+@pytest.mark.parametrize("free_kb, said", [(100, "not even the first will fit"),
+                                            (400, "the run will stop at a later one"), (10**7, None)])
+def test_a_disk_too_small_for_the_checkpoints_is_said_at_the_start(tmp_path, monkeypatch, caplog, free_kb, said):
+    """mlfoundations/open_lm#154: a run on a disk too small for its checkpoint crashed after a whole
+    epoch's work. The micro ViT's checkpoint is about 0.3 MB (model and AdamW's two moments), and with
+    keep_last=2 four may be on disk at once: 100 kB free holds none, 400 kB one, 10 GB all; said
+    before the first step."""
+    import shutil as shutil_module
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil_module, "disk_usage", lambda path: usage(2**40, 0, free_kb * 1024))
+    seen = []
+
+    def first_step(run, images, targets):  # what was said before it, and stop
+        seen.append(caplog.text)
+        raise DataError("stop here")
+
+    monkeypatch.setattr(trainer_module, "train_step", first_step)
+    with pytest.raises(DataError):
+        train(tiny_config(trainer={"keep_last": 2}), tmp_path)
+    warnings = [r.getMessage() for r in caplog.records if "free, but the checkpoints need about" in r.getMessage()]
+    if said is None:
+        assert warnings == []
+    else:
+        [warning] = warnings
+        assert re.fullmatch(rf"warning: \S+ has {free_kb / 1024:.1f} MB free, but the checkpoints need about 1\.\d MB "
+                            rf"\(4 of 0\.\d MB: 2 kept, best\.pt and a new one written beside them\); {said}: free "
+                            rf"some space, or lower trainer\.keep_last", warning), warning
+        assert warning in seen[0]  # before the first step

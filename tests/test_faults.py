@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import hold_lock, tiny_config
+from conftest import assert_same_run, hold_lock, rows, tiny_config
 
 from vit_train import integrity
 from vit_train.checkpoint import load_checkpoint
@@ -22,38 +22,6 @@ from vit_train.trainer import train
 KILLER = Path(__file__).parent / "killer.py"
 # 16 steps (2 epochs of 8), every step logged, checkpoints at 3, 6, 8 (eval), 9, 12, 15, 16 (eval).
 SECTIONS = {"trainer": {"log_every": 1, "ckpt_every": 3, "keep_last": 2}}
-
-
-def rows(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def tb_scalars(run_dir, tag):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})  # purges orphaned steps, as TB does
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
-
-
-def assert_same_run(run_dir, reference):
-    """Every (split, step) row once, with the reference's values; the same final weights; no temp files."""
-    got, want = rows(run_dir), rows(reference)
-    keys = [(r["split"], r["step"]) for r in got]
-    assert len(keys) == len(set(keys)), f"rows logged twice: {sorted(k for k in keys if keys.count(k) > 1)}"
-    drop = ("images_per_s", "data_wait", "tflops", "mfu")  # timing
-    strip = lambda r: {k: v for k, v in r.items() if k not in drop}  # noqa: E731
-    assert sorted(map(strip, got), key=lambda r: (r["step"], r["split"])) == \
-        sorted(map(strip, want), key=lambda r: (r["step"], r["split"]))
-    for tag in ("train/loss", "val/top1"):
-        assert tb_scalars(run_dir, tag) == tb_scalars(reference, tag), tag
-    a = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
-    b = torch.load(reference / "checkpoints" / "last.pt", weights_only=True)
-    for part in ("model", "optimizer"):
-        flat_a, flat_b = (torch.utils._pytree.tree_flatten(x[part])[0] for x in (a, b))
-        assert all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(flat_a, flat_b)), part
-    assert not list(run_dir.rglob("*.tmp")), list(run_dir.rglob("*.tmp"))
-    assert json.loads((run_dir / "results.json").read_text())["status"] == "completed"
 
 
 @pytest.fixture(scope="module")

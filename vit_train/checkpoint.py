@@ -19,7 +19,7 @@ import torchvision
 
 from . import __version__
 from .errors import CheckpointError
-from .integrity import archive_damage, checkpoint_size, load_failure, tensor_digest, write_failure
+from .integrity import archive_damage, checkpoint_size, load_failure, mount_point, tensor_digest, write_failure
 
 log = logging.getLogger("vit_train")
 
@@ -70,6 +70,25 @@ def earlier_checkpoint(path: Path) -> str:
     if damage:
         return f"the earlier checkpoint there is damaged too ({damage}); resume=auto passes over it to an older sound one"
     return "the previous checkpoint there is intact"
+
+
+def short_of_space(folder: Path, model: torch.nn.Module, moments: int, ema: torch.nn.Module | None,
+                   keep_last: int) -> str | None:
+    """A warning when `folder`'s disk cannot hold the run's checkpoints, else None (checked at the start,
+    not after the first epoch's work). A checkpoint holds the model, `moments` optimiser tensors per
+    trainable parameter (AdamW 2, SGD 1) and the EMA; the run keeps `keep_last` versions (at least
+    last.pt), best.pt can be one more, and a new one is written beside them all."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = moments * checkpoint_size(params) + (checkpoint_size([torch.zeros(())] * len(params)) if moments > 1 else 0)
+    size = (checkpoint_size(model.state_dict()) + optimizer + (checkpoint_size(ema.state_dict()) if ema else 0)
+            + 16 * 1024)  # AdamW's step counts; RNG states and the rest (measured: 11 kB)
+    versions, free = max(keep_last, 1) + 2, shutil.disk_usage(folder).free
+    if free >= versions * size:
+        return None
+    return (f"{mount_point(folder)} has {free / 2**20:.1f} MB free, but the checkpoints need about "
+            f"{versions * size / 2**20:.1f} MB ({versions} of {size / 2**20:.1f} MB: {max(keep_last, 1)} kept, best.pt "
+            f"and a new one written beside them); {'not even the first will fit' if free < size else 'the run will stop at a later one'}: "
+            f"free some space, or lower trainer.keep_last")
 
 
 def save_run_checkpoint(state: dict[str, Any], folder: Path, keep_last: int, best: bool) -> None:

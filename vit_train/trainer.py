@@ -25,7 +25,8 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from . import distributed, rundir
 from .batches import batches
-from .checkpoint import check_classes, check_compatible, find_resume_checkpoint, run_checkpoints, save_run_checkpoint
+from .checkpoint import (check_classes, check_compatible, find_resume_checkpoint, run_checkpoints, save_run_checkpoint,
+                         short_of_space)
 from .config import Config
 from .cpu import set_cpu_threads
 from .data import Data, build_data
@@ -180,6 +181,9 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
             else:
                 run.logger.config(cfg.to_dict(), step=0)
             describe(run)
+            short = short_of_space(run_dir, run.model, 1 if cfg.optim.name == "sgd" else 2, run.ema, cfg.trainer.keep_last)
+            if short and run.ctx.is_main:  # said now, not after the first epoch's work
+                log.warning("warning: %s", short)
             return loop(run)
         except RunStopped:  # diverged or stopped by a signal: finish() has recorded it
             raise

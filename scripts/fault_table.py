@@ -1,0 +1,334 @@
+"""The fault table of docs/reliability.md: each fault injected as an adversary would, how often, how
+many runs survived it, and the evidence. Prints a Markdown table (and writes it as JSON with --json).
+
+    OMP_NUM_THREADS=1 python scripts/fault_table.py [--only kill,bitflip,writers,diskfull,hostile] [--json PATH]
+
+"Survived" is judged against an uninterrupted reference run with the same seed (16 steps, every
+step logged, checkpoints at steps 3, 6, 8, 9, 12, 15 and 16): after the fault and `resume=auto`,
+every metrics.jsonl row appears once with the reference's values, TensorBoard holds the same
+scalars, the weights and optimiser state are bit-identical, no temporary file is left and
+results.json says completed (tests/conftest.py `assert_same_run`). Each refusal must be one line.
+The kills and pauses are real signals at chosen moments (tests/killer.py), the full disks real
+tmpfs mounts (tests/diskfull.py; needs `unshare`), the hostile files tests/test_hostile.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path.insert(0, str(TESTS))
+from conftest import TINY, assert_same_run, tiny_config  # noqa: E402
+
+import torch  # noqa: E402
+
+from vit_train.checkpoint import load_checkpoint  # noqa: E402
+from vit_train.errors import UserError  # noqa: E402
+from vit_train.sweep import run_job  # noqa: E402
+from vit_train.trainer import train  # noqa: E402
+
+SECTIONS = {"trainer": {"log_every": 1, "ckpt_every": 3, "keep_last": 2}}
+SAVES = 7  # checkpoint writes in the reference run
+KILLS = ([("row", n) for n in range(1, 17)] + [("val_row", 1), ("val_row", 2)]
+         + [(fault, n) for fault in ("mid_write", "tmp_done", "renamed") for n in range(1, SAVES + 1)] + [("results", 1)])
+TWICE = [(("row", 2), ("mid_write", 1)), (("mid_write", 3), ("row", 4)), (("tmp_done", 2), ("renamed", 3))]
+PAUSES = [(("row", 1), "command"), (("mid_write", 2), "train"), (("val_row", 1), "sweep job"), (("row", 7), "command"),
+          (("tmp_done", 4), "train"), (("row", 14), "sweep job")]
+TMPFS_KB = [4, 8, 12, 16, 32, 64, 128, 200, 290, 350, 450, 600, 900]
+
+
+def killer(run_dir: Path, fault: str, n: int, resume: str | None = None, stop: bool = False) -> subprocess.Popen:
+    spec = {"run_dir": str(run_dir), "sections": SECTIONS, "fault": fault, "n": n, "resume": resume}
+    if stop:
+        spec["signal"] = "STOP"
+    return subprocess.Popen([sys.executable, str(TESTS / "killer.py"), json.dumps(spec)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def killed(run_dir: Path, fault: str, n: int, resume: str | None = None) -> None:
+    process = killer(run_dir, fault, n, resume)
+    _, err = process.communicate(timeout=300)
+    if process.returncode != -signal.SIGKILL:
+        raise AssertionError(f"not killed at {fault} {n}: status {process.returncode}: {err[-300:]}")
+
+
+def same(run_dir: Path, reference: Path) -> str | None:
+    """None when the run equals the reference, else why not."""
+    try:
+        assert_same_run(run_dir, reference)
+    except AssertionError as e:
+        return str(e).splitlines()[0][:200] or "differs"
+    return None
+
+
+def resumed(run_dir: Path, reference: Path) -> str | None:
+    try:
+        train(tiny_config(**SECTIONS, resume="auto"), run_dir)
+    except Exception as e:  # noqa: BLE001 - any failure to resume is a fault not survived
+        return f"resume failed: {type(e).__name__}: {e}"[:200]
+    return same(run_dir, reference)
+
+
+def row(fault: str, outcomes: list[str | None], evidence: str) -> dict:
+    failures = [o for o in outcomes if o]
+    return {"fault": fault, "tried": len(outcomes), "survived": len(outcomes) - len(failures),
+            "evidence": evidence + (f"; FAILED: {failures[0]}" if failures else "")}
+
+
+def kill_rows(work: Path, reference: Path) -> list[dict]:
+    outcomes = []
+    for k, (fault, n) in enumerate(KILLS):
+        run_dir = work / f"kill_{k}"
+        killed(run_dir, fault, n)
+        outcomes.append(resumed(run_dir, reference))
+    twice = []
+    for k, ((fault_a, n_a), (fault_b, n_b)) in enumerate(TWICE):
+        run_dir = work / f"twice_{k}"
+        killed(run_dir, fault_a, n_a)
+        killed(run_dir, fault_b, n_b, resume="auto")
+        twice.append(resumed(run_dir, reference))
+    return [row("kill -9 at one moment: after each of the 16 train rows, after each val row, in the middle of each "
+                "of the 7 checkpoint writes, with each temporary file complete but not renamed, right after each "
+                "rename, before results.json", outcomes,
+                "`resume=auto` equal to the reference: rows once with its values, TensorBoard scalars, weights and "
+                "optimiser bit-identical, no *.tmp"),
+            row("kill -9 twice (the resumed run killed again: " + ", ".join(f"{a[0]} {a[1]} then {b[0]} {b[1]}"
+                                                                         for a, b in TWICE) + ")", twice,
+                "the second `resume=auto` equal to the reference")]
+
+
+def flip(path: Path, offset: int, count: int = 16) -> None:
+    data = bytearray(path.read_bytes())
+    for i in range(offset, min(offset + count, len(data))):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def bitflip_rows(work: Path, reference: Path) -> list[dict]:
+    sound = reference / "checkpoints" / "last.pt"
+    original, size = torch.load(sound, weights_only=True), sound.stat().st_size
+    flat_original = torch.utils._pytree.tree_flatten({k: original[k] for k in ("model", "optimizer", "rng")})[0]
+    outcomes, refused = [], 0
+    for k in range(200):
+        damaged = work / "flipped.pt"
+        shutil.copyfile(sound, damaged)
+        flip(damaged, k * (size - 16) // 199)
+        try:
+            got = load_checkpoint(damaged)
+        except UserError as e:
+            refused += 1
+            outcomes.append(None if "\n" not in str(e) else "refusal of more than one line")
+            continue
+        except Exception as e:  # noqa: BLE001
+            outcomes.append(f"{type(e).__name__} instead of a one-line refusal")
+            continue
+        flat = torch.utils._pytree.tree_flatten({k: got[k] for k in ("model", "optimizer", "rng")})[0]
+        harmless = len(flat) == len(flat_original) and all(
+            torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(flat, flat_original))
+        outcomes.append(None if harmless else f"loaded changed tensors silently (offset {k * (size - 16) // 199})")
+    in_run = []
+    for k in range(6):
+        run_dir = work / f"rot_{k}"
+        shutil.copytree(reference, run_dir, ignore=shutil.ignore_patterns(".lock"))
+        last = run_dir / "checkpoints" / "last.pt"  # step_16 is the same file (a hard link)
+        flip(last, last.stat().st_size * (k + 1) // 8)
+        log = work / f"rot_{k}.log"
+        handler = logging.FileHandler(log)
+        logging.getLogger("vit_train").addHandler(handler)
+        outcome = resumed(run_dir, reference)
+        logging.getLogger("vit_train").removeHandler(handler)
+        handler.close()
+        named = "last.pt is damaged" in log.read_text() or "cannot be read" in log.read_text()
+        in_run.append(outcome or (None if named else "the damaged last.pt was not reported"))
+    return [row(f"16 bytes flipped in a checkpoint, at 200 places from its first byte to its last, then loaded "
+                f"({size} bytes)", outcomes, f"{refused} refused in one line (CRC-32 or zip structure), "
+                f"{len(outcomes) - refused} loaded bit-identical tensors (bytes the reader ignores), none changed "
+                f"silently"),
+            row("16 bytes flipped in last.pt of a finished run (at 1/8 ... 6/8 of it), then `resume=auto`", in_run,
+                "the damage is reported in one line, the run falls back to step_15.pt and ends equal to the reference")]
+
+
+def wait_stopped(process: subprocess.Popen) -> None:
+    _, status = os.waitpid(process.pid, os.WUNTRACED)
+    if not os.WIFSTOPPED(status):
+        raise AssertionError(f"the first writer ended (status {status}) before its pause")
+
+
+def files(run_dir: Path) -> dict:
+    return {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
+def second_writer(kind: str, run_dir: Path, holder: int) -> str | None:
+    """None when the second writer is refused, in one line naming the holder, without touching run_dir."""
+    if kind == "command":
+        done = subprocess.run([sys.executable, "-m", "vit_train", *TINY, "seed=1", f"hydra.run.dir={run_dir}"],
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 2 or done.stderr.count("\n") != 1 or f"(pid {holder} on " not in done.stderr:
+            return f"second vit-train: status {done.returncode}: {done.stderr[-200:]}"
+    elif kind == "train":
+        try:
+            train(tiny_config(**SECTIONS, seed=1), run_dir)
+            return "a second train() into the directory ran"
+        except UserError as e:
+            if f"(pid {holder} on " not in str(e) or "\n" in str(e):
+                return f"refused without naming the holder: {e}"
+    else:
+        value = run_job(lambda: (tiny_config(**SECTIONS, seed=1), [], None), run_dir, ["seed=1"], 0, "best_top1")
+        if not math.isnan(value):
+            return "a sweep job ran in the directory"
+    return None
+
+
+def writer_rows(work: Path, reference: Path) -> list[dict]:
+    outcomes = []
+    for k, ((fault, n), kind) in enumerate(PAUSES):
+        run_dir = work / f"writers_{k}"
+        first = killer(run_dir, fault, n, stop=True)
+        try:
+            wait_stopped(first)
+            before = files(run_dir)
+            outcome = second_writer(kind, run_dir, first.pid)
+            if outcome is None and files(run_dir) != before:
+                outcome = f"the second {kind} changed the directory"
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
+        _, err = first.communicate(timeout=300)
+        if outcome is None and first.returncode != 0:
+            outcome = f"the first writer failed after its pause: {err[-200:]}"
+        outcomes.append(outcome or same(run_dir, reference))
+    return [row("a second writer into a run directory while the first is paused mid-run (" + ", ".join(
+        f"{kind} at {fault} {n}" for (fault, n), kind in PAUSES) + ")", outcomes,
+        "the second is refused in one line naming the first's pid (`vit-train` exit 2, `train()` RunDirBusy, a sweep "
+        "job failed), not one byte of the directory changes, the first then ends equal to the reference")]
+
+
+def tmpfs_available() -> list[str] | None:
+    for args in (["unshare", "-m"], ["unshare", "-rm"]):
+        if shutil.which("unshare") and subprocess.run([*args, "true"], capture_output=True).returncode == 0:
+            return args
+    return None
+
+
+def diskfull_rows(work: Path, reference: Path) -> list[dict]:
+    rows = []
+    unshare = tmpfs_available()
+    if unshare:
+        outcomes, kinds = [], {}
+        for size in TMPFS_KB:
+            out = work / f"tmpfs_{size}"
+            out.mkdir()
+            done = subprocess.run([*unshare, sys.executable, str(TESTS / "diskfull.py"), str(out), str(size),
+                                   json.dumps(SECTIONS)], capture_output=True, text=True, timeout=600)
+            if done.returncode != 0 or "Traceback" in done.stderr:
+                outcomes.append(f"{size} kB: {done.stderr.strip()[-200:]}")
+                continue
+            report = json.loads((out / "report.json").read_text())
+            first, results = report["first"], report["results_after_failure"]
+            what = re.match(r"could not write .*?/run/([\w./]+):", first)
+            kinds[size] = "completed" if first == "completed" else (what.group(1) if what else first[:60])
+            if first != "completed" and (not what or "\n" in first or "no space left on" not in first):
+                outcomes.append(f"{size} kB: {first[:200]}")
+            elif any(name.endswith(".tmp") for name in report["checkpoints_after_failure"]):
+                outcomes.append(f"{size} kB: a temporary file was left")
+            elif results and first != "completed" and (results["status"], results.get("error")) != ("failed", first):
+                outcomes.append(f"{size} kB: results.json says {results['status']}")
+            else:
+                outcomes.append(same(out / "run", reference))
+        rows.append(row(f"a full disk: a real tmpfs of {', '.join(map(str, TMPFS_KB))} kB, then enlarged and "
+                        f"`resume=auto`", outcomes,
+                        "one line naming the file that did not fit (" + ", ".join(
+                            f"{s} kB: {k}" for s, k in kinds.items()) + "), results.json `failed` with it where it "
+                        "fits, no *.tmp; the resumed run equals the reference"))
+    outcomes = []
+    for n in range(1, SAVES + 1):
+        run_dir = work / f"enospc_{n}"
+        outcomes.append(enospc_at(run_dir, n) or resumed(run_dir, reference))
+    rows.append(row("ENOSPC raised by the n-th checkpoint write, n = 1 ... 7 (simulated in torch.save)", outcomes,
+                    "one line (`no space left on ...`, 'there is no earlier checkpoint' only for the first), "
+                    "train.log and results.json (`failed`) carry it; `resume=auto` equals the reference"))
+    return rows
+
+
+def enospc_at(run_dir: Path, n: int) -> str | None:
+    import vit_train.checkpoint as checkpoint_module
+
+    real_save, count = checkpoint_module.torch.save, {"n": 0}
+
+    def save(state, f, *args, **kwargs):
+        count["n"] += 1
+        if count["n"] == n:
+            f.write(b"PK\x03\x04")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save(state, f, *args, **kwargs)
+
+    checkpoint_module.torch.save = save
+    try:
+        train(tiny_config(**SECTIONS), run_dir)
+        return "the run did not fail"
+    except UserError as e:
+        message = str(e)
+    finally:
+        checkpoint_module.torch.save = real_save
+    results = json.loads((run_dir / "results.json").read_text())
+    first = "there is no earlier checkpoint" in message
+    if "\n" in message or "no space left on" not in message or first != (n == 1):
+        return f"message: {message}"
+    if (results["status"], results["error"]) != ("failed", message) or message not in (run_dir / "train.log").read_text():
+        return "results.json or train.log misses the error"
+    return None
+
+
+def hostile_rows() -> list[dict]:
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(TESTS / "test_hostile.py")],
+                          capture_output=True, text=True, timeout=900, cwd=TESTS.parent)
+    passed = int((re.search(r"(\d+) passed", done.stdout) or [0, 0])[1])
+    failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED")]
+    outcomes = [None] * passed + [line[:200] for line in failed]
+    return [row("hostile or broken files: pickled code, torch 2.4-2.13 and 2.14 refusal wordings, nested and malformed "
+                "safetensors, damaged checkpoints in every reader, decompression bombs over and between Pillow's "
+                "limits, a class unreadable mid-run (tests/test_hostile.py cases)", outcomes,
+                "one line, exit 2, never a traceback; nothing pickled is run")]
+
+
+GROUPS = {"kill": kill_rows, "bitflip": bitflip_rows, "writers": writer_rows, "diskfull": diskfull_rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="kill,bitflip,writers,diskfull,hostile")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    logging.getLogger("vit_train").addHandler(logging.NullHandler())  # the runs' own logs go to their train.log
+    started, table = time.time(), []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        reference = work / "reference"
+        train(tiny_config(**SECTIONS), reference)
+        for group in args.only.split(","):
+            group_started = time.time()
+            table += hostile_rows() if group == "hostile" else GROUPS[group](work, reference)
+            print(f"{group}: {time.time() - group_started:.0f} s", file=sys.stderr, flush=True)
+    print("| fault injected | times tried | survived | evidence |\n|---|---|---|---|")
+    for r in table:
+        print(f"| {r['fault']} | {r['tried']} | {r['survived']} | {r['evidence']} |")
+    print(f"\n{sum(r['tried'] for r in table)} faults injected, {sum(r['survived'] for r in table)} survived, "
+          f"in {time.time() - started:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps(table, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
