@@ -28,66 +28,70 @@ from conftest import tiny_config  # noqa: E402
 import vit_train.metrics as metrics  # noqa: E402
 import vit_train.trainer as trainer  # noqa: E402
 
-spec = json.loads(sys.argv[1])
-fault, n = spec["fault"], spec.get("n", 1)
-stop_with = getattr(signal, "SIG" + spec.get("signal", "KILL"))  # STOP: paused there until SIGCONT, then goes on
-count = {"n": 0}
 
+def arm(fault: str, n: int, stop_with: int = signal.SIGKILL) -> None:
+    """Make this process send itself `stop_with` at the n-th occurrence of `fault` (patches the
+    functions involved; meant for a process that exists to be killed: a child, or this script)."""
+    count = {"n": 0}
 
-def kill_on_nth() -> None:
-    count["n"] += 1
-    if count["n"] == n:
-        sys.stdout.flush()
-        os.kill(os.getpid(), stop_with)
+    def kill_on_nth() -> None:
+        count["n"] += 1
+        if count["n"] == n:
+            sys.stdout.flush()
+            os.kill(os.getpid(), stop_with)
 
+    if fault in ("row", "val_row"):
+        real_scalars = metrics.RunLogger.scalars
 
-if fault in ("row", "val_row"):
-    real_scalars = metrics.RunLogger.scalars
+        def scalars(self, split, step, values):
+            real_scalars(self, split, step, values)
+            if split == ("train" if fault == "row" else "val"):
+                kill_on_nth()
 
-    def scalars(self, split, step, values):
-        real_scalars(self, split, step, values)
-        if split == ("train" if fault == "row" else "val"):
+        metrics.RunLogger.scalars = scalars
+    elif fault == "mid_write":
+        real_save = torch.save
+
+        def save(state, f, *args, **kwargs):
+            if not hasattr(f, "write"):
+                return real_save(state, f, *args, **kwargs)
+            buffer = io.BytesIO()
+            real_save(state, buffer, *args, **kwargs)
+            data = buffer.getvalue()
+            f.write(data[: len(data) // 2])
+            f.flush()
             kill_on_nth()
+            f.write(data[len(data) // 2:])
 
-    metrics.RunLogger.scalars = scalars
-elif fault == "mid_write":
-    real_save = torch.save
+        torch.save = save
+    elif fault in ("tmp_done", "renamed"):
+        real_replace = os.replace
 
-    def save(state, f, *args, **kwargs):
-        if not hasattr(f, "write"):
-            return real_save(state, f, *args, **kwargs)
-        buffer = io.BytesIO()
-        real_save(state, buffer, *args, **kwargs)
-        data = buffer.getvalue()
-        f.write(data[: len(data) // 2])
-        f.flush()
-        kill_on_nth()
-        f.write(data[len(data) // 2:])
+        def replace(src, dst, *args, **kwargs):
+            if not str(src).endswith(".pt.tmp") or Path(dst).name != "last.pt":
+                return real_replace(src, dst, *args, **kwargs)
+            if fault == "tmp_done":
+                kill_on_nth()
+            real_replace(src, dst, *args, **kwargs)
+            if fault == "renamed":
+                kill_on_nth()
 
-    torch.save = save
-elif fault in ("tmp_done", "renamed"):
-    real_replace = os.replace
+        os.replace = replace
+    elif fault == "results":
+        real_write = trainer.write_results
 
-    def replace(src, dst, *args, **kwargs):
-        if not str(src).endswith(".pt.tmp") or Path(dst).name != "last.pt":
-            return real_replace(src, dst, *args, **kwargs)
-        if fault == "tmp_done":
+        def write_results(run_dir, results):
             kill_on_nth()
-        real_replace(src, dst, *args, **kwargs)
-        if fault == "renamed":
-            kill_on_nth()
+            real_write(run_dir, results)
 
-    os.replace = replace
-elif fault == "results":
-    real_write = trainer.write_results
+        trainer.write_results = write_results
+    else:
+        raise SystemExit(f"unknown fault {fault}")
 
-    def write_results(run_dir, results):
-        kill_on_nth()
-        real_write(run_dir, results)
 
-    trainer.write_results = write_results
-else:
-    raise SystemExit(f"unknown fault {fault}")
-
-trainer.train(tiny_config(**spec["sections"], resume=spec.get("resume")), spec["run_dir"])
-print("ended without the fault")
+if __name__ == "__main__":
+    spec = json.loads(sys.argv[1])
+    # STOP: paused there until SIGCONT, then it goes on
+    arm(spec["fault"], spec.get("n", 1), getattr(signal, "SIG" + spec.get("signal", "KILL")))
+    trainer.train(tiny_config(**spec["sections"], resume=spec.get("resume")), spec["run_dir"])
+    print("ended without the fault")
