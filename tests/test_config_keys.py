@@ -65,8 +65,8 @@ def test_the_reported_command_composes_with_its_values():
     assert (cfg.aug.name, cfg.aug.mixup_alpha, cfg.aug.cutmix_alpha, cfg.aug.switch_prob) == ("autoaug", 0.8, 1.0, 0.3)
     assert cfg.data.bad_images == "error" and cfg.optim.betas == [0.8, 0.9]
     assert ignored_keys(cfg) == [
-        "optim.betas=[0.8, 0.9] has no effect with optim=sgd; only optim=adamw use it",
-        "data.bad_images=error has no effect with data=shapes; only data=imagefolder use it"]
+        "optim.betas=[0.8, 0.9] has no effect with optim=sgd; it applies only to optim=adamw",
+        "data.bad_images=error has no effect with data=shapes; it applies only to data=imagefolder"]
 
 
 @pytest.mark.parametrize("group, option", OPTIONS)
@@ -122,5 +122,5 @@ def test_the_warning_is_in_a_real_runs_log(tmp_path):
     done = vit_train(*TINY, "trainer.max_steps=1", "optim.momentum=0.5", "aug=autoaug", "aug.switch_prob=0.3",
                      f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "warning: optim.momentum=0.5 has no effect with optim=adamw; only optim=sgd use it" in done.stdout
+    assert "warning: optim.momentum=0.5 has no effect with optim=adamw; it applies only to optim=sgd" in done.stdout
     assert "warning: aug.switch_prob=0.3 has no effect" in done.stdout

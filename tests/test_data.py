@@ -295,7 +295,8 @@ def test_unreadable_images_stop_the_run_in_error_mode_and_past_the_fraction(tmp_
     model = {"img_size": 16, "patch_size": 8}
     with pytest.raises(DataError, match=r"(big.png|empty.jpg) cannot be read .*set data.bad_images=skip"):
         train(make_config(data={**base, "bad_images": "error"}, model=model), tmp_path / "run_error")
-    with pytest.raises(DataError, match=r"2 of 14 train images are unreadable, more than data.max_bad_fraction=0.1"):
+    with pytest.raises(DataError, match=r"2 of 14 train images are unreadable, more than data.max_bad_fraction=0.1; "
+                                        r"first: .* \(fix or remove them, or raise data.max_bad_fraction to train"):
         train(make_config(data={**base, "max_bad_fraction": 0.1}, model=model), tmp_path / "run_fraction")
     results = train(make_config(data={**base, "max_bad_fraction": 0.2}, model=model,
                                 trainer={"max_steps": 14}), tmp_path / "run_skip")

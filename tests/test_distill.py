@@ -116,6 +116,13 @@ def test_teacher_from_a_vit_train_checkpoint_and_its_safetensors_export(tmp_path
     assert at_32.pos_embed.shape[1] == 2 + 64
     with pytest.raises(ConfigError, match="predicts 10 classes, the data has 7"):
         load_teacher(DistillConfig(teacher=str(last)), 7, 16)
+    from_run, _ = load_teacher(DistillConfig(teacher=str(tmp_path)), 10, 16)  # a run directory: its best.pt
+    best, *_ = load_for_inference(tmp_path / "checkpoints" / "best.pt")
+    torch.testing.assert_close(from_run.eval()(x), best(x), rtol=0, atol=0)
+    with pytest.raises(ConfigError) as named:  # the checkpoint names its network; a teacher_arch is a mistake
+        load_teacher(DistillConfig(teacher=str(last), teacher_arch="resnet18"), 10, 16)
+    assert str(named.value) == "distill.teacher=last.pt is a vit-train checkpoint, which names its own network " \
+                               "(vit_micro): drop distill.teacher_arch=resnet18"
 
 
 @pytest.mark.parametrize("img_size", [32, 224])
@@ -150,8 +157,9 @@ def test_teacher_problems_are_one_line_errors(tmp_path):
         (DistillConfig(teacher=str(weights), teacher_arch="resnet50"), "does not fit resnet50"),
     ]
     for cfg, message in cases:
-        with pytest.raises(ConfigError, match=message):
+        with pytest.raises(ConfigError, match=message) as refused:
             load_teacher(cfg, 10, 32)
+        assert len(str(refused.value)) < 400  # one readable line, not load_state_dict's list of every key
     with pytest.raises(ConfigError, match="does not fit resnet18 with 5 classes"):
         load_teacher(DistillConfig(teacher=str(weights), teacher_arch="resnet18"), 5, 32)
     vit = VisionTransformer(img_size=32, patch_size=8, num_classes=10, embed_dim=16, depth=1, num_heads=2).eval()

@@ -67,6 +67,18 @@ def test_both_wordings_of_torch_refusal_name_the_object(text, name):
     assert load_failure(Exception(text)) == f"it holds a pickled object, {name}, which was refused and never run"
 
 
+@pytest.mark.parametrize("content, said", [(b"# My notes\nnot weights\n", "it is not a PyTorch file"),
+                                            (b"", "it is empty or cut short")])
+@pytest.mark.parametrize("loader", [load_checkpoint, load_weights], ids=["checkpoint", "weights"])
+def test_a_file_that_is_no_pytorch_file_is_not_called_a_pickle(tmp_path, loader, content, said):
+    """A README or an empty file given as a checkpoint or teacher: no talk of pickled data."""
+    path = tmp_path / "README.md"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError) as refused:
+        loader(path)
+    assert said in str(refused.value) and "pickled" not in str(refused.value), refused.value
+
+
 def test_other_weights_only_refusals_never_echo_the_advice():
     text = "Weights only load failed. Re-running `torch.load` with `weights_only` set to `False` will likely succeed"
     assert "False" not in load_failure(Exception(text + "\n\nUnsupported operand 149"))

@@ -128,7 +128,7 @@ def test_mae_keys_without_the_mae_objective_get_the_no_effect_warning():
     from vit_train.unused_keys import ignored_keys
 
     assert ignored_keys(Config.from_dict({"mae": {"mask_ratio": 0.5}})) == [
-        "mae.mask_ratio=0.5 has no effect with objective=classify; only objective=mae use it"]
+        "mae.mask_ratio=0.5 has no effect with objective=classify; it applies only to objective=mae"]
     assert ignored_keys(Config.from_dict({"mae": {"mask_ratio": 0.5}, "objective": {"name": "mae"}})) == []
 
 

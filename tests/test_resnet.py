@@ -62,6 +62,6 @@ def test_vit_keys_on_a_resnet_get_a_warning():
     from vit_train.unused_keys import ignored_keys
 
     assert ignored_keys(Config.from_dict({"model": {"arch": "resnet18", "reg_tokens": 4}})) == [
-        "model.reg_tokens=4 has no effect with model.arch=resnet18; only ViTs (model.arch=vit) use it"]
+        "model.reg_tokens=4 has no effect with model.arch=resnet18; it applies only to ViTs (model.arch=vit)"]
     assert ignored_keys(Config.from_dict({"model": {"arch": "resnet18"}})) == []
     assert ignored_keys(Config.from_dict({"model": {"reg_tokens": 4}})) == []

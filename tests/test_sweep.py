@@ -103,6 +103,12 @@ def test_a_masked_autoencoder_sweep_minimises_its_reconstruction_loss(tmp_path):
     losses = sorted(results(sweep_dir / job)["best_loss"] for job in "01")
     with open(sweep_dir / "summary.csv") as f:
         assert [float(row["objective"]) for row in csv.DictReader(f)] == losses  # lowest first
+    (sweep_dir / "summary.csv").unlink()
+    again = subprocess.run([sys.executable, "-c", "from vit_train.sweep import main; main()", str(sweep_dir)],
+                           capture_output=True, text=True)  # no --objective: the sweep's own, best_loss
+    assert again.returncode == 0 and "sorted by best_loss (minimize)" in again.stdout, again.stdout + again.stderr
+    with open(sweep_dir / "summary.csv") as f:
+        assert [float(row["objective"]) for row in csv.DictReader(f)] == losses
 
 
 def test_a_sweep_directory_of_another_grid_is_not_resumed_into(grid, tmp_path):

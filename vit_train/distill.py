@@ -111,6 +111,10 @@ def load_teacher(cfg: DistillConfig, num_classes: int, img_size: int) -> tuple[n
     to `img_size`), or `teacher_arch` (a torchvision classification model, else a timm model when timm
     is installed) with a state-dict file."""
     path = Path(cfg.teacher).expanduser() if cfg.teacher else None
+    if path is not None and path.is_dir() and (path / "checkpoints").is_dir():
+        from .inference import checkpoint_file
+
+        path = checkpoint_file(path)  # a run directory: its best.pt, as vit-eval and model.pretrained take it
     if path is None or not path.is_file():
         raise ConfigError(f"distill.teacher={cfg.teacher} is not a file; give a vit-train checkpoint (.pt), a "
                           f".safetensors file, or distill.teacher_arch=NAME with a state-dict file")
@@ -118,7 +122,11 @@ def load_teacher(cfg: DistillConfig, num_classes: int, img_size: int) -> tuple[n
 
     weights, metadata = load_weights(path)
     saved = metadata.get("config")
-    if cfg.teacher_arch is None and isinstance(saved, dict) and "model" in saved:
+    if isinstance(saved, dict) and "model" in saved:
+        if cfg.teacher_arch is not None:
+            raise ConfigError(f"distill.teacher={path.name} is a vit-train checkpoint, which names its own network "
+                              f"({saved['model'].get('name', saved['model'].get('arch'))}): drop "
+                              f"distill.teacher_arch={cfg.teacher_arch}")
         return vit_train_teacher(path, weights, saved, metadata.get("class_names"), num_classes, img_size)
     if cfg.teacher_arch is None:
         raise ConfigError(f"distill.teacher={path} holds plain weights without a vit-train config; name the network "
@@ -173,8 +181,15 @@ def named_teacher(arch: str, weights: dict, num_classes: int, img_size: int, pat
         teacher.load_state_dict(weights)
     except RuntimeError as e:
         raise ConfigError(f"distill.teacher={path.name} does not fit {arch} with {num_classes} classes: "
-                          f"{str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else e}") from None
+                          f"{_first_difference(e)}") from None
     return teacher
+
+
+def _first_difference(error: RuntimeError) -> str:
+    """load_state_dict's error in one short line: the first few missing or unexpected keys, or the shape."""
+    lines = str(error).splitlines()
+    detail = lines[1].strip() if len(lines) > 1 else str(error)
+    return detail if len(detail) <= 200 else detail[:200].rsplit(",", 1)[0] + ", ...\""
 
 
 @torch.no_grad()

@@ -90,8 +90,10 @@ def load_for_inference(path: str | Path, weights: Weights = "auto",
     state = ema_weights(ckpt["ema"]) if source == "ema" else ckpt["model"]
     model.load_state_dict(state if mae else at_size(model, state))
     if resized:
-        log.info("evaluating at %dx%d, trained at %dx%d: positions interpolated", cfg.model.img_size,
-                 cfg.model.img_size, ckpt["config"]["model"]["img_size"], ckpt["config"]["model"]["img_size"])
+        learned = isinstance(getattr(model, "pos_embed", None), torch.nn.Parameter)
+        log.info("evaluating at %dx%d, trained at %dx%d: %s", cfg.model.img_size, cfg.model.img_size,
+                 ckpt["config"]["model"]["img_size"], ckpt["config"]["model"]["img_size"],
+                 "learned positions interpolated (bicubic)" if learned else "fixed sin-cos positions recomputed")
         ckpt = {**ckpt, "preprocess": None}  # the preprocessing follows the new size
     return model.eval(), cfg, ckpt, source
 
@@ -175,6 +177,16 @@ def refuse_pretraining(model: torch.nn.Module, what: str) -> None:
                           f"Fine-tune it first: vit-train model.pretrained=<its run directory> (docs/mae.md)")
 
 
+@contextlib.contextmanager
+def _logging_off():
+    """No log records at all (every logger, every level) inside the block."""
+    logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
 def export_onnx(model: VisionTransformer, img_size: int, out: Path, verbose: bool = False) -> dict[str, Any]:
     refuse_pretraining(model, "has no classifier to export to ONNX (format=safetensors writes its weights)")
     require("onnx", "ONNX export")
@@ -187,6 +199,7 @@ def export_onnx(model: VisionTransformer, img_size: int, out: Path, verbose: boo
             quiet.enter_context(contextlib.redirect_stdout(chatter))
             quiet.enter_context(contextlib.redirect_stderr(chatter))
             quiet.enter_context(warnings.catch_warnings())
+            quiet.enter_context(_logging_off())  # "Replaced initializer ..." comes through logging, not stderr
             warnings.simplefilter("ignore")
         try:
             torch.onnx.export(model, (example,), str(out), input_names=["images"], output_names=["logits"],

@@ -97,6 +97,10 @@ def load_failure(error: BaseException) -> str:
     unsafe = _GLOBAL.search(text)
     if unsafe:
         return f"it holds a pickled object, {unsafe.group(1)}, which was refused and never run"
+    if re.search(r"unsupported operand \d+|invalid load key", text, re.IGNORECASE):  # its first byte is no pickle's
+        return "it is not a PyTorch file (no checkpoint or saved tensors in it)"
+    if isinstance(error, EOFError) or "ran out of input" in text.lower():
+        return "it is empty or cut short"
     if "weights only load failed" in text.lower():
         return "it holds pickled data that a weights-only load refuses; it was never run"
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__

@@ -260,7 +260,7 @@ def _write_hparams(sweep_dir: Path, jobs: list[Path]) -> None:
         for override in job_overrides(job):
             key, _, value = override.partition("=")
             params[key.lstrip("+~")] = _number(value)
-        metrics = {f"hparams/{k}": float(results[k]) for k in ("best_top1", "final_top1", "final_loss", "images_per_s")
+        metrics = {f"hparams/{k}": float(results[k]) for k in ("best_top1", "final_top1", "final_loss", "best_loss", "images_per_s")
                    if isinstance(results.get(k), (int, float))}
         shutil.rmtree(job / "tb" / "hparams", ignore_errors=True)  # written anew on each summary
         with SummaryWriter(str(job / "tb" / "hparams")) as writer:  # what add_hparams does, in a fixed folder
@@ -270,19 +270,38 @@ def _write_hparams(sweep_dir: Path, jobs: list[Path]) -> None:
                 writer.add_scalar(name, value)
 
 
+OBJECTIVES = ("best_top1", "final_top1", "final_top5", "final_loss", "final_ema_top1", "best_loss")  # sweep.objective's
+
+
+def sweep_objective(sweep_dir: Path) -> tuple[str, str] | None:
+    """(sweep.objective, sweep.direction) the sweep ran with, from Hydra's multirun.yaml; None without one."""
+    path = sweep_dir / "multirun.yaml"
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    saved = OmegaConf.load(path)
+    objective, direction = OmegaConf.select(saved, "sweep.objective"), OmegaConf.select(saved, "sweep.direction")
+    return (str(objective), str(direction or "maximize")) if objective in OBJECTIVES else None
+
+
 def main(argv: list[str] | None = None) -> None:
     """vit-sweep-summary DIR [--objective KEY] [--direction maximize|minimize]"""
     parser = argparse.ArgumentParser(prog="vit-sweep-summary", description="Summarise a sweep directory: a table "
                                      "sorted by the objective, summary.csv, summary.md and TensorBoard HParams.")
     parser.add_argument("sweep_dir", type=Path)
-    parser.add_argument("--objective", default="best_top1",
-                        choices=["best_top1", "final_top1", "final_top5", "final_loss", "final_ema_top1"])
+    parser.add_argument("--objective", default=None, choices=list(OBJECTIVES),
+                        help="default: the sweep's own sweep.objective (its multirun.yaml), else best_top1")
     parser.add_argument("--direction", default=None, choices=["maximize", "minimize"],
-                        help="default: minimize for final_loss, else maximize")
+                        help="default: the sweep's own sweep.direction when the objective is its own, else "
+                             "minimize for a loss and maximize otherwise")
     args = parser.parse_args(argv)
-    direction = args.direction or ("minimize" if args.objective == "final_loss" else "maximize")
+    own = sweep_objective(args.sweep_dir)
+    objective = args.objective or (own[0] if own else "best_top1")
+    direction = args.direction or (own[1] if own and own[0] == objective else
+                                   "minimize" if objective.endswith("_loss") else "maximize")
     try:
-        rows = summarize(args.sweep_dir, args.objective, direction)
+        rows = summarize(args.sweep_dir, objective, direction)
     except UserError as e:
         exit_with("vit-sweep-summary", e)
     incomplete = incomplete_jobs(args.sweep_dir, rows)

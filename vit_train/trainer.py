@@ -245,8 +245,9 @@ def resume_auto_found_nothing(run_dir: Path) -> str:
 def describe(run: Run) -> None:
     """The run's size, device and throughput reference, in the log."""
     cfg, window = run.cfg, run.window
-    log.info("%s: %.2fM parameters, %d classes, %d steps (%d per epoch), device %s%s, precision %s", cfg.model.name,
-             sum(p.numel() for p in run.model.parameters()) / 1e6, len(run.data.class_names), run.total_steps,
+    labels = "no labels (objective=mae)" if cfg.objective.name == "mae" else f"{len(run.data.class_names)} classes"
+    log.info("%s: %.2fM parameters, %s, %d steps (%d per epoch), device %s%s, precision %s", cfg.model.name,
+             sum(p.numel() for p in run.model.parameters()) / 1e6, labels, run.total_steps,
              run.data.steps_per_epoch, run.device, f" x {run.ctx.world_size} processes" if run.ctx.enabled else "",
              run.amp_dtype or torch.float32)
     log.info("%.2f GFLOP per training image; peak %s", window.flops_per_image / 1e9,

@@ -66,7 +66,7 @@ def ignored_keys(cfg: Config, named: Iterable[str] = ()) -> list[str]:
     for key, (ignored, choice, users) in RULES.items():
         value = _value(plain, key)
         if (key in named or value != _value(default, key)) and ignored(cfg):
-            lines.append(f"{key}={value} has no effect with {choice.format(c=cfg)}; only {users} use it")
+            lines.append(f"{key}={value} has no effect with {choice.format(c=cfg)}; it applies only to {users}")
     return lines
 
 

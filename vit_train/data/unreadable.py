@@ -38,7 +38,8 @@ class UnreadableImages:
             self.replaced += 1
         if len(self.seen) > self.max_fraction * len(self.base):
             raise DataError(f"{len(self.seen)} of {len(self.base)} {self.split} images are unreadable, more than "
-                            f"data.max_bad_fraction={self.max_fraction}; first: {self.base.samples[min(self.seen)][0]}")
+                            f"data.max_bad_fraction={self.max_fraction}; first: {self.base.samples[min(self.seen)][0]}"
+                            f" (fix or remove them, or raise data.max_bad_fraction to train without them)")
 
     def report(self, epoch: int) -> None:
         if self.replaced:
