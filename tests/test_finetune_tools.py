@@ -89,6 +89,29 @@ def test_layer_decay_of_a_linear_probe_covers_only_the_head():
                     "head_dist.bias": (1.0, 0.0)}
 
 
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+def test_a_linear_probe_reads_batch_normalised_features_as_mae_does(pool):
+    """MAE's linear probe (He et al. 2022, A.2): BatchNorm without affine parameters before the head; in
+    training the head's input is standardised over the batch, in eval it uses the running statistics."""
+    torch.manual_seed(0)
+    model = VisionTransformer(**{**SMALL, "num_classes": 3}, pool=pool)
+    set_trainable(model, "head")
+    seen = []
+    model.head.register_forward_hook(lambda module, args, out: seen.append(args[0]))
+    x = torch.randn(32, 3, 16, 16)
+    model.train()(x)
+    assert torch.allclose(seen[-1].mean(0), torch.zeros(16), atol=1e-5)
+    assert torch.allclose(seen[-1].var(0, unbiased=False), torch.ones(16), atol=1e-3)
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == ["head.weight", "head.bias"]
+    model.eval()(x)
+    with torch.no_grad():
+        tokens = model.forward_features(x)
+        pooled = tokens[:, 0] if pool == "cls" else tokens.mean(1)
+        norm = model.head_norm
+        torch.testing.assert_close(seen[-1], (pooled - norm.running_mean) / (norm.running_var + 1e-6).sqrt())
+        torch.testing.assert_close(model.train()(x[:1]), model.eval()(x[:1]))  # a batch of one: the running stats
+
+
 @pytest.mark.parametrize("value", [0.0, 1.5, -0.2])
 def test_layer_decay_outside_0_1_is_refused(make_config, value):
     with pytest.raises(ConfigError, match="optim.layer_decay must be in"):

@@ -168,6 +168,7 @@ class VisionTransformer(nn.Module):
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.head_dist = nn.Linear(embed_dim, num_classes) if distilled and num_classes > 0 else None
         self.frozen_features = False  # set by set_trainable("head"): the features stay in eval mode
+        self.head_norm: nn.Module | None = None  # set by set_trainable("head"): MAE's BatchNorm before the head
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -211,10 +212,11 @@ class VisionTransformer(nn.Module):
         (class head, distillation head) that DeiT's training loss takes.
         """
         pooled = x[:, 0] if self.pool == "cls" else x[:, self.num_prefix_tokens:].mean(dim=1)  # (B, D)
-        logits = self.head(pooled)
+        norm = self.head_norm or nn.Identity()
+        logits = self.head(norm(pooled))
         if self.head_dist is None:
             return logits
-        dist = self.head_dist(x[:, self.dist_index])
+        dist = self.head_dist(norm(x[:, self.dist_index]))
         return (logits, dist) if both_heads else (logits + dist) / 2
 
     def forward(self, x: torch.Tensor, both_heads: bool = False):
@@ -230,7 +232,7 @@ class VisionTransformer(nn.Module):
         super().train(mode)
         if self.frozen_features:  # linear probe: dropout and drop path stay off in the frozen features
             for name, child in self.named_children():
-                if name not in ("head", "head_dist"):
+                if name not in ("head", "head_dist", "head_norm"):
                     child.train(False)
         return self
 
@@ -262,15 +264,28 @@ class VisionTransformer(nn.Module):
         return self.forward_head(self.norm(x)), maps
 
 
+class ProbeNorm(nn.BatchNorm1d):
+    """BatchNorm1d that, in training, normalises a batch of one image by its running statistics
+    (a batch of one has no variance: an epoch's last batch can be that small)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.shape[0] == 1:
+            return F.batch_norm(x, self.running_mean, self.running_var, training=False, eps=self.eps)
+        return super().forward(x)
+
+
 def set_trainable(model: nn.Module, trainable: str) -> None:
-    """`all`: train every parameter. `head`: a linear probe: only `head` (and `head_dist`) train, and the
-    rest stays in eval mode (no dropout or drop path) even while training (MAE's linear probing)."""
+    """`all`: train every parameter. `head`: a linear probe as MAE's (He et al. 2022, appendix A.2): only
+    `head` (and `head_dist`) train, on features normalised by a BatchNorm without affine parameters
+    (`head_norm`: its running statistics are part of the probe); the rest stays in eval mode (no dropout
+    or drop path) even while training."""
     if trainable == "all":
         return
     model.requires_grad_(False)
     for name in ("head", "head_dist"):
         if getattr(model, name, None) is not None:
             getattr(model, name).requires_grad_(True)
+    model.head_norm = ProbeNorm(model.norm.normalized_shape[0], affine=False, eps=1e-6)
     model.frozen_features = True
     model.train(model.training)
 

@@ -35,11 +35,11 @@ def flops_per_image(cfg: ModelConfig, num_classes: int) -> float:
     skips most of the last block for the patch tokens, so it executes ~6% fewer FLOPs than this."""
     with torch.device("meta"):
         model = build_model(cfg, num_classes)
-        images = torch.empty(1, 3, cfg.img_size, cfg.img_size)
+        images = torch.empty(2, 3, cfg.img_size, cfg.img_size)  # two: a linear probe's BatchNorm needs a batch
     with FlopCounterMode(display=False) as counter:
         logits = model.forward_head(model.forward_features(images)) if cfg.arch == "vit" else model(images)
         logits.sum().backward()
-    return float(counter.get_total_flops())
+    return float(counter.get_total_flops()) / len(images)
 
 
 def peak_tflops(device: torch.device, dtype: torch.dtype | None, override: float | None,
