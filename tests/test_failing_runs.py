@@ -210,7 +210,7 @@ def test_no_train_log_handler_is_left_behind_by_a_failing_run(tmp_path, monkeypa
     elif where == "figures":
         def no_figures(*args, **kwargs):
             raise DataError("the val images cannot be read")
-        monkeypatch.setattr(trainer_module, "TrainingVisuals", no_figures)
+        monkeypatch.setattr("vit_train.run.TrainingVisuals", no_figures)
         sections["trainer"]["viz_every"] = 1
         expected = DataError
     else:

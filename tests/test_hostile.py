@@ -189,7 +189,7 @@ def test_a_class_that_becomes_unreadable_mid_run_is_one_line_naming_a_file(tmp_p
             (tmp_path / split / cls).mkdir(parents=True)
             for i in range(count):
                 Image.new("RGB", (20, 20), (10 * i, 0, 0)).save(tmp_path / split / cls / f"{i:02d}.png")
-    import vit_train.trainer as trainer
+    import vit_train.run as run_module
 
     def build_then_damage(*args, **kwargs):
         data = build_data(*args, **kwargs)
@@ -197,7 +197,7 @@ def test_a_class_that_becomes_unreadable_mid_run_is_one_line_naming_a_file(tmp_p
             path.write_bytes(b"\0" * 10)
         return data
 
-    monkeypatch.setattr(trainer, "build_data", build_then_damage)
+    monkeypatch.setattr(run_module, "build_data", build_then_damage)
     cfg = make_config(data={"name": "imagefolder", "root": str(tmp_path), "batch_size": 4, "num_workers": 2,
                             "max_bad_fraction": 1.0}, model={"img_size": 16, "patch_size": 8})
     with pytest.raises(DataError) as stopped:

@@ -149,14 +149,14 @@ def nan_images_for(monkeypatch, poisoned):
 def use_fused_adamw(monkeypatch) -> None:
     """AdamW with fused=True on the CPU: the path a CUDA run takes, where non-finite steps are
     skipped on the device by the fused kernel and counted without a host sync."""
-    import vit_train.trainer as trainer
+    import vit_train.run as run_module
 
     def build(model, cfg, device, lr=None):
         from vit_train.optim import param_groups
 
         return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=lr, fused=True)
 
-    monkeypatch.setattr(trainer, "build_optimizer", build)
+    monkeypatch.setattr(run_module, "build_optimizer", build)
 
 
 @pytest.mark.parametrize("skip", ["host", "device"])

@@ -127,7 +127,7 @@ def test_bad_data_found_mid_run_leaves_a_failed_record_and_a_line_of_its_own(tmp
                                                                             terminal):
     """A val image goes bad after the run has started (a disk or mount gone bad): the first evaluation,
     with the epoch's bar still drawn, stops the run. The bar is gone before the message."""
-    import vit_train.trainer as trainer
+    import vit_train.run as run_module
     from vit_train.data import build_data
 
     image_folder(tmp_path / "data")
@@ -138,7 +138,7 @@ def test_bad_data_found_mid_run_leaves_a_failed_record_and_a_line_of_its_own(tmp
         bad.write_bytes(b"\0" * 10)
         return data
 
-    monkeypatch.setattr(trainer, "build_data", build_then_damage)
+    monkeypatch.setattr(run_module, "build_data", build_then_damage)
     stderr = Terminal() if terminal else io.StringIO()
     monkeypatch.setattr("sys.stderr", stderr)
     cfg = make_config(data={"name": "imagefolder", "root": str(tmp_path / "data"), "batch_size": 2, "num_workers": 0,

@@ -8,7 +8,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from conftest import logged, model_weights
 from vit_train.checkpoint import REQUIRED_KEYS
 from vit_train.errors import CheckpointError, ConfigError
-from vit_train.trainer import build_ema, train
+from vit_train.state import build_ema
+from vit_train.trainer import train
 
 
 def tb_steps(run_dir, tag):

@@ -23,7 +23,7 @@ from .progress import progress_bar
 if TYPE_CHECKING:
     from .data import Data
     from .state import TrainState
-    from .trainer import Run
+    from .run import Run
 
 # What a loader raises when its worker processes are ended under it (a stop signal to the whole
 # process group): a worker's exit (RuntimeError), a reset connection (OSError), a cut pipe (EOFError).

@@ -23,7 +23,7 @@ from .checkpoint import run_checkpoints
 from .state import TrainState
 
 if TYPE_CHECKING:
-    from .trainer import Run
+    from .run import Run
 
 log = logging.getLogger("vit_train")
 
