@@ -6,7 +6,8 @@ import torch
 
 from vit_train.config import OptimConfig, ScheduleConfig
 from vit_train.errors import CheckpointError, ConfigError
-from vit_train.model import VisionTransformer, set_trainable
+from vit_train.model import VisionTransformer
+from vit_train.probe import set_trainable
 from vit_train.optim import build_optimizer, build_scheduler, lr_factor, param_groups
 from vit_train.pretrained import resize_pos_embed
 from vit_train.trainer import train

@@ -81,7 +81,8 @@ def test_a_failing_job_is_recorded_the_others_finish_and_the_exit_status_says_so
     named = ("1 of 3 jobs did not complete: job 1 failed (model.img_size (16) must be divisible by "
              "model.patch_size (5))")
     assert f"vit-train: {named}" in done.stderr
-    summary = subprocess.run([sys.executable, "-c", "from vit_train.sweep import main; main()", str(sweep_dir)],
+    summary = subprocess.run([sys.executable, "-c", "from vit_train.sweep_summary import main; main()",
+                              str(sweep_dir)],
                              capture_output=True, text=True)
     assert summary.returncode == 1 and "| 1 | failed |" in summary.stdout
     assert summary.stderr.count("\n") == 1 and summary.stderr.startswith(f"vit-sweep-summary: {named}; see ")
@@ -104,7 +105,8 @@ def test_a_masked_autoencoder_sweep_minimises_its_reconstruction_loss(tmp_path):
     with open(sweep_dir / "summary.csv") as f:
         assert [float(row["objective"]) for row in csv.DictReader(f)] == losses  # lowest first
     (sweep_dir / "summary.csv").unlink()
-    again = subprocess.run([sys.executable, "-c", "from vit_train.sweep import main; main()", str(sweep_dir)],
+    again = subprocess.run([sys.executable, "-c", "from vit_train.sweep_summary import main; main()",
+                            str(sweep_dir)],
                            capture_output=True, text=True)  # no --objective: the sweep's own, best_loss
     assert again.returncode == 0 and "sorted by best_loss (minimize)" in again.stdout, again.stdout + again.stderr
     with open(sweep_dir / "summary.csv") as f:

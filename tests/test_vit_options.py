@@ -7,7 +7,8 @@ import itertools
 import pytest
 import torch
 
-from vit_train.model import VisionTransformer, set_trainable
+from vit_train.model import VisionTransformer
+from vit_train.probe import set_trainable
 from vit_train.trainer import train
 from vit_train.attention import attention_rollout, pooled_attention
 

@@ -203,12 +203,12 @@ def _train_app(cfg: DictConfig) -> float:
     try:
         config, overrides, resume_from = compose_config(cfg)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: rank 0's run directory for every process
-            run_dir = _shared_run_dir(config, run_dir)
+            run_dir = rundir.shared_run_dir(config, run_dir)
         from .trainer import train  # torch is imported only once the config is known to be valid
 
         results = train(config, run_dir, overrides, resume_from)
     except UserError as e:
-        if not isinstance(e, RunDirBusy) and not _resumes_existing(cfg.resume) and _unused(run_dir):
+        if not isinstance(e, RunDirBusy) and not _resumes_existing(cfg.resume) and rundir.unused(run_dir):
             shutil.rmtree(run_dir)  # a run refused before it started leaves no empty directory behind
         exit_with("vit-train", e)
     except RunStopped as e:
@@ -223,39 +223,6 @@ def _train_app(cfg: DictConfig) -> float:
 
             distributed.cleanup()
     return results["best_top1"]
-
-
-def _shared_run_dir(config: Config, run_dir: Path) -> Path:
-    """Join the process group and use rank 0's run directory (Hydra's timestamp can differ between
-    processes started a second apart); an elastic restart (torchrun --max-restarts) resumes."""
-    from . import distributed
-
-    ctx = distributed.setup(config.trainer.device)
-    run_id, restart = os.environ.get("TORCHELASTIC_RUN_ID", ""), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    chosen = run_dir
-    if ctx.is_main and restart and run_id:  # the directory the first attempt of this torchrun chose
-        for marker in run_dir.parent.parent.glob("*/*/.torchrun_run_id"):
-            if marker.read_text() == run_id:
-                chosen = marker.parent
-    shared = Path(distributed.broadcast(str(chosen)))
-    if shared != run_dir and run_dir.is_dir() and _unused(run_dir):
-        rundir.release(run_dir)
-        shutil.rmtree(run_dir, ignore_errors=True)  # the directory Hydra made for this process (or all), unused
-    if ctx.is_main:
-        rundir.acquire(shared)  # rank 0 holds the lock for every process
-    if ctx.is_main and run_id:
-        shared.mkdir(parents=True, exist_ok=True)
-        (shared / ".torchrun_run_id").write_text(run_id)
-    if restart and config.resume is None:
-        config.resume = "auto"
-        if ctx.is_main:
-            logging.getLogger("vit_train").info("restart %d of the process group: resuming in %s", restart, shared)
-    return shared
-
-
-def _unused(run_dir: Path) -> bool:
-    """Whether `run_dir` holds nothing but Hydra's record and the lock: no run has written into it."""
-    return {p.name for p in run_dir.iterdir()} <= {".hydra", rundir.LOCK_NAME}
 
 
 class RunDirLock(Callback):
@@ -298,7 +265,7 @@ class SweepSummary(Callback):
                 f"be empty for every job: add sweep.objective=best_loss sweep.direction=minimize"))
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from .sweep import incomplete_jobs, summarize
+        from .sweep_summary import incomplete_jobs, summarize
 
         sweep_dir = Path(config.hydra.sweep.dir)
         if not sweep_dir.is_dir():

@@ -23,6 +23,7 @@ from torch import nn
 from torchvision.ops import StochasticDepth
 
 from .config import ModelConfig
+from .probe import set_trainable
 
 
 class PatchEmbed(nn.Module):
@@ -262,32 +263,6 @@ class VisionTransformer(nn.Module):
             x, weights = block.forward_with_weights(x)
             maps.append(weights)
         return self.forward_head(self.norm(x)), maps
-
-
-class ProbeNorm(nn.BatchNorm1d):
-    """BatchNorm1d that, in training, normalises a batch of one image by its running statistics
-    (a batch of one has no variance: an epoch's last batch can be that small)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and x.shape[0] == 1:
-            return F.batch_norm(x, self.running_mean, self.running_var, training=False, eps=self.eps)
-        return super().forward(x)
-
-
-def set_trainable(model: nn.Module, trainable: str) -> None:
-    """`all`: train every parameter. `head`: a linear probe as MAE's (He et al. 2022, appendix A.2): only
-    `head` (and `head_dist`) train, on features normalised by a BatchNorm without affine parameters
-    (`head_norm`: its running statistics are part of the probe); the rest stays in eval mode (no dropout
-    or drop path) even while training."""
-    if trainable == "all":
-        return
-    model.requires_grad_(False)
-    for name in ("head", "head_dist"):
-        if getattr(model, name, None) is not None:
-            getattr(model, name).requires_grad_(True)
-    model.head_norm = ProbeNorm(model.norm.normalized_shape[0], affine=False, eps=1e-6)
-    model.frozen_features = True
-    model.train(model.training)
 
 
 def sincos_2d(grid_size: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:
