@@ -218,7 +218,7 @@ def agreement(model, teacher, loader) -> float:
     """% of images on which the two models predict the same class."""
     same = count = 0
     with torch.no_grad():
-        for images, _, _ in loader:
+        for images, _ in loader:
             same += (model(images).argmax(1) == teacher(images).argmax(1)).sum().item()
             count += len(images)
     return 100 * same / count
