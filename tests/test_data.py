@@ -301,3 +301,28 @@ def test_unreadable_images_stop_the_run_in_error_mode_and_past_the_fraction(tmp_
     results = train(make_config(data={**base, "max_bad_fraction": 0.2}, model=model,
                                 trainer={"max_steps": 14}), tmp_path / "run_skip")
     assert results["status"] == "completed" and results["steps"] == 14
+
+
+def test_an_unreadable_val_image_stops_the_run_even_where_training_images_are_replaced(image_folder, tmp_path,
+                                                                                       make_config):
+    """A replaced val image would be counted twice and its class short: the val top-1 of another set."""
+    from vit_train.trainer import train
+    (image_folder / "val" / "blue" / "3.png").write_bytes(b"not a png")
+    cfg = make_config(data={"name": "imagefolder", "root": str(image_folder), "batch_size": 4,
+                            "bad_images": "skip", "max_bad_fraction": 1.0}, model={"img_size": 16, "patch_size": 8},
+                      trainer={"max_steps": 2})
+    with pytest.raises(DataError) as stopped:
+        train(cfg, tmp_path / "run")
+    assert str(stopped.value).startswith(f"val image {image_folder / 'val' / 'blue' / '3.png'} cannot be read (")
+    assert "\n" not in str(stopped.value)
+
+
+def test_an_empty_val_class_folder_is_named_in_a_warning(image_folder, make_config, caplog):
+    for path in (image_folder / "val" / "green").iterdir():
+        path.unlink()
+    cfg = make_config(data={"name": "imagefolder", "root": str(image_folder), "batch_size": 4},
+                      model={"img_size": 16, "patch_size": 8})
+    data = build_data(cfg, torch.device("cpu"))
+    assert len(data.val_loader.dataset) == 8 and data.class_names == ["blue", "green", "red"]
+    assert "val class folder(s) with no images in" in caplog.text and caplog.text.count("green") == 1
+

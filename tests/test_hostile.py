@@ -205,3 +205,21 @@ def test_a_class_that_becomes_unreadable_mid_run_is_one_line_naming_a_file(tmp_p
     message = str(stopped.value)
     assert "\n" not in message and "Traceback" not in message
     assert "16 unreadable images in a row from " + str(tmp_path / "train" / "b") in message
+
+
+def test_a_damaged_checkpoint_points_at_another_of_its_run_never_at_itself(tmp_path, make_config):
+    from vit_train.trainer import train
+    train(make_config(trainer={"max_steps": 2}), tmp_path)
+    train(make_config(trainer={"max_steps": 3}, resume="auto"), tmp_path)  # last.pt moves on; best.pt may not
+    best = min((tmp_path / "checkpoints").glob("step_*.pt"))  # the older version (a hard link, or a copy)
+    data = bytearray(best.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 16] = bytes(16)  # 16 bytes zeroed in the middle
+    best.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(best)
+    other = str(refused.value).rpartition("(e.g. ")[2].rstrip(")")
+    assert other == str(tmp_path / "checkpoints" / "last.pt") and not os.path.samefile(other, best)
+    (tmp_path / "lone.pt").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="use another checkpoint$"):
+        load_checkpoint(tmp_path / "lone.pt")
+

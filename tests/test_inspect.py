@@ -94,6 +94,7 @@ def test_auto_weights_for_last_pt_follow_its_last_evaluation(scores, won):
             "last_eval": {"step": 9, **scores}}
     source, why = auto_weights(ckpt)
     assert source == won and f"{scores[won]:.2f}%" in why and "step 9" in why
+    assert ("goes to the model" in why) == (scores["model"] == scores["ema"])  # a tie is said to be one
     assert auto_weights({**ckpt, "ema": None})[0] == "model"
     assert auto_weights({**ckpt, "last_eval": None})[0] == "ema"  # no scores at step 9: the EMA, saying so
     assert auto_weights({**ckpt, "last_eval": None, "best_step": 9, "best_source": "model"})[0] == "model"  # at the best

@@ -176,11 +176,16 @@ def test_a_change_that_reorders_the_epoch_is_refused_in_its_middle_only(tmp_path
         train(config(make_config, 16, resume=tmp_path, **change), tmp_path)
     text = str(info.value)
     assert text.startswith(f"cannot resume in the middle of epoch 1 (48 of its 128 images trained on): {message}")
-    assert "trainer.max_steps=8" in text and "\n" not in text
+    assert "past the epoch's end at step 8 (it writes checkpoints/step_00000008.pt)" in text and "\n" not in text
+    assert "max_steps" not in text  # which would fit the schedule to a shorter run
     assert {p.name: p.read_bytes() for p in [*tmp_path.glob("checkpoints/*"), tmp_path / "metrics.jsonl"]} == saved
-    # finishing the epoch as the message says, then making the change, is fine: the next epoch is a new permutation
-    train(config(make_config, 16, max_steps=8, resume=tmp_path), tmp_path)
-    assert train(config(make_config, 16, epochs=2, resume=tmp_path, **change), tmp_path)["epochs"] == 2
+    # as the message says: the saved settings past the epoch's end, then the change from that epoch's checkpoint
+    reference = train(config(make_config, 16, epochs=2), tmp_path / "reference")  # for the schedule
+    train(config(make_config, 16, epochs=2, resume=tmp_path), tmp_path)
+    at_end = tmp_path / "checkpoints" / "step_00000008.pt"
+    assert torch.load(at_end, weights_only=True)["scheduler"] == \
+        torch.load(tmp_path / "reference" / "checkpoints" / "step_00000008.pt", weights_only=True)["scheduler"]
+    assert train(config(make_config, 16, epochs=2, resume=at_end, **change), tmp_path)["epochs"] == 2
 
 
 @pytest.mark.parametrize("edit, count", [("add", 49), ("remove", 47)])

@@ -145,17 +145,25 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path} does not exist")
     damage = archive_damage(path)
     if damage:
-        raise CheckpointError(f"checkpoint {path} is damaged ({damage}); resume from another one (e.g. "
-                              f"checkpoints/best.pt)")
+        raise CheckpointError(f"checkpoint {path} is damaged ({damage}); {_use_another(path)}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # truncated zip, a pickle with objects, not a torch file at all
         raise CheckpointError(f"checkpoint {path} cannot be read ({load_failure(e)}); it is truncated, corrupt or "
-                              f"not a vit-train checkpoint: resume from another one (e.g. checkpoints/best.pt)") from None
+                              f"not a vit-train checkpoint: {_use_another(path)}") from None
     missing = [k for k in REQUIRED_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
         raise CheckpointError(f"{path} is not a vit-train checkpoint (it lacks {', '.join(missing)})")
     return ckpt
+
+
+def _use_another(path: Path) -> str:
+    """What to do about an unusable checkpoint: use another of its run's, named when there is one."""
+    def same(other: Path) -> bool:  # best.pt and step_<N>.pt can be hard links to one file
+        return os.path.samefile(other, path)
+
+    others = [p for p in run_checkpoints(path.parent.parent) if not same(p)] if path.parent.name == "checkpoints" else []
+    return f"use another one of the run (e.g. {others[0]})" if others else "use another checkpoint"
 
 
 def run_checkpoints(run_dir: Path) -> list[Path]:
@@ -189,8 +197,8 @@ def find_resume_checkpoint(resume: str | None, run_dir: Path, mmap: bool = False
             raise CheckpointError(f"resume path {path} does not exist; give a run directory or a .pt checkpoint")
         candidates = run_checkpoints(path.parent if path.name == "checkpoints" else path)
         if not candidates:
-            raise CheckpointError(f"{path} holds no checkpoints; give a run directory that has checkpoints/last.pt, "
-                                  f"or a .pt file")
+            raise CheckpointError(f"{path} holds no checkpoints; give a run directory that has some (in "
+                                  f"checkpoints/), or a .pt file")
     failures = []
     for candidate in candidates:
         try:

@@ -47,12 +47,18 @@ def auto_weights(ckpt: dict) -> tuple[str, str]:
         loss = scores.get("metric") == "loss"
         source = "ema" if (scores["ema"] < scores["model"] if loss else scores["ema"] > scores["model"]) else "model"
         other = "model" if source == "ema" else "ema"
-        shown = (lambda v: f"reconstruction loss {v:.4f}") if loss else (lambda v: f"top-1 {v:.2f}%")
-        return source, (f"it scored {shown(scores[source])} against the {other}'s {shown(scores[other])} at the "
-                        f"evaluation of step {scores.get('step', ckpt['step'])}")
+        if scores["ema"] == scores["model"]:
+            return source, (f"a tie ({shown_score(scores['model'], loss)} each at the evaluation of step "
+                            f"{scores.get('step', ckpt['step'])}) goes to the model, as in training")
+        return source, (f"it scored {shown_score(scores[source], loss)} against the {other}'s "
+                        f"{shown_score(scores[other], loss)} at the evaluation of step {scores.get('step', ckpt['step'])}")
     if ckpt.get("best_step") == ckpt["step"] and ckpt.get("best_top1", -1) >= 0:
         return ckpt["best_source"], f"it scored the run's best top-1, {ckpt['best_top1']:.2f}%, at this step"
     return "ema", "no evaluation is recorded for this checkpoint"
+
+
+def shown_score(value: float, loss: bool) -> str:
+    return f"reconstruction loss {value:.4f}" if loss else f"top-1 {value:.2f}%"
 
 
 def load_for_inference(path: str | Path, weights: Weights = "auto",

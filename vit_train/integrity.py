@@ -104,4 +104,5 @@ def load_failure(error: BaseException) -> str:
     if "weights only load failed" in text.lower():
         return "it holds pickled data that a weights-only load refuses; it was never run"
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-    return first[:200]
+    sentence = first.split(". ")[0]  # torch's messages go on with advice; a cut mid-sentence reads wrong
+    return sentence if len(sentence) <= 200 else sentence[:200].rsplit(" ", 1)[0] + " ..."

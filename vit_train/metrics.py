@@ -224,7 +224,7 @@ def results_summary(status: str, state, metrics: dict[str, float], wall_seconds:
         "best_step": state.best_step, "best_source": state.best_source, "final_top1": metrics.get("top1"),
         "final_top5": metrics.get("top5"), "final_loss": metrics.get("loss"), "final_ema_top1": metrics.get("ema_top1"),
         "best_loss": state.best_loss if math.isfinite(state.best_loss) else None,  # objective mae: lowest val loss
-        "epochs": state.epoch + (state.sample_in_epoch / state.epoch_end if state.epoch_end else 0.0),
+        "epochs": state.epochs_done,
         "steps": state.step, "skipped_steps": state.skipped_steps,
         "images_per_s": state.images_seen / state.train_seconds if state.train_seconds else None,
         "wall_seconds": wall_seconds,

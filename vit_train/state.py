@@ -40,6 +40,11 @@ class TrainState:
     train_seconds: float = 0.0
     wall_seconds: float = 0.0  # wall time of every attempt of the run, up to this checkpoint
 
+    @property
+    def epochs_done(self) -> float:
+        """Epochs trained, with the current one's fraction: 1.38 = one epoch and 38% of the next."""
+        return self.epoch + (self.sample_in_epoch / self.epoch_end if self.epoch_end else 0.0)
+
 
 def build_ema(model: nn.Module, decay: float | None, ckpt: dict | None) -> AveragedModel | None:
     """An EMA of the weights (and buffers), restored from the checkpoint when it has one."""
@@ -98,12 +103,13 @@ def check_data_position(state: TrainState, saved: dict, cfg: Config, train_image
         state.train_images and state.train_images != train_images) else []
     changed += [f"{key} is {now[key]}, not {before[key]}" for key in before if now[key] != before[key]]
     if changed:
-        steps = -(-(state.epoch_end - state.sample_in_epoch) // saved["data"]["batch_size"])
+        end = state.step - (-(state.epoch_end - state.sample_in_epoch) // saved["data"]["batch_size"])
+        # (not trainer.max_steps=<end>: the warmup and cosine schedule would be fitted to that shorter run)
         raise ConfigError(f"cannot resume in the middle of epoch {state.epoch + 1} ({state.sample_in_epoch} of its "
                           f"{state.epoch_end} images trained on): {' and '.join(changed)}, which reorders the epoch; "
-                          f"finish the epoch with the saved settings first (resume with trainer.max_steps="
-                          f"{state.step + steps}), then resume with the change, or start a new run from these "
-                          f"weights with model.pretrained=<the checkpoint>")
+                          f"resume with the saved settings past the epoch's end at step {end} (it writes "
+                          f"checkpoints/step_{end:08d}.pt), then resume from that file with the change, or start a "
+                          f"new run from these weights with model.pretrained=<the checkpoint>")
 
 
 def rng_state() -> dict[str, Any]:

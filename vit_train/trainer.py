@@ -184,8 +184,8 @@ def evaluate(run: Run) -> dict[str, float]:
     state.last_eval = {"step": state.step, "metric": "top1", **scores}  # weights=auto (vit-eval/predict/export)
     if scores[source] > state.best_top1:
         state.best_top1, state.best_step, state.best_source = scores[source], state.step, source
-    log.info("step %d (epoch %d): val loss %.4f, top-1 %.2f%%, top-5 %.2f%%%s (best %.2f%%, %s)", state.step,
-             state.epoch, metrics["loss"], metrics["top1"], metrics["top5"], ema_text, state.best_top1,
+    log.info("step %d (epoch %.2f): val loss %.4f, top-1 %.2f%%, top-5 %.2f%%%s (best %.2f%%, %s)", state.step,
+             state.epochs_done, metrics["loss"], metrics["top1"], metrics["top5"], ema_text, state.best_top1,
              state.best_source)
     run.metrics = metrics
     return metrics
@@ -210,7 +210,7 @@ def evaluate_mae(run: Run) -> dict[str, float]:
     state.last_eval = {"step": state.step, "metric": "loss", **scores}  # weights=auto (vit-eval/predict/export)
     if scores[source] < state.best_loss:
         state.best_loss, state.best_step, state.best_source = scores[source], state.step, source
-    log.info("step %d (epoch %d): val reconstruction loss %.4f%s (best %.4f, %s)", state.step, state.epoch,
+    log.info("step %d (epoch %.2f): val reconstruction loss %.4f%s (best %.4f, %s)", state.step, state.epochs_done,
              metrics["loss"], ema_text, state.best_loss, state.best_source)
     run.metrics = metrics
     return metrics

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import unicodedata
 from pathlib import Path
 
@@ -10,6 +11,8 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from ..errors import DataError
 from .decode import IMAGE_ERRORS, open_rgb
+
+log = logging.getLogger("vit_train")
 
 
 class UnreadableImage(Exception):
@@ -107,6 +110,10 @@ def load_image_folders(root: str | Path) -> tuple[ImageFolder, ImageFolder, list
     val = _FixedClassFolder(splits["val"], classes, val_folders, allow_empty=True)
     if len(val) == 0:
         raise DataError(f"{splits['val']} holds no images; put validation images in val/<class>/")
+    unseen = sorted(set(classes) - {classes[target] for _, target in val.samples})
+    if unseen:  # allowed (a rare class may have no val image yet), but its accuracy cannot be measured
+        log.warning("val class folder(s) with no images in %s: %s; the val top-1 leaves these classes out",
+                    splits["val"], ", ".join(unseen))
     return train, val, classes
 
 

@@ -28,6 +28,9 @@ class UnreadableImages:
         """Called with each batch's third item; cheap when every image was fine."""
         for index in unreadable[unreadable >= 0].tolist():
             path = self.base.samples[index][0]
+            if self.split == "val":  # a replaced val image would be counted twice and its class less
+                raise DataError(f"val image {path} cannot be read ({describe_unreadable(path)}); every val image "
+                                f"is evaluated, so fix or remove it (data.bad_images applies to training images)")
             if self.mode == "error":
                 raise DataError(f"{path} cannot be read ({describe_unreadable(path)}); fix or remove "
                                 f"it, or set data.bad_images=skip to replace unreadable images")
