@@ -32,7 +32,7 @@ def main() -> None:
     deit = {"name": "deit", "mixup_alpha": 0.8, "cutmix_alpha": 1.0, "random_erasing": 0.25, "label_smoothing": 0.1}
     cfg = Config.from_dict({"aug": deit, "data": {"batch_size": 16, "train_size": 64, "val_size": 16}})
     data = build_data(cfg, torch.device("cpu"))
-    images, labels, _ = next(iter(data.train_loader))
+    images, labels = next(iter(data.train_loader))
     images, targets = BatchMix(cfg.aug, len(data.class_names), cfg.seed)(images, labels, step=0)
     share, index = targets.max(dim=1)
     titles = [f"{data.class_names[i]} {s:.2f}" for s, i in zip(share.tolist(), index.tolist())]
