@@ -158,6 +158,7 @@ def test_repeated_augmentation_repeats_each_image_in_a_row_with_fresh_seeds():
 
 # --- a run with DeiT's augmentation ---------------------------------------------------------------
 
+@pytest.mark.slow  # ~28 s on 2 cores; a learning run
 def test_a_run_with_deit_augmentation_learns_and_reports_mixed_train_accuracy(tmp_path, make_config):
     """aug=deit (RandAugment, MixUp/CutMix, erasing, smoothing) is a heavy regulariser for a short run,
     yet it learns: best top-1 40.0%, 34.0%, 38.0% for seeds 0, 1, 2 (chance 10%); the bar is 25%.

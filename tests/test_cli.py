@@ -23,6 +23,7 @@ def test_train_from_another_directory_writes_the_run_layout(tmp_path):
     assert "completed: best top-1" in done.stdout
 
 
+@pytest.mark.slow  # ~14 s on 2 cores; resume=<dir> is also covered in-process
 def test_resume_a_run_directory_continues_there_with_its_saved_config(tmp_path):
     run = tmp_path / "run"
     first = vit_train(*TINY, "trainer.max_steps=3", f"hydra.run.dir={run}", cwd=tmp_path)
@@ -74,6 +75,7 @@ def test_unknown_group_option_lists_the_valid_ones(tmp_path):
     assert "Could not find 'model/vit_huge'" in done.stderr and "vit_tiny" in done.stderr
 
 
+@pytest.mark.slow  # ~10 s on 2 cores; divergence is also covered in-process (test_stops.py)
 def test_diverging_run_stops_with_status_3_and_keeps_the_good_checkpoint(tmp_path):
     run = tmp_path / "run"
     assert vit_train(*TINY, "trainer.epochs=1", f"hydra.run.dir={run}", cwd=tmp_path).returncode == 0

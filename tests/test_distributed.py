@@ -67,6 +67,7 @@ def test_two_processes_train_like_one_and_write_one_set_of_files(tmp_path):
     assert alone["loss"] == pytest.approx(results["final_loss"], rel=1e-6)
 
 
+@pytest.mark.slow  # ~13 s on 2 cores; torchrun
 def test_a_two_process_checkpoint_resumes_in_one_process(tmp_path):
     two = torchrun(*TINY, "trainer.epochs=2", "hydra.run.dir=two", cwd=tmp_path)
     assert two.returncode == 0, two.stdout + two.stderr
@@ -103,6 +104,7 @@ def test_a_killed_worker_restarts_the_group_which_resumes_and_finishes_at_the_ri
     assert [e["step"] for e in logged(runs[0], "train")] == list(range(1, 241))  # no step twice, none missing
 
 
+@pytest.mark.slow  # ~7 s on 2 cores; torchrun
 def test_a_global_batch_that_does_not_split_is_refused(tmp_path):
     done = torchrun(*TINY, "data.batch_size=34", cwd=tmp_path)
     assert done.returncode != 0

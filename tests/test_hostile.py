@@ -122,6 +122,7 @@ def test_a_huge_header_length_is_refused(tmp_path):
         load_weights(path)
 
 
+@pytest.mark.slow  # ~12 s on 2 cores; bit rot also in test_faults.py
 def test_damaged_checkpoints_are_refused_by_every_reader(tmp_path, checkpoint):
     damaged = tmp_path / "damaged.pt"
     data = bytearray(checkpoint.read_bytes())
@@ -207,6 +208,7 @@ def test_a_class_that_becomes_unreadable_mid_run_is_one_line_naming_a_file(tmp_p
     assert "16 unreadable images in a row from " + str(tmp_path / "train" / "b") in message
 
 
+@pytest.mark.slow  # ~11 s on 2 cores; two runs
 def test_a_damaged_checkpoint_points_at_another_of_its_run_never_at_itself(tmp_path, make_config):
     from vit_train.trainer import train
     train(make_config(trainer={"max_steps": 2}), tmp_path)

@@ -269,6 +269,7 @@ def test_the_onnx_exporters_messages_are_hidden_unless_verbose(monkeypatch, tmp_
         assert ("Replaced initializer" in shown.err) is verbose and ("Obtain model graph" in shown.out) is verbose, shown
 
 
+@pytest.mark.slow  # ~9 s on 2 cores; ONNX export also in test_vit_options.py
 def test_onnx_export_matches_pytorch_at_another_batch_size(trained_run, tmp_path):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")

@@ -38,8 +38,9 @@ def uninterrupted(tmp_path_factory):
     return where / "run"
 
 
-@pytest.mark.parametrize("sig, exit_code, workers", [(signal.SIGTERM, 143, 2), (signal.SIGINT, 130, 0)],
-                         ids=["sigterm-2-workers", "sigint"])
+@pytest.mark.parametrize("sig, exit_code, workers", [
+    pytest.param(signal.SIGTERM, 143, 2, marks=pytest.mark.slow),  # ~24 s on 2 cores: loader workers; sigint stays fast
+    (signal.SIGINT, 130, 0)], ids=["sigterm-2-workers", "sigint"])
 def test_stop_signal_then_resume_auto_equals_an_uninterrupted_run(tmp_path, uninterrupted, sig, exit_code, workers):
     run = tmp_path / "run"
     command = [*ARGS, f"data.num_workers={workers}", f"hydra.run.dir={run}", "resume=auto"]

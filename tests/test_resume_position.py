@@ -236,6 +236,7 @@ def test_processes_share_a_resumed_epoch_with_a_short_last_batch():
     assert sampler.steps_left(48, SIZE, 3) == 3 + 2 * 4
 
 
+@pytest.mark.slow  # ~7 s on 2 cores; torchrun
 def test_two_processes_resume_a_one_process_run_at_another_batch_size_like_one_process(tmp_path, make_config):
     """torchrun, 2 processes on gloo: the short last batch (16) is shared 8 + 8; the losses and weights
     are those of one process resuming the same checkpoint at the same batch size."""

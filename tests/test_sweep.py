@@ -124,6 +124,7 @@ def test_a_sweep_directory_of_another_grid_is_not_resumed_into(grid, tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None,
                     reason="the [sweep] extra is not installed")
+@pytest.mark.slow  # ~8 s on 2 cores; a sweep in a subprocess
 def test_optuna_search_runs_its_trials(tmp_path):
     sweep_dir = tmp_path / "optuna"
     done = vit_train("hparams_search=optuna", "hydra.sweeper.n_trials=3", *SHORT, f"hydra.sweep.dir={sweep_dir}",
@@ -138,6 +139,7 @@ def test_optuna_search_runs_its_trials(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None,
                     reason="the [sweep] extra is not installed")
+@pytest.mark.slow  # ~9 s on 2 cores; slots also unit-tested here
 def test_parallel_jobs_pass_over_a_held_slot_and_share_the_free_one(tmp_path):
     """Slot 0 is held here for the whole sweep, so both parallel jobs must take slot 1, one after the
     other whichever order they start in (which of two runs first is the scheduler's business)."""
