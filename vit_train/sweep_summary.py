@@ -11,11 +11,13 @@ import io
 import math
 import shutil
 import sys
+import typing
 from pathlib import Path
 from typing import IO, Any
 
 import yaml
 
+from .config import SweepConfig
 from .errors import UserError, exit_with
 from .sweep import job_overrides, objective_value, read_results
 
@@ -122,7 +124,7 @@ def _write_hparams(sweep_dir: Path, jobs: list[Path]) -> None:
                 writer.add_scalar(name, value)
 
 
-OBJECTIVES = ("best_top1", "final_top1", "final_top5", "final_loss", "final_ema_top1", "best_loss")  # sweep.objective's
+OBJECTIVES = typing.get_args(typing.get_type_hints(SweepConfig)["objective"])  # sweep.objective's values
 
 
 def sweep_objective(sweep_dir: Path) -> tuple[str, str] | None:
