@@ -5,7 +5,7 @@ encoder against its classification training.
 Both models get the same shape and the same weights; each round times a few full training steps
 (forward, backward, AdamW step) of each, interleaved, so machine noise hits both alike. Reports
 images/s per model and precision, the ratio ours / timm (median over rounds), achieved TFLOP/s and,
-where the peak is known (a GPU in vit_train.throughput.PEAKS, or --peak-tflops), MFU. Then the small-image
+where the peak is known (a GPU in vit_train.train.throughput.PEAKS, or --peak-tflops), MFU. Then the small-image
 pipelines alone (crop + flip + normalise of uint8 images): the on-device pipeline and the CPU
 DataLoader, in images/s. MAE: images/s of a pre-training step (encoder on the visible patches, the
 default mae.* decoder) over images/s of a classification step, median over rounds (He et al. 2022
@@ -36,16 +36,16 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from vit_train.config import AugConfig, Config, DistillConfig, ModelConfig
-from vit_train.data.device import DeviceTrainPipeline
+from vit_train.config.schema import AugConfig, Config, DistillConfig, ModelConfig
+from vit_train.data.on_device import DeviceTrainPipeline
 from vit_train.data.datasets import TensorImages, TransformedDataset
 from vit_train.data.sampler import EpochSampler
 from vit_train.data.transforms import build_transforms
-from vit_train.device import autocast_dtype
-from vit_train.mae import build_mae
-from vit_train.mae_objective import MaeObjective
-from vit_train.model import build_model
-from vit_train.throughput import flops_per_image, peak_tflops
+from vit_train.runtime.device import autocast_dtype
+from vit_train.models.mae import build_mae
+from vit_train.objectives.mae import MaeObjective
+from vit_train.models.vit import build_model
+from vit_train.train.throughput import flops_per_image, peak_tflops
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model"
 
@@ -108,8 +108,8 @@ def training_step(model: torch.nn.Module, loss_fn, batch: tuple, dtype: torch.dt
 
 def distill_cost(cfg: ModelConfig, teacher_arch: str, num_classes: int, batch: tuple, dtype, device, args) -> dict:
     """Seconds per training step of a distilled student with and without its teacher's forward."""
-    from vit_train.cnn import build_resnet
-    from vit_train.distill import Distill
+    from vit_train.models.cnn import build_resnet
+    from vit_train.objectives.distill import Distill
 
     student = build_model(ModelConfig(**{**cfg.__dict__, "distilled": True}), num_classes).to(device)
     teacher = build_resnet(teacher_arch, num_classes, cfg.img_size).to(device).eval().requires_grad_(False)

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from vit_train.config import Config
+from vit_train.config.schema import Config
 from vit_train.data import build_data
 from vit_train.data.mix import BatchMix
-from vit_train.report import evaluate_checkpoint
-from vit_train.visualize import denormalize, images_figure, save_figure
+from vit_train.tools.report import evaluate_checkpoint
+from vit_train.viz.figures import denormalize, images_figure, save_figure
 
 
 def main() -> None:

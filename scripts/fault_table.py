@@ -38,10 +38,10 @@ from killer import arm  # noqa: E402
 
 import torch  # noqa: E402
 
-from vit_train.checkpoint import load_checkpoint  # noqa: E402
+from vit_train.outputs.checkpoint import load_checkpoint  # noqa: E402
 from vit_train.errors import UserError  # noqa: E402
-from vit_train.sweep import run_job  # noqa: E402
-from vit_train.trainer import train  # noqa: E402
+from vit_train.sweeps.job import run_job  # noqa: E402
+from vit_train.train.trainer import train  # noqa: E402
 
 SECTIONS = {"trainer": {"log_every": 1, "ckpt_every": 3, "keep_last": 2}}
 SAVES = 7  # checkpoint writes in the reference run
@@ -293,7 +293,7 @@ def by_kind(kinds: dict[int, str]) -> str:
 
 
 def enospc_at(run_dir: Path, n: int) -> str | None:
-    import vit_train.checkpoint as checkpoint_module
+    import vit_train.outputs.checkpoint as checkpoint_module
 
     real_save, count = checkpoint_module.torch.save, {"n": 0}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vit_train.config import Config
+from vit_train.config.schema import Config
 
 
 # A micro ViT on a small shapes set, as command-line overrides: 4 steps per epoch.
@@ -30,7 +30,7 @@ def vit_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def hold_lock(path: Path) -> subprocess.Popen:
     """Another process holding the run-directory lock on `path` (vit_train/rundir.py) until killed."""
-    holder = subprocess.Popen([sys.executable, "-c", "import sys; from vit_train import rundir; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from vit_train.outputs import rundir; "
                                f"rundir.acquire({str(path)!r}); print('locked', flush=True); sys.stdin.read()"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline() == "locked\n"
@@ -39,7 +39,7 @@ def hold_lock(path: Path) -> subprocess.Popen:
 
 def lock_is_free(path: Path) -> bool:
     """Whether another process could take the lock on `path` now (it tries, in a subprocess, and lets go)."""
-    probe = subprocess.run([sys.executable, "-c", f"from vit_train import rundir; rundir.acquire({str(path)!r})"],
+    probe = subprocess.run([sys.executable, "-c", f"from vit_train.outputs import rundir; rundir.acquire({str(path)!r})"],
                            capture_output=True, text=True)
     assert probe.returncode == 0 or "is in use by another vit-train run" in probe.stderr, probe.stderr
     return probe.returncode == 0
@@ -92,7 +92,7 @@ def composed(overrides: list[str]) -> dict:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from vit_train.cli import _config_dir  # also registers the schema node that train.yaml lists first
+    from vit_train.cli.train import _config_dir  # also registers the schema node that train.yaml lists first
 
     with initialize_config_dir(config_dir=_config_dir(), version_base="1.3"):
         return OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
@@ -130,7 +130,7 @@ def make_config():
 def trained_run(tmp_path_factory):
     """One short real training on shapes (~13 s on 2 CPU cores), shared by the tests that need a model
     that has learned: (run dir, results). Measured: 90.2% best val top-1 (seed 0), chance 10%."""
-    from vit_train.trainer import train
+    from vit_train.train.trainer import train
 
     cfg = tiny_config(model={"embed_dim": 64, "depth": 3, "num_heads": 4, "img_size": 32, "patch_size": 8,
                              "pool": "mean", "pos_embed": "sincos2d"},

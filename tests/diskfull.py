@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest import tiny_config  # noqa: E402
 
 from vit_train.errors import UserError  # noqa: E402
-from vit_train.trainer import train  # noqa: E402
+from vit_train.train.trainer import train  # noqa: E402
 
 out, size_kb, sections = Path(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
 mount = Path(tempfile.mkdtemp())

@@ -25,8 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import tiny_config  # noqa: E402
 
-import vit_train.metrics as metrics  # noqa: E402
-import vit_train.trainer as trainer  # noqa: E402
+import vit_train.outputs.metrics as metrics
+import vit_train.train.trainer as trainer
 
 
 def arm(fault: str, n: int, stop_with: int = signal.SIGKILL) -> None:

@@ -10,7 +10,7 @@ import pytest
 from test_cli import vit_train
 from test_config import composed
 
-from vit_train import cli, commands
+from vit_train.cli import train as cli, commands
 from vit_train.errors import ConfigError
 
 NASTY = ["/tmp/a=b", "/tmp/photo #1.png", "/tmp/my data", "/tmp/a,b", "/tmp/[x]", "/tmp/café", "/tmp/日本",

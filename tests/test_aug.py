@@ -9,13 +9,13 @@ from PIL import Image
 from torch import nn
 from torchvision.transforms import v2
 
-from vit_train.config import AugConfig
+from vit_train.config.schema import AugConfig
 from vit_train.data import SHAPES_STATS
 from vit_train.data.mix import BatchMix
 from vit_train.data.sampler import EpochSampler
 from vit_train.data.shapes import generate_shapes
 from vit_train.data.transforms import build_transforms
-from vit_train.trainer import train
+from vit_train.train.trainer import train
 
 POLICIES = ["none", "basic", "randaug", "autoaug", "trivial", "deit"]
 MEAN, STD = torch.tensor(SHAPES_STATS[0])[:, None, None], torch.tensor(SHAPES_STATS[1])[:, None, None]

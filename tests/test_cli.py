@@ -114,7 +114,7 @@ def test_an_unwritable_working_directory_is_one_line_naming_hydra_run_dir(tmp_pa
     assert done.returncode == 2 and "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
     assert f"cannot create the run directory outputs in {read_only}" in done.stderr
     assert "hydra.run.dir=/path/to/dir" in done.stderr
-    from vit_train.cli import check_writable
+    from vit_train.cli.train import check_writable
     from vit_train.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"sweep directory .* hydra\.sweep\.dir="):

@@ -4,8 +4,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import composed
-from vit_train.cli import _config_dir, check_override_keys
-from vit_train.config import Config, known_keys
+from vit_train.cli.train import _config_dir, check_override_keys
+from vit_train.config.schema import Config, known_keys
 from vit_train.errors import ConfigError
 
 CONFIGS = Path(_config_dir())

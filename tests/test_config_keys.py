@@ -9,9 +9,9 @@ from omegaconf import OmegaConf
 from test_cli import TINY, vit_train
 from test_config import CONFIGS, composed
 
-from vit_train.commands import group_file
-from vit_train.config import Config
-from vit_train.unused_keys import RULES, ignored_keys, override_keys
+from vit_train.cli.commands import group_file
+from vit_train.config.schema import Config
+from vit_train.config.unused_keys import RULES, ignored_keys, override_keys
 
 SECTIONS = ("model", "data", "aug", "optim", "schedule", "trainer")
 OPTIONS = [(group, path.stem) for group in SECTIONS for path in sorted((CONFIGS / group).glob("*.yaml"))]

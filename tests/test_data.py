@@ -289,7 +289,7 @@ def test_unreadable_images_are_replaced_logged_once_and_counted(tmp_path, make_c
 
 
 def test_unreadable_images_stop_the_run_in_error_mode_and_past_the_fraction(tmp_path, make_config):
-    from vit_train.trainer import train
+    from vit_train.train.trainer import train
     make_faulty_folders(tmp_path)
     base = {"name": "imagefolder", "root": str(tmp_path), "batch_size": 2}
     model = {"img_size": 16, "patch_size": 8}
@@ -306,7 +306,7 @@ def test_unreadable_images_stop_the_run_in_error_mode_and_past_the_fraction(tmp_
 def test_an_unreadable_val_image_stops_the_run_even_where_training_images_are_replaced(image_folder, tmp_path,
                                                                                        make_config):
     """A replaced val image would be counted twice and its class short: the val top-1 of another set."""
-    from vit_train.trainer import train
+    from vit_train.train.trainer import train
     (image_folder / "val" / "blue" / "3.png").write_bytes(b"not a png")
     cfg = make_config(data={"name": "imagefolder", "root": str(image_folder), "batch_size": 4,
                             "bad_images": "skip", "max_bad_fraction": 1.0}, model={"img_size": 16, "patch_size": 8},

@@ -6,11 +6,11 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
-from vit_train.config import DistillConfig
-from vit_train.distill import Distill, check_teacher_output, distillation_loss, file_sha256, load_teacher
+from vit_train.config.schema import DistillConfig
+from vit_train.objectives.distill import Distill, check_teacher_output, distillation_loss, file_sha256, load_teacher
 from vit_train.errors import CheckpointError, ConfigError
-from vit_train.model import VisionTransformer
-from vit_train.trainer import train
+from vit_train.models.vit import VisionTransformer
+from vit_train.train.trainer import train
 
 CE = torch.nn.CrossEntropyLoss()
 
@@ -98,9 +98,9 @@ def test_a_plain_student_gets_both_terms_on_its_one_head():
 
 def test_teacher_from_a_vit_train_checkpoint_and_its_safetensors_export(tmp_path, make_config):
     pytest.importorskip("safetensors")
-    from vit_train.checkpoint import load_checkpoint
-    from vit_train.weights import export_safetensors
-    from vit_train.inference import load_for_inference
+    from vit_train.outputs.checkpoint import load_checkpoint
+    from vit_train.outputs.weights import export_safetensors
+    from vit_train.tools.inference import load_for_inference
 
     train(make_config(model={"distilled": True}, trainer={"max_steps": 2, "ema_decay": 0.5}), tmp_path)
     last = tmp_path / "checkpoints" / "last.pt"
@@ -127,7 +127,7 @@ def test_teacher_from_a_vit_train_checkpoint_and_its_safetensors_export(tmp_path
 
 @pytest.mark.parametrize("img_size", [32, 224])
 def test_teacher_from_a_torchvision_state_dict(tmp_path, img_size):
-    from vit_train.cnn import build_resnet
+    from vit_train.models.cnn import build_resnet
 
     net = build_resnet("resnet18", 10, img_size).eval()  # 32: vit-train's small stem; 224: torchvision's own
     torch.save(net.state_dict(), tmp_path / "resnet18.pth")
@@ -231,7 +231,7 @@ def test_a_distilled_student_agrees_with_its_teacher_far_more_than_without_it(tr
     student distilled from it (DeiT's two heads, hard, alpha 1) agrees with it on val far more than the
     same student trained on the labels for the same steps (395 steps each; numbers in docs/distillation.md)."""
     from vit_train.data import build_data
-    from vit_train.inference import load_for_inference
+    from vit_train.tools.inference import load_for_inference
 
     run_dir, _ = trained_run
     ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)

@@ -13,7 +13,7 @@ import torch
 
 from conftest import logged, model_weights, vit_train
 from vit_train.data.sampler import EpochSampler
-from vit_train.report import evaluate_checkpoint
+from vit_train.tools.report import evaluate_checkpoint
 
 TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=16", "data.train_size=256",
         "data.val_size=101", "data.batch_size=32", "trainer.device=cpu", "trainer.progress=false",
@@ -132,7 +132,7 @@ def test_a_stop_signal_to_one_process_stops_both_at_the_same_step_with_a_checkpo
 
 
 def test_slurm_tasks_get_torchruns_variables(tmp_path, monkeypatch):
-    from vit_train.distributed import from_slurm
+    from vit_train.runtime.distributed import from_slurm
 
     scontrol = tmp_path / "scontrol"
     scontrol.write_text("#!/bin/sh\necho node007\necho node008\n")

@@ -21,8 +21,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf, open_dict
 
-from vit_train.cli import check_override_keys
-from vit_train.config import Config, config_dir
+from vit_train.cli.train import check_override_keys
+from vit_train.config.schema import Config, config_dir
 from vit_train.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

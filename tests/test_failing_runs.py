@@ -16,13 +16,13 @@ import pytest
 import torch
 from conftest import assert_same_run, hold_lock, lock_is_free, tb_scalars, tiny_config
 
-import vit_train.checkpoint as checkpoint_module
-import vit_train.trainer as trainer_module
-from vit_train import rundir
+import vit_train.outputs.checkpoint as checkpoint_module
+import vit_train.train.trainer as trainer_module
+from vit_train.outputs import rundir
 from vit_train.errors import CheckpointError, DataError, OutputError
-from vit_train.rundir import RunDirBusy
-from vit_train.sweep import run_job
-from vit_train.trainer import train
+from vit_train.outputs.rundir import RunDirBusy
+from vit_train.sweeps.job import run_job
+from vit_train.train.trainer import train
 
 SHORT = {"trainer": {"max_steps": 2, "log_every": 1}}
 
@@ -156,7 +156,7 @@ def test_a_metrics_row_that_does_not_fit_is_one_line_in_train_log_and_results_js
     """A disk that fills during the run may refuse metrics.jsonl first: the same one line, naming it."""
     import builtins
 
-    import vit_train.metrics as metrics_module
+    import vit_train.outputs.metrics as metrics_module
 
     def full_open(path, mode="r", *args, **kwargs):
         if str(path).endswith("metrics.jsonl") and mode == "a":
@@ -210,7 +210,7 @@ def test_no_train_log_handler_is_left_behind_by_a_failing_run(tmp_path, monkeypa
     elif where == "figures":
         def no_figures(*args, **kwargs):
             raise DataError("the val images cannot be read")
-        monkeypatch.setattr("vit_train.run.TrainingVisuals", no_figures)
+        monkeypatch.setattr("vit_train.train.run.TrainingVisuals", no_figures)
         sections["trainer"]["viz_every"] = 1
         expected = DataError
     else:

@@ -14,10 +14,10 @@ import pytest
 import torch
 from conftest import assert_same_run, hold_lock, rows, tiny_config
 
-from vit_train import integrity
-from vit_train.checkpoint import load_checkpoint
-from vit_train.metrics import RunLogger
-from vit_train.trainer import train
+from vit_train.outputs import integrity
+from vit_train.outputs.checkpoint import load_checkpoint
+from vit_train.outputs.metrics import RunLogger
+from vit_train.train.trainer import train
 
 KILLER = Path(__file__).parent / "killer.py"
 # 16 steps (2 epochs of 8), every step logged, checkpoints at 3, 6, 8 (eval), 9, 12, 15, 16 (eval).
@@ -129,7 +129,7 @@ def test_every_flipped_region_of_a_checkpoint_is_refused_or_harmless(tmp_path, m
 
 
 def test_a_forked_child_does_not_keep_the_lock(tmp_path):
-    from vit_train import rundir
+    from vit_train.outputs import rundir
 
     lock = rundir.acquire(tmp_path)
     read, write = os.pipe()
@@ -139,7 +139,7 @@ def test_a_forked_child_does_not_keep_the_lock(tmp_path):
         os._exit(0)
     try:
         lock.release()
-        probe = subprocess.run([sys.executable, "-c", f"from vit_train import rundir; rundir.acquire({str(tmp_path)!r})"],
+        probe = subprocess.run([sys.executable, "-c", f"from vit_train.outputs import rundir; rundir.acquire({str(tmp_path)!r})"],
                                capture_output=True, text=True)
         assert probe.returncode == 0, probe.stderr
     finally:
@@ -148,7 +148,7 @@ def test_a_forked_child_does_not_keep_the_lock(tmp_path):
 
 
 def test_a_leftover_temp_file_is_removed_once_the_lock_is_held(tmp_path):
-    from vit_train import rundir
+    from vit_train.outputs import rundir
 
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.pt.tmp").write_bytes(b"PK half")
@@ -222,8 +222,8 @@ def test_a_disk_full_write_in_torchs_own_words_is_named_as_such(tmp_path, monkey
     import shutil as shutil_module
     from collections import namedtuple
 
-    import vit_train.checkpoint as checkpoint_module
-    from vit_train.checkpoint import save_checkpoint
+    import vit_train.outputs.checkpoint as checkpoint_module
+    from vit_train.outputs.checkpoint import save_checkpoint
     from vit_train.errors import CheckpointError
 
     def full(state, f):

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from vit_train.errors import ConfigError
-from vit_train.model import VisionTransformer
-from vit_train.pretrained import load_pretrained, resize_pos_embed
-from vit_train.trainer import train
+from vit_train.models.vit import VisionTransformer
+from vit_train.models.pretrained import load_pretrained, resize_pos_embed
+from vit_train.train.trainer import train
 
 timm = pytest.importorskip("timm")
 SHAPE = dict(patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)

@@ -4,13 +4,13 @@ probes (model.trainable=head) and evaluation at another resolution than training
 import pytest
 import torch
 
-from vit_train.config import OptimConfig, ScheduleConfig
+from vit_train.config.schema import OptimConfig, ScheduleConfig
 from vit_train.errors import CheckpointError, ConfigError
-from vit_train.model import VisionTransformer
-from vit_train.probe import set_trainable
-from vit_train.optim import build_optimizer, build_scheduler, lr_factor, param_groups
-from vit_train.pretrained import resize_pos_embed
-from vit_train.trainer import train
+from vit_train.models.vit import VisionTransformer
+from vit_train.models.probe import set_trainable
+from vit_train.train.optim import build_optimizer, build_scheduler, lr_factor, param_groups
+from vit_train.models.pretrained import resize_pos_embed
+from vit_train.train.trainer import train
 
 DEPTH = 3
 SMALL = dict(img_size=16, patch_size=4, num_classes=5, embed_dim=16, depth=DEPTH, num_heads=2)
@@ -139,7 +139,7 @@ def test_a_linear_probe_run_changes_only_the_head(tmp_path, make_config):
 @pytest.mark.parametrize("pos_embed", ["learned", "sincos2d"])
 def test_eval_at_another_img_size_interpolates_positions(tmp_path, make_config, pos_embed):
     """timm #426: a distilled DeiT (two prefix positions) failed to resize to another image size."""
-    from vit_train.inference import load_for_inference
+    from vit_train.tools.inference import load_for_inference
 
     model_cfg = {"img_size": 16, "patch_size": 4, "pos_embed": pos_embed, "reg_tokens": 2, "distilled": True}
     train(make_config(model=model_cfg, trainer={"max_steps": 2}), tmp_path)
@@ -165,8 +165,8 @@ def test_resized_learned_positions_at_the_same_grid_are_unchanged():
 
 
 def test_vit_eval_at_another_img_size(tmp_path, make_config):
-    from vit_train.commands import parse_args
-    from vit_train.report import evaluate_checkpoint
+    from vit_train.cli.commands import parse_args
+    from vit_train.tools.report import evaluate_checkpoint
 
     train(make_config(trainer={"max_steps": 2}), tmp_path)
     _, overrides = parse_args(["ckpt=x", "model.img_size=32"], {"ckpt": ...}, config=True)

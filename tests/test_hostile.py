@@ -14,19 +14,19 @@ import torch
 from PIL import Image
 from conftest import tiny_config
 
-from vit_train.checkpoint import load_checkpoint
-from vit_train.weights import load_weights
+from vit_train.outputs.checkpoint import load_checkpoint
+from vit_train.outputs.weights import load_weights
 from vit_train.data import build_data
 from vit_train.data.decode import open_rgb
 from vit_train.errors import CheckpointError, DataError
-from vit_train.integrity import load_failure
-from vit_train.model import build_model
-from vit_train.pretrained import load_pretrained
-from vit_train.trainer import train
+from vit_train.outputs.integrity import load_failure
+from vit_train.models.vit import build_model
+from vit_train.models.pretrained import load_pretrained
+from vit_train.train.trainer import train
 
 
 def command(name, *args):
-    code = f"import sys; from vit_train.commands import {name}_main as m; sys.argv[0] = 'x'; m()"
+    code = f"import sys; from vit_train.cli.commands import {name}_main as m; sys.argv[0] = 'x'; m()"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
 
 
@@ -190,7 +190,7 @@ def test_a_class_that_becomes_unreadable_mid_run_is_one_line_naming_a_file(tmp_p
             (tmp_path / split / cls).mkdir(parents=True)
             for i in range(count):
                 Image.new("RGB", (20, 20), (10 * i, 0, 0)).save(tmp_path / split / cls / f"{i:02d}.png")
-    import vit_train.run as run_module
+    import vit_train.train.run as run_module
 
     def build_then_damage(*args, **kwargs):
         data = build_data(*args, **kwargs)
@@ -210,7 +210,7 @@ def test_a_class_that_becomes_unreadable_mid_run_is_one_line_naming_a_file(tmp_p
 
 @pytest.mark.slow  # ~11 s on 2 cores; two runs
 def test_a_damaged_checkpoint_points_at_another_of_its_run_never_at_itself(tmp_path, make_config):
-    from vit_train.trainer import train
+    from vit_train.train.trainer import train
     train(make_config(trainer={"max_steps": 2}), tmp_path)
     train(make_config(trainer={"max_steps": 3}, resume="auto"), tmp_path)  # last.pt moves on; best.pt may not
     best = min((tmp_path / "checkpoints").glob("step_*.pt"))  # the older version (a hard link, or a copy)

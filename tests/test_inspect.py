@@ -15,20 +15,20 @@ from torchvision.transforms import v2
 from vit_train.data import SHAPES_STATS
 from vit_train.errors import CheckpointError
 from vit_train.data.shapes import CLASS_NAMES, generate_shapes_with_masks
-from vit_train.checkpoint import load_checkpoint
-from vit_train.inference import auto_weights, export, load_for_inference, predict
-from vit_train.model import VisionTransformer
-from vit_train.pretrained import load_pretrained
-from vit_train.report import evaluate_checkpoint
-from vit_train.trainer import train
-from vit_train.attention import attention_rollout, pooled_attention
-from vit_train.visualize import CELL, DPI
+from vit_train.outputs.checkpoint import load_checkpoint
+from vit_train.tools.inference import auto_weights, export, load_for_inference, predict
+from vit_train.models.vit import VisionTransformer
+from vit_train.models.pretrained import load_pretrained
+from vit_train.tools.report import evaluate_checkpoint
+from vit_train.train.trainer import train
+from vit_train.viz.attention import attention_rollout, pooled_attention
+from vit_train.viz.figures import CELL, DPI
 
 pytest.importorskip("matplotlib")
 
 
 def cli(command, *args):
-    code = f"import sys; from vit_train.commands import {command}_main as m; sys.argv[0] = 'x'; m()"
+    code = f"import sys; from vit_train.cli.commands import {command}_main as m; sys.argv[0] = 'x'; m()"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
 
 
@@ -252,7 +252,7 @@ def test_the_onnx_exporters_messages_are_hidden_unless_verbose(monkeypatch, tmp_
     """The exporter talks through print, warnings and its loggers ("Replaced initializer ...", which
     the command's log handler would show): none of it reaches the user unless verbose=true."""
     pytest.importorskip("onnxscript")
-    from vit_train import inference
+    from vit_train.tools import inference
 
     def chatty_export(*args, **kwargs):
         print("[torch.onnx] Obtain model graph")

@@ -35,7 +35,7 @@ def test_wheel_ships_every_config_file(installed):
 
 
 def test_installed_package_trains_from_another_directory(installed, tmp_path):
-    where = run_installed(installed, tmp_path, "-c", "import vit_train.cli as c; print(c.__file__, c._config_dir())")
+    where = run_installed(installed, tmp_path, "-c", "import vit_train.cli.train as c; print(c.__file__, c._config_dir())")
     assert where.returncode == 0, where.stderr
     module_file, config_dir = where.stdout.split()
     assert module_file.startswith(str(installed)) and config_dir.startswith(str(installed))

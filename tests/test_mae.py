@@ -11,10 +11,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vit_train.data.shapes import generate_shapes
 from vit_train.errors import ConfigError
-from vit_train.mae import (MaskedAutoencoder, MaskSampler, build_mae, mae_flops_per_image, num_visible, patch_targets,
-                           patchify, reconstruct, reconstruction_loss, unpatchify)
-from vit_train.mae_objective import MaeObjective
-from vit_train.model import VisionTransformer
+from vit_train.models.mae import MaskedAutoencoder, MaskSampler, build_mae, mae_flops_per_image, num_visible, patch_targets, patchify, reconstruct, reconstruction_loss, unpatchify
+from vit_train.objectives.mae import MaeObjective
+from vit_train.models.vit import VisionTransformer
 
 
 def small_mae(pool: str = "cls", mask_ratio: float = 0.75, img_size: int = 16, patch_size: int = 4,
@@ -93,7 +92,7 @@ def test_encoder_flops_are_the_visible_share_of_a_full_pass(img_size, patch_size
 
 
 def test_training_flops_of_mae_are_far_below_classification(make_config):
-    from vit_train.throughput import flops_per_image
+    from vit_train.train.throughput import flops_per_image
 
     cfg = make_config(model={"embed_dim": 192, "depth": 12, "num_heads": 3, "img_size": 32, "patch_size": 4})
     mae, full = mae_flops_per_image(cfg), flops_per_image(cfg.model, 10)
@@ -252,7 +251,7 @@ def test_a_classifier_starts_from_the_mae_encoder_with_a_new_head(tmp_path, capl
     """model.pretrained on an MAE checkpoint (or its run directory): the encoder's tensors are loaded, the
     decoder dropped, the head new; fixed sin-cos positions of the pre-training become the learned
     positions' start (as facebookresearch/mae fine-tunes; xplip/pixel#8)."""
-    from vit_train.pretrained import load_pretrained
+    from vit_train.models.pretrained import load_pretrained
 
     mae = small_mae(pos_embed="sincos2d")
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
@@ -320,7 +319,7 @@ def test_unlabelled_folders_that_cannot_work_are_explained(tmp_path):
 def test_facebookresearch_mae_checkpoints_load_their_encoder(tmp_path):
     """The official MAE files hold flat keys plus mask_token and decoder_* (quanlin-wu/dmae#3, Oneflow-Inc/libai#258:
     a strict load fails on them and on the missing head): the encoder loads, the rest is ignored, the head is new."""
-    from vit_train.pretrained import load_pretrained
+    from vit_train.models.pretrained import load_pretrained
 
     mae = small_mae()
     flat = {k.removeprefix("encoder."): v for k, v in mae.state_dict().items() if k.startswith("encoder.")}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vit_train.errors import ConfigError
-from vit_train.trainer import train
+from vit_train.train.trainer import train
 
 MAE = {"name": "mae"}
 SMALL_DECODER = {"decoder_dim": 16, "decoder_depth": 1, "decoder_heads": 2}
@@ -113,7 +113,7 @@ def test_a_classification_run_starts_from_the_pretraining_run(tmp_path, make_con
 
 
 def test_vit_eval_on_a_pretraining_checkpoint_reports_its_loss_and_draws_reconstructions(tmp_path, make_config):
-    from vit_train.report import evaluate_checkpoint
+    from vit_train.tools.report import evaluate_checkpoint
 
     results = train(make_config(objective=MAE, mae=SMALL_DECODER, trainer={"max_steps": 2}), tmp_path)
     report = evaluate_checkpoint(tmp_path / "checkpoints" / "last.pt", attention_images=4, progress=False)
@@ -124,8 +124,8 @@ def test_vit_eval_on_a_pretraining_checkpoint_reports_its_loss_and_draws_reconst
 
 
 def test_mae_keys_without_the_mae_objective_get_the_no_effect_warning():
-    from vit_train.config import Config
-    from vit_train.unused_keys import ignored_keys
+    from vit_train.config.schema import Config
+    from vit_train.config.unused_keys import ignored_keys
 
     assert ignored_keys(Config.from_dict({"mae": {"mask_ratio": 0.5}})) == [
         "mae.mask_ratio=0.5 has no effect with objective=classify; it applies only to objective=mae"]
@@ -133,7 +133,7 @@ def test_mae_keys_without_the_mae_objective_get_the_no_effect_warning():
 
 
 def test_predict_and_onnx_export_refuse_a_pretraining_checkpoint_in_one_line(tmp_path, make_config):
-    from vit_train.inference import export_onnx, load_for_inference, predict
+    from vit_train.tools.inference import export_onnx, load_for_inference, predict
 
     train(make_config(objective=MAE, mae=SMALL_DECODER, trainer={"max_steps": 1}), tmp_path)
     model, cfg, ckpt, _ = load_for_inference(tmp_path / "checkpoints" / "last.pt")

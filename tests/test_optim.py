@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 
-from vit_train.config import OptimConfig, ScheduleConfig
-from vit_train.model import VisionTransformer
-from vit_train.optim import build_optimizer, build_scheduler, param_groups
+from vit_train.config.schema import OptimConfig, ScheduleConfig
+from vit_train.models.vit import VisionTransformer
+from vit_train.train.optim import build_optimizer, build_scheduler, param_groups
 
 
 def test_no_weight_decay_on_norms_biases_pos_embed_and_cls_token():

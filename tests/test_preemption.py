@@ -72,7 +72,7 @@ def test_a_handler_installed_before_gets_the_signal_after_the_stop():
     import os
     import signal
 
-    from vit_train.preemption import StopRequest
+    from vit_train.runtime.preemption import StopRequest
 
     called = []
     before = signal.signal(signal.SIGUSR1, lambda signum, frame: called.append(signum))
@@ -93,9 +93,9 @@ class InjectedFault(RuntimeError):
 def test_a_real_error_after_a_stop_signal_surfaces(tmp_path, make_config, monkeypatch, where):
     """A signal arrives during step 2; then that step, the eval at step 2 or the save after it fails.
     The stop must not hide the failure: the loader's error handling covers the fetch only."""
-    from vit_train import checkpoint
-    from vit_train.model import VisionTransformer
-    from vit_train.trainer import train
+    from vit_train.outputs import checkpoint
+    from vit_train.models.vit import VisionTransformer
+    from vit_train.train.trainer import train
 
     forward, calls = VisionTransformer.forward, []
 
@@ -120,7 +120,7 @@ def test_a_real_error_after_a_stop_signal_surfaces(tmp_path, make_config, monkey
     monkeypatch.setattr(VisionTransformer, "forward", faulty_forward)
     if where == "save":
         monkeypatch.setattr(checkpoint, "save_run_checkpoint", faulty_save)
-        monkeypatch.setattr("vit_train.trainer.save_run_checkpoint", faulty_save, raising=False)
+        monkeypatch.setattr("vit_train.train.trainer.save_run_checkpoint", faulty_save, raising=False)
     cfg = make_config(trainer={"eval_every": 2})
     with pytest.raises(InjectedFault):
         train(cfg, tmp_path / "run")

@@ -11,8 +11,8 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
 from vit_train.errors import ConfigError
-from vit_train.model import VisionTransformer
-from vit_train.pretrained import load_pretrained
+from vit_train.models.vit import VisionTransformer
+from vit_train.models.pretrained import load_pretrained
 
 SHAPE = dict(patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
 

@@ -15,9 +15,9 @@ import pytest
 import yaml
 from conftest import TINY, vit_train
 
-from vit_train import progress
-from vit_train.progress import LineProgress, interactive, progress_bar, progress_iter
-from vit_train.trainer import train
+from vit_train.runtime import progress
+from vit_train.runtime.progress import LineProgress, interactive, progress_bar, progress_iter
+from vit_train.train.trainer import train
 
 
 class Terminal(io.StringIO):

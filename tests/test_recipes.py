@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from conftest import composed
-from vit_train.config import Config, config_dir
-from vit_train.trainer import train
+from vit_train.config.schema import Config, config_dir
+from vit_train.train.trainer import train
 
 RECIPES = sorted(path.stem for path in (Path(config_dir()) / "experiment").glob("*.yaml"))
 
@@ -26,7 +26,7 @@ def test_every_recipe_runs_a_few_steps(recipe, tmp_path, image_folder):
     plain["trainer"].update(max_steps=2, device="cpu", progress=False, log_every=1, compile=False, viz_every=None)
     if plain["objective"]["name"] == "distill":  # a distillation recipe names its teacher on the command line
         import torch
-        from vit_train.cnn import build_resnet
+        from vit_train.models.cnn import build_resnet
 
         classes = 3 if data["name"] == "imagefolder" else 10
         torch.save(build_resnet("resnet18", classes, 16).state_dict(), tmp_path / "teacher.pth")

@@ -8,15 +8,15 @@ import signal
 import pytest
 import torch
 
-import vit_train.checkpoint as checkpoint_module
-from vit_train.checkpoint import check_classes, check_compatible, load_checkpoint, save_checkpoint
+import vit_train.outputs.checkpoint as checkpoint_module
+from vit_train.outputs.checkpoint import check_classes, check_compatible, load_checkpoint, save_checkpoint
 from vit_train.data.datasets import TransformedDataset
 from vit_train.errors import CheckpointError, RunStopped
-from vit_train.model import build_model
-from vit_train.preemption import StopRequest
-from vit_train.state import restore_rng
-from vit_train.weights import export_safetensors, load_weights
-from vit_train.trainer import train
+from vit_train.models.vit import build_model
+from vit_train.runtime.preemption import StopRequest
+from vit_train.train.state import restore_rng
+from vit_train.outputs.weights import export_safetensors, load_weights
+from vit_train.train.trainer import train
 
 # Everything a resumed run must reproduce; timing fields (images_seen, train_seconds) aside.
 EXACT_KEYS = ("model", "optimizer", "scheduler", "scaler", "ema", "epoch", "step", "batch_in_epoch", "best_top1",
@@ -149,10 +149,10 @@ def nan_images_for(monkeypatch, poisoned):
 def use_fused_adamw(monkeypatch) -> None:
     """AdamW with fused=True on the CPU: the path a CUDA run takes, where non-finite steps are
     skipped on the device by the fused kernel and counted without a host sync."""
-    import vit_train.run as run_module
+    import vit_train.train.run as run_module
 
     def build(model, cfg, device, lr=None):
-        from vit_train.optim import param_groups
+        from vit_train.train.optim import param_groups
 
         return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=lr, fused=True)
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 import torchvision
 
-from vit_train.cnn import build_resnet
+from vit_train.models.cnn import build_resnet
 from vit_train.errors import ConfigError
-from vit_train.trainer import train
+from vit_train.train.trainer import train
 
 
 @pytest.mark.parametrize("arch", ["resnet18", "resnet50"])
@@ -32,8 +32,8 @@ def test_small_images_get_a_3x3_stem_without_max_pool(arch, params):
 
 def test_a_resnet_trains_evaluates_and_exports(tmp_path, make_config):
     pytest.importorskip("onnxscript")
-    from vit_train.inference import export, load_for_inference
-    from vit_train.report import evaluate_checkpoint
+    from vit_train.tools.inference import export, load_for_inference
+    from vit_train.tools.report import evaluate_checkpoint
 
     cfg = make_config(model={"arch": "resnet18", "name": "resnet18"}, optim={"name": "sgd", "lr": 0.05},
                       trainer={"max_steps": 3})
@@ -58,8 +58,8 @@ def test_vit_only_options_on_a_resnet_are_refused(make_config, extra, message):
 
 
 def test_vit_keys_on_a_resnet_get_a_warning():
-    from vit_train.config import Config
-    from vit_train.unused_keys import ignored_keys
+    from vit_train.config.schema import Config
+    from vit_train.config.unused_keys import ignored_keys
 
     assert ignored_keys(Config.from_dict({"model": {"arch": "resnet18", "reg_tokens": 4}})) == [
         "model.reg_tokens=4 has no effect with model.arch=resnet18; it applies only to ViTs (model.arch=vit)"]

@@ -17,15 +17,15 @@ import sys
 import pytest
 import torch
 
-import vit_train.trainer as trainer_module
+import vit_train.train.trainer as trainer_module
 from conftest import logged, vit_train
-from vit_train.config import AugConfig
+from vit_train.config.schema import AugConfig
 from vit_train.data import SHAPES_STATS
-from vit_train.data.device import DeviceTrainPipeline
+from vit_train.data.on_device import DeviceTrainPipeline
 from vit_train.data.sampler import EpochSampler
 from vit_train.data.shapes import generate_shapes
 from vit_train.errors import ConfigError
-from vit_train.trainer import train
+from vit_train.train.trainer import train
 
 SIZE = 128  # training images; 16x16 shapes
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vit_train.config import ModelConfig
+from vit_train.config.schema import ModelConfig
 from vit_train.data import build_data
 from vit_train.data.mix import BatchMix
 from vit_train.errors import ConfigError
-from vit_train.throughput import flops_per_image, peak_tflops
-from vit_train.trainer import train
+from vit_train.train.throughput import flops_per_image, peak_tflops
+from vit_train.train.trainer import train
 
 CPU = torch.device("cpu")
 
@@ -113,7 +113,7 @@ def test_peak_flops_come_from_the_table_or_the_config():
 
 
 def test_cpu_threads_come_from_the_setting_the_environment_or_the_cpu_share(monkeypatch, tmp_path):
-    from vit_train.cpu import cpu_threads, usable_cpus
+    from vit_train.runtime.cpu import cpu_threads, usable_cpus
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)

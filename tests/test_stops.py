@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from vit_train.errors import DataError, RunStopped
-from vit_train.trainer import train
+from vit_train.train.trainer import train
 
 
 class Terminal(io.StringIO):
@@ -41,7 +41,7 @@ def image_folder(root, train=4, val=2):
 
 def stop_at_second_step(monkeypatch):
     """SIGUSR1 during the second training forward, as a cluster's pre-emption notice would arrive."""
-    from vit_train.model import VisionTransformer
+    from vit_train.models.vit import VisionTransformer
 
     forward, calls = VisionTransformer.forward, []
 
@@ -127,7 +127,7 @@ def test_bad_data_found_mid_run_leaves_a_failed_record_and_a_line_of_its_own(tmp
                                                                             terminal):
     """A val image goes bad after the run has started (a disk or mount gone bad): the first evaluation,
     with the epoch's bar still drawn, stops the run. The bar is gone before the message."""
-    import vit_train.run as run_module
+    import vit_train.train.run as run_module
     from vit_train.data import build_data
 
     image_folder(tmp_path / "data")

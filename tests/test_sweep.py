@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from conftest import TINY, vit_train
-from vit_train.cli import check_override_keys
+from vit_train.cli.train import check_override_keys
 from vit_train.errors import ConfigError
-from vit_train.sweep import claim_device
+from vit_train.sweeps.job import claim_device
 
 SHORT = [*TINY, "trainer.epochs=1"]  # 4 steps per job
 
@@ -81,7 +81,7 @@ def test_a_failing_job_is_recorded_the_others_finish_and_the_exit_status_says_so
     named = ("1 of 3 jobs did not complete: job 1 failed (model.img_size (16) must be divisible by "
              "model.patch_size (5))")
     assert f"vit-train: {named}" in done.stderr
-    summary = subprocess.run([sys.executable, "-c", "from vit_train.sweep_summary import main; main()",
+    summary = subprocess.run([sys.executable, "-c", "from vit_train.sweeps.summary import main; main()",
                               str(sweep_dir)],
                              capture_output=True, text=True)
     assert summary.returncode == 1 and "| 1 | failed |" in summary.stdout
@@ -105,7 +105,7 @@ def test_a_masked_autoencoder_sweep_minimises_its_reconstruction_loss(tmp_path):
     with open(sweep_dir / "summary.csv") as f:
         assert [float(row["objective"]) for row in csv.DictReader(f)] == losses  # lowest first
     (sweep_dir / "summary.csv").unlink()
-    again = subprocess.run([sys.executable, "-c", "from vit_train.sweep_summary import main; main()",
+    again = subprocess.run([sys.executable, "-c", "from vit_train.sweeps.summary import main; main()",
                             str(sweep_dir)],
                            capture_output=True, text=True)  # no --objective: the sweep's own, best_loss
     assert again.returncode == 0 and "sorted by best_loss (minimize)" in again.stdout, again.stdout + again.stderr

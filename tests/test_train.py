@@ -6,10 +6,10 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import logged, model_weights
-from vit_train.checkpoint import REQUIRED_KEYS
+from vit_train.outputs.checkpoint import REQUIRED_KEYS
 from vit_train.errors import CheckpointError, ConfigError
-from vit_train.state import build_ema
-from vit_train.trainer import train
+from vit_train.train.state import build_ema
+from vit_train.train.trainer import train
 
 
 def tb_steps(run_dir, tag):

@@ -7,10 +7,10 @@ import itertools
 import pytest
 import torch
 
-from vit_train.model import VisionTransformer
-from vit_train.probe import set_trainable
-from vit_train.trainer import train
-from vit_train.attention import attention_rollout, pooled_attention
+from vit_train.models.vit import VisionTransformer
+from vit_train.models.probe import set_trainable
+from vit_train.train.trainer import train
+from vit_train.viz.attention import attention_rollout, pooled_attention
 
 SMALL = dict(img_size=32, patch_size=8, num_classes=10, embed_dim=32, depth=2, num_heads=2)
 OPTIONS = [dict(reg_tokens=4), dict(init_values=1e-5), dict(qk_norm=True),
@@ -125,7 +125,7 @@ def test_rollout_reads_the_rows_the_heads_read():
 def test_onnx_export_of_a_model_with_every_option_matches_pytorch(tmp_path):
     pytest.importorskip("onnxscript")
     pytest.importorskip("onnxruntime")
-    from vit_train.inference import export_onnx
+    from vit_train.tools.inference import export_onnx
 
     model = randomized(VisionTransformer(**SMALL, reg_tokens=2, init_values=0.5, qk_norm=True, distilled=True))
     result = export_onnx(model, 32, tmp_path / "model.onnx")
@@ -179,7 +179,7 @@ def test_linear_probe_trains_only_the_heads_with_features_in_eval_mode():
 
 def test_figures_of_a_model_with_registers_and_a_distillation_token():
     pytest.importorskip("matplotlib")
-    from vit_train.visualize import model_figures
+    from vit_train.viz.figures import model_figures
 
     model = randomized(VisionTransformer(**SMALL, reg_tokens=2, distilled=True))
     figures = model_figures(model, torch.randn(2, 3, 32, 32), torch.tensor([0, 1]), [str(i) for i in range(10)],
@@ -190,7 +190,7 @@ def test_figures_of_a_model_with_registers_and_a_distillation_token():
 @pytest.mark.parametrize("pool", ["cls", "mean"])
 def test_the_mae_encoder_keeps_every_prefix_token(pool):
     """MAE's visible-only encoder prepends the model's own prefix tokens (class, registers) with their positions."""
-    from vit_train.mae import MaskedAutoencoder
+    from vit_train.models.mae import MaskedAutoencoder
 
     encoder = randomized(VisionTransformer(**{**SMALL, "num_classes": 0}, pool=pool, reg_tokens=3, qk_norm=True,
                                            init_values=0.5))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from .errors import ConfigError, UserError
+from vit_train.errors import ConfigError, UserError
 
 # Module -> the extra that installs it.
 EXTRAS = {"matplotlib": "viz", "safetensors": "export", "onnx": "export", "onnxscript": "export",

@@ -49,7 +49,7 @@ def part(args: argparse.Namespace) -> int:
 def launch(args: argparse.Namespace) -> None:
     import torch
 
-    from vit_train.data.device import DeviceTrainPipeline
+    from vit_train.data.on_device import DeviceTrainPipeline
 
     batches = DeviceTrainPipeline.__iter__
     fetched = [0]
@@ -65,7 +65,7 @@ def launch(args: argparse.Namespace) -> None:
 
     DeviceTrainPipeline.__iter__ = faulty
     sys.argv = ["vit-train", *args.overrides]
-    from vit_train.cli import train_main
+    from vit_train.cli.train import train_main
 
     train_main()
 
@@ -77,8 +77,8 @@ def ddp(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from vit_train.config import ModelConfig
-    from vit_train.model import build_model
+    from vit_train.config.schema import ModelConfig
+    from vit_train.models.vit import build_model
 
     cuda = torch.cuda.is_available() and not args.cpu
     local = int(os.environ["LOCAL_RANK"])

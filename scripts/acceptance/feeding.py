@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from vit_train.config import Config
+from vit_train.config.schema import Config
 from vit_train.data import build_data
 
 from .folders import write_cifar_folder, write_jpeg_folder

@@ -1,7 +1,7 @@
 """What a part writes (`Recorder`) and how it runs the project's commands (`run_command`).
 
 Parts call vit-train and vit-eval through their entry points in a subprocess, as a user would:
-`python -m vit_train` is `vit-train`, and `vit_train.commands.eval_main` is `vit-eval` (the
+`python -m vit_train` is `vit-train`, and `vit_train.cli.commands.eval_main` is `vit-eval` (the
 device machine has the code but no installed console scripts).
 """
 
@@ -167,7 +167,7 @@ def vit_train_injected(nan_at: int | None, stop_at: int | None, *overrides: str)
 
 
 def vit_eval(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from vit_train.commands import eval_main; eval_main()", *args]
+    return [sys.executable, "-c", "from vit_train.cli.commands import eval_main; eval_main()", *args]
 
 
 def torchrun(*args: str) -> list[str]:

@@ -3,7 +3,7 @@ VisionTransformer of the same shape and weights, in one process, on synthetic da
 eager and compiled (torch.compile default mode, then max-autotune while time is left).
 
 The measurement is scripts/benchmark.py's (`compare`: full training steps with fused AdamW,
-interleaved rounds, medians); FLOPs per image are vit_train.throughput's, the peak its table's.
+interleaved rounds, medians); FLOPs per image are vit_train.train.throughput's, the peak its table's.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from vit_train.model import build_model
-from vit_train.throughput import flops_per_image, peak_tflops
+from vit_train.models.vit import build_model
+from vit_train.train.throughput import flops_per_image, peak_tflops
 
 from .record import Recorder
 

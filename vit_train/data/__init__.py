@@ -11,20 +11,18 @@ from typing import Iterable
 import torch
 from torch.utils.data import DataLoader
 
-from ..config import Config
-from ..errors import ConfigError, DataError
-from . import cifar, imagefolder
-from .device import DeviceEvalPipeline, DeviceTrainPipeline
-from .datasets import TensorImages, TransformedDataset
-from .sampler import EpochSampler, ShardSampler
-from .shapes import CLASS_NAMES as SHAPES_CLASSES, generate_shapes
-from .transforms import build_transforms
-from .unreadable import CheckedLoader, UnreadableImages
+from vit_train.config.schema import Config
+from vit_train.errors import ConfigError, DataError
+from vit_train.data import cifar, imagefolder
+from vit_train.data.preprocess import SHAPES_STATS, data_stats  # noqa: F401 (SHAPES_STATS: public)
+from vit_train.data.on_device import DeviceEvalPipeline, DeviceTrainPipeline
+from vit_train.data.datasets import TensorImages, TransformedDataset
+from vit_train.data.sampler import EpochSampler, ShardSampler
+from vit_train.data.shapes import CLASS_NAMES as SHAPES_CLASSES, generate_shapes
+from vit_train.data.transforms import build_transforms
+from vit_train.data.unreadable import CheckedLoader, UnreadableImages
 
 log = logging.getLogger("vit_train")
-
-SHAPES_STATS = ((0.28, 0.28, 0.28), (0.236, 0.236, 0.236))  # measured on 10k images; the same at any size
-
 
 @dataclass
 class Data:
@@ -52,13 +50,6 @@ def _worker_signals(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
-
-
-def data_stats(name: str) -> tuple:
-    """(mean, std) per channel with which the data set's images are normalised."""
-    if name == "shapes":
-        return SHAPES_STATS
-    return cifar.STATS[name] if name in cifar.FORMATS else imagefolder.STATS
 
 
 def load_splits(cfg: Config):

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torchvision.datasets.utils import download_and_extract_archive
 
-from ..errors import DataError
+from vit_train.errors import DataError
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import DataError
-from .imagefolder import UnreadableImage
+from vit_train.errors import DataError
+from vit_train.data.imagefolder import UnreadableImage
 
 
 MAX_REPLACEMENTS = 16  # unreadable images in a row before loading gives up

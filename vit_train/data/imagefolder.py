@@ -9,8 +9,8 @@ from pathlib import Path
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from ..errors import DataError
-from .decode import IMAGE_ERRORS, open_rgb
+from vit_train.errors import DataError
+from vit_train.data.decode import IMAGE_ERRORS, open_rgb
 
 log = logging.getLogger("vit_train")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torchvision.transforms import v2
 
-from ..config import AugConfig
-from ..preprocess import eval_transform, spec
+from vit_train.config.schema import AugConfig
+from vit_train.data.preprocess import eval_transform, spec
 
 
 

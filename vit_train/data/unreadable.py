@@ -9,8 +9,8 @@ from typing import Iterator
 import torch
 from torch.utils.data import DataLoader
 
-from ..errors import DataError
-from .imagefolder import describe_unreadable
+from vit_train.errors import DataError
+from vit_train.data.imagefolder import describe_unreadable
 
 log = logging.getLogger("vit_train")
 

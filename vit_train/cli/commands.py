@@ -1,0 +1,168 @@
+"""vit-eval, vit-predict and vit-export: key=value arguments in the style of vit-train's overrides.
+
+    vit-eval ckpt=PATH [data=cifar10] [data.root=...] [model.img_size=N] [weights=auto|model|ema]
+             [attention.images=8] [out=DIR] [--json]
+    vit-predict ckpt=PATH images=[a.jpg,b.png] [top_k=5] [weights=auto|model|ema] [--json]
+    vit-export ckpt=PATH format=safetensors|onnx [out=PATH] [weights=auto|model|ema] [verbose=true]
+
+Bad input ends with one line on stderr and exit status 2, as for vit-train.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.handlers
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import OmegaConf
+
+from vit_train.config.schema import Config, config_dir, known_keys, run_dir_of, unknown_key_message
+from vit_train.errors import ConfigError, UserError, exit_with
+
+CONFIG_SECTIONS = ("data", "trainer")  # what vit-eval may change in a checkpoint's config
+CONFIG_KEYS = ("model.img_size",)  # and these keys: another resolution, positions interpolated
+
+
+def parse_args(argv: list[str], options: dict[str, Any], config: bool = False) -> tuple[dict, dict]:
+    """(options, config overrides) from key=value arguments.
+
+    `options` maps each option to its default (... = required). With `config`, `data=NAME` picks a
+    data group file and `data.KEY=VALUE` / `trainer.KEY=VALUE` override single keys.
+    """
+    from vit_train.cli.train import parse_override  # values are read as vit-train reads its overrides (Hydra's grammar)
+
+    values, overrides = dict(options), {}
+    valid = known_keys()
+    for arg in argv:
+        if "=" not in arg:
+            raise ConfigError(f"'{arg}' is not key=value (options: {', '.join(options)}); a value with spaces "
+                              f"needs quotes, e.g. \"ckpt='/path/my run/last.pt'\"")
+        key, value = parse_override(arg)
+        if key in options:
+            values[key] = value
+        elif config and key in CONFIG_SECTIONS:
+            overrides[key] = group_file(key, str(value))
+        elif config and (key.split(".")[0] in CONFIG_SECTIONS or key in CONFIG_KEYS):
+            if key not in valid:
+                raise ConfigError(unknown_key_message(key, valid))
+            section, leaf = key.split(".", 1)
+            overrides.setdefault(section, {})[leaf] = value
+        else:
+            extra = ", or data=NAME / data.KEY=VALUE / trainer.KEY=VALUE / model.img_size=N" if config else ""
+            raise ConfigError(f"unknown option '{key}' (options: {', '.join(options)}{extra})")
+    missing = [k for k, v in values.items() if v is ...]
+    if missing:
+        raise ConfigError(f"missing {', '.join(f'{k}=...' for k in missing)}")
+    return values, overrides
+
+
+def group_file(group: str, name: str) -> dict:
+    """The whole `group` section as option `name` makes it: the schema's defaults, then what the
+    option's YAML file sets (as vit-train composes it)."""
+    path = Path(config_dir()) / group / f"{name}.yaml"
+    if not path.is_file():
+        choices = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ConfigError(f"no {group} option '{name}' (choices: {', '.join(choices)})")
+    plain = OmegaConf.to_container(OmegaConf.load(path)) or {}  # YAML as Hydra reads it (5e-4 is a number)
+    plain.pop("defaults", None)
+    return {**Config().to_dict()[group], **plain}
+
+
+def run(prog: str, work: Callable[[list[str]], tuple[Any, Callable[[Any], str]]]) -> None:
+    """Run a command's work, which returns (results, a function rendering them as text): prints the
+    text, or with --json the results as JSON. Bad input becomes one line on stderr and exit status 2:
+    the work's log lines (which weights, which size) are held back until it succeeds."""
+    held = logging.handlers.MemoryHandler(capacity=10_000, flushLevel=logging.CRITICAL + 1)
+    stderr = logging.StreamHandler(sys.stderr)
+    stderr.setFormatter(logging.Formatter("%(message)s"))
+    held.setTarget(stderr)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[held], force=True)
+    logging.getLogger("vit_train").setLevel(logging.INFO)
+    argv = sys.argv[1:]
+    if {"-h", "--help"} & set(argv):
+        print(__doc__.split("\n\n")[1].replace("    ", "", 1))
+        return
+    try:
+        results, render = work([a for a in argv if a != "--json"])
+    except UserError as e:
+        held.buffer.clear()
+        exit_with(prog, e)
+    held.flush()
+    held.capacity = 0  # from here on, lines go out as they come
+    print(json.dumps(results, indent=2) if "--json" in argv else render(results))
+
+
+def _eval(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
+    opts, overrides = parse_args(argv, {"ckpt": ..., "weights": "auto", "attention.images": 8, "out": None,
+                                        "progress": True}, config=True)
+    from vit_train.tools.report import evaluate_checkpoint  # torch is imported only once the arguments are known to be valid
+
+    return evaluate_checkpoint(str(opts["ckpt"]), overrides, opts["weights"], int(opts["attention.images"]),
+                               opts["out"], bool(opts["progress"])), eval_text
+
+
+def eval_text(results: dict) -> str:
+    weights = {"ema": "EMA weights", "model": "model weights"}[results["weights"]]
+    written = f"\n\nwritten to {results['out_dir']}: metrics.json" + "".join(f", {Path(f).name}" for f in results["figures"])
+    if results.get("objective") == "mae":
+        return (f"{results['checkpoint']} (step {results['step']}, {weights}) on {results['data']} val: masked-"
+                f"autoencoder reconstruction loss {results['loss']:.4f} (masked patches, fixed masks){written}")
+    width = max(len(name) for name in results["per_class"])
+    counts = [sum(row) for row in results["confusion"]]
+    lines = [f"{results['checkpoint']} (step {results['step']}, {weights}) on {results['data']} val, "
+             f"{results['images']} images",
+             f"top-1 {results['top1']:.2f}%   top-5 {results['top5']:.2f}%   loss {results['loss']:.4f}\n",
+             f"{'class':<{width}}  top-1    images"]
+    lines += [f"{name:<{width}}  {'-' if acc is None else f'{acc:5.1f}%'}  {count:>7}"
+              for (name, acc), count in zip(results["per_class"].items(), counts)]
+    return "\n".join(lines) + (f"\n\nwritten to {results['out_dir']}: metrics.json" +
+                               "".join(f", {Path(f).name}" for f in results["figures"]))
+
+
+def _predict(argv: list[str]) -> tuple[list, Callable[[list], str]]:
+    opts, _ = parse_args(argv, {"ckpt": ..., "images": ..., "top_k": 5, "weights": "auto"})
+    from vit_train.tools.inference import load_for_inference, predict
+
+    files = opts["images"] if isinstance(opts["images"], list) else [opts["images"]]
+    model, cfg, ckpt, _ = load_for_inference(str(opts["ckpt"]), opts["weights"])
+    results = predict(model, ckpt, cfg, [str(f) for f in files], int(opts["top_k"]))
+    return results, lambda results: "\n".join(r["file"] + ": " + ", ".join(f"{t['class']} {t['probability']:.3f}"
+                                                                         for t in r["top"]) for r in results)
+
+
+def _export(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
+    opts, _ = parse_args(argv, {"ckpt": ..., "format": "safetensors", "out": None, "weights": "auto",
+                                "verbose": False})
+    if opts["format"] not in ("safetensors", "onnx"):
+        raise ConfigError(f"format must be safetensors or onnx; got {opts['format']!r}")
+    from vit_train.outputs.checkpoint import checkpoint_file
+    from vit_train.tools.inference import export, load_for_inference
+
+    ckpt_path = checkpoint_file(str(opts["ckpt"]))
+    model, cfg, ckpt, source = load_for_inference(ckpt_path, opts["weights"])
+    fmt = str(opts["format"])
+    out = Path(opts["out"]).expanduser() if opts["out"] else run_dir_of(str(ckpt_path)) / "export" / f"{ckpt_path.stem}.{fmt}"
+    return export(model, cfg, ckpt, source, fmt, out, bool(opts["verbose"])), export_text
+
+
+def export_text(result: dict) -> str:
+    checked = ""
+    if result["format"] == "onnx":
+        checked = (f"; outputs match PyTorch's (max abs diff {result['max_abs_diff']:.1e})" if result["checked"]
+                   else "; not checked (pip install onnxruntime)")
+    return f"wrote {result['path']} ({result['format']}, {result['weights']} weights){checked}"
+
+
+def eval_main() -> None:
+    run("vit-eval", _eval)
+
+
+def predict_main() -> None:
+    run("vit-predict", _predict)
+
+
+def export_main() -> None:
+    run("vit-export", _export)

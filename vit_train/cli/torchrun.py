@@ -1,0 +1,47 @@
+"""The run directory torchrun's processes share: rank 0's (Hydra's timestamp can differ between
+processes started a second apart), found again after an elastic restart."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from vit_train.config.schema import Config
+from vit_train.outputs import rundir
+from vit_train.runtime import distributed
+
+log = logging.getLogger("vit_train")
+
+
+def shared_run_dir(config: Config, run_dir: Path) -> Path:
+    """Join the process group and use rank 0's run directory (Hydra's timestamp can differ between
+    processes started a second apart); an elastic restart (torchrun --max-restarts) resumes: sets
+    `config.resume` to auto. Rank 0 takes the lock of the directory for all processes."""
+    ctx = distributed.setup(config.trainer.device)
+    run_id, restart = os.environ.get("TORCHELASTIC_RUN_ID", ""), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    chosen = run_dir
+    if ctx.is_main and restart and run_id:  # the directory the first attempt of this torchrun chose
+        for marker in run_dir.parent.parent.glob("*/*/.torchrun_run_id"):
+            if marker.read_text() == run_id:
+                chosen = marker.parent
+    shared = Path(distributed.broadcast(str(chosen)))
+    if shared != run_dir and run_dir.is_dir() and unused(run_dir):
+        rundir.release(run_dir)
+        shutil.rmtree(run_dir, ignore_errors=True)  # the directory Hydra made for this process (or all), unused
+    if ctx.is_main:
+        rundir.acquire(shared)  # rank 0 holds the lock for every process
+    if ctx.is_main and run_id:
+        shared.mkdir(parents=True, exist_ok=True)
+        (shared / ".torchrun_run_id").write_text(run_id)
+    if restart and config.resume is None:
+        config.resume = "auto"
+        if ctx.is_main:
+            log.info("restart %d of the process group: resuming in %s", restart, shared)
+    return shared
+
+
+def unused(run_dir: Path) -> bool:
+    """Whether `run_dir` holds nothing but Hydra's record and the lock: no run has written into it."""
+    return {p.name for p in run_dir.iterdir()} <= {".hydra", rundir.LOCK_NAME}

@@ -1,0 +1,49 @@
+"""The one evaluation preprocessing: how an image becomes the model's input outside training's
+augmentation. Training's evaluation (loader and on-device pipelines), vit-eval and vit-predict all
+use it, and checkpoints and exported weights carry its spec, so a model is always fed the same way.
+
+The spec, as plain data: resize the short side to `resize` pixels, centre-crop `size`, scale to
+[0, 1], normalise by `mean` and `std`. Image folders use the ImageNet convention (resize to
+size / 0.875, then crop); the small-image sets (CIFAR, shapes) are evaluated at full frame.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torchvision.transforms import v2
+
+from vit_train.config.schema import Config
+from vit_train.data import cifar, imagefolder
+
+SHAPES_STATS = ((0.28, 0.28, 0.28), (0.236, 0.236, 0.236))  # measured on 10k images; the same at any size
+CROP_FRACTION = 0.875  # the centre crop's share of the resized side (ImageNet evaluation, since AlexNet)
+
+
+def spec(size: int, full_frame: bool, stats: tuple) -> dict[str, Any]:
+    """The spec for a model of input side `size`: full frame (small-image sets) or resize-and-crop;
+    `stats`: the (mean, std) per channel the model was trained with."""
+    mean, std = stats
+    return {"size": size, "resize": size if full_frame else int(size / CROP_FRACTION), "mean": list(mean),
+            "std": list(std)}
+
+
+def data_stats(name: str) -> tuple:
+    """(mean, std) per channel with which the data set's images are normalised."""
+    if name == "shapes":
+        return SHAPES_STATS
+    return cifar.STATS[name] if name in cifar.FORMATS else imagefolder.STATS
+
+
+def eval_spec(cfg: Config) -> dict[str, Any]:
+    """The spec for `cfg`'s model and data set."""
+    return spec(cfg.model.img_size, cfg.data.name != "imagefolder", data_stats(cfg.data.name))
+
+
+def eval_transform(spec: dict[str, Any]) -> v2.Compose:
+    """The spec as a transform of a PIL image, or of a (3, H, W) or (B, 3, H, W) uint8 tensor, to
+    normalised float32. Resizing happens before the conversion to a tensor, so a PIL image is
+    resized by PIL, as the training loader's evaluation always did."""
+    return v2.Compose([v2.Resize(spec["resize"], antialias=True), v2.CenterCrop(spec["size"]), v2.ToImage(),
+                       v2.RGB(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(spec["mean"], spec["std"])])

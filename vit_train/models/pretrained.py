@@ -1,0 +1,185 @@
+"""Start from saved weights (`model.pretrained`): a vit-train checkpoint or run directory (its
+checkpoints/last.pt), safetensors, a timm or DeiT state dict (plain or distilled), or torchvision's
+ViT (`vit_b_16`, `vit_l_16`, ...). From a masked-autoencoder run (objective mae) the encoder is taken
+(`encoder.` prefix stripped) and its decoder dropped; the head is new.
+
+Names are brought to timm's (ours): wrapper prefixes of DDP, DataParallel, AveragedModel
+(`module.`) and torch.compile (`_orig_mod.`) are removed at any depth and in any order, an outer
+prefix (Lightning's `model.`, ...) is removed, and torchvision's names are mapped to timm's.
+Keys that fit are loaded; learned position embeddings are resized by bicubic interpolation when the
+patch grid differs; prefix-token positions (class, distillation, register tokens) are matched by
+name; the head is left freshly initialised when the class count differs; keys this model lacks are
+ignored. Any other shape mismatch is an error that names the key.
+
+A distilled DeiT (timm's `deit_*_distilled_*`: `dist_token`, `head_dist`, two prefix positions)
+loaded into a model without a distillation token: the class token, its position and `head` are
+loaded; the distillation token, its position and `head_dist` are dropped (reported as ignored).
+Into a distilled model (`model.distilled=true`) everything loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from vit_train.outputs.weights import load_weights
+from vit_train.errors import ConfigError
+from vit_train.models.vit import VisionTransformer
+
+log = logging.getLogger("vit_train")
+
+WRAPPERS = ("module", "_orig_mod")  # DDP / DataParallel / AveragedModel, torch.compile
+ANCHOR = "patch_embed.proj.weight"  # every ViT state dict with timm's names has it
+# torchvision.models.VisionTransformer -> timm (torchvision/models/vision_transformer.py)
+TORCHVISION = [(re.compile(p), r) for p, r in (
+    (r"^class_token$", "cls_token"),
+    (r"^conv_proj\.", "patch_embed.proj."),
+    (r"^encoder\.pos_embedding$", "pos_embed"),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.ln_1\.", r"blocks.\1.norm1."),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.ln_2\.", r"blocks.\1.norm2."),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.self_attention\.in_proj_", r"blocks.\1.attn.qkv."),  # [q; k; v] rows
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.self_attention\.out_proj\.", r"blocks.\1.attn.proj."),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.mlp\.(?:0|linear_1)\.", r"blocks.\1.mlp.fc1."),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.mlp\.(?:3|linear_2)\.", r"blocks.\1.mlp.fc2."),
+    (r"^encoder\.ln\.", "norm."),
+    (r"^heads\.head\.", "head."),
+)]
+
+
+def timm_names(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], str]:
+    """`weights` under timm's names, and which naming they came in ("timm" or "torchvision")."""
+    weights = {".".join(p for p in k.split(".") if p not in WRAPPERS): v for k, v in weights.items()
+               if k.split(".")[-1] != "n_averaged"}
+    weights = encoder_weights(weights)
+    if "conv_proj.weight" not in weights and not any(k == ANCHOR for k in weights):
+        outer = next((k[: -len(ANCHOR)] for k in weights if k.endswith("." + ANCHOR)), None) or next(
+            (k[: -len("conv_proj.weight")] for k in weights if k.endswith(".conv_proj.weight")), None)
+        if outer:  # e.g. Lightning's "model.", a backbone attribute: keep what lies under it
+            weights = {k[len(outer):]: v for k, v in weights.items() if k.startswith(outer)}
+    if "conv_proj.weight" not in weights:
+        return weights, "timm"
+    renamed = {}
+    for key, value in weights.items():
+        for pattern, repl in TORCHVISION:
+            if pattern.search(key):
+                key = pattern.sub(repl, key)
+                break
+        renamed[key] = value
+    return renamed, "torchvision"
+
+
+def prefix_names(tokens: dict[str, torch.Tensor | None]) -> list[str]:
+    """Names of the prefix tokens in timm's order (class, distillation, registers) from their tensors."""
+    names = ["cls"] * (tokens.get("cls_token") is not None) + ["dist"] * (tokens.get("dist_token") is not None)
+    reg = tokens.get("reg_token")
+    return names + [f"reg{i}" for i in range(reg.shape[1] if reg is not None else 0)]
+
+
+def resize_pos_embed(pos: torch.Tensor, num_prefix: int, grid: int, source_prefix: int | None = None) -> torch.Tensor:
+    """Position embeddings (1, P + g*g, D) resized to `num_prefix` prefix tokens and a grid x grid patch grid.
+
+    The source's prefix count P is `source_prefix`, or when not given read from its length (0 or 1
+    class token); prefix positions are kept, dropped or added as zeros to match `num_prefix`.
+    """
+    tokens, dim = pos.shape[1], pos.shape[2]
+    if source_prefix is None:
+        source_prefix = 0 if math.isqrt(tokens) ** 2 == tokens else 1
+    side = math.isqrt(tokens - source_prefix)
+    if side * side != tokens - source_prefix:
+        raise ConfigError(f"pretrained pos_embed has {tokens} tokens, which is no square patch grid (plus {source_prefix} "
+                          f"prefix tokens); these weights do not come from a ViT of this kind")
+    prefix, patches = pos[:, :source_prefix], pos[:, source_prefix:]
+    if side != grid:
+        patches = patches.reshape(1, side, side, dim).permute(0, 3, 1, 2).float()
+        patches = F.interpolate(patches, size=(grid, grid), mode="bicubic", align_corners=False, antialias=side > grid)
+        patches = patches.permute(0, 2, 3, 1).reshape(1, grid * grid, dim).to(pos.dtype)
+    prefix = prefix[:, :num_prefix] if source_prefix >= num_prefix else torch.zeros(1, num_prefix, dim, dtype=pos.dtype)
+    return torch.cat([prefix, patches], dim=1)
+
+
+def map_pos_embed(pos: torch.Tensor, source: list[str], target: list[str], grid: int) -> torch.Tensor:
+    """Positions for the `target` prefix tokens (matched by name; zeros where the source has none)
+    and a grid x grid patch grid, from positions of the `source` prefix tokens and a square grid.
+    A source whose positions cover only the patches (timm's no_embed_class) has zeros for its tokens."""
+    tokens, dim = pos.shape[1], pos.shape[2]
+    embedded = next((n for n in (len(source), 0) if tokens >= n and math.isqrt(tokens - n) ** 2 == tokens - n), None)
+    if embedded is None:
+        raise ConfigError(f"pretrained pos_embed has {tokens} positions, which is no square patch grid after its "
+                          f"{len(source)} prefix tokens ({', '.join(source) or 'none'}); these weights do not come "
+                          f"from a ViT of this kind")
+    rows = dict(zip(source, pos[0, :embedded])) if embedded else {}
+    prefix = torch.stack([rows.get(name, pos.new_zeros(dim)) for name in target])[None] if target else pos[:, :0]
+    patches = resize_pos_embed(pos[:, embedded:], 0, grid, source_prefix=0)
+    return torch.cat([prefix, patches], dim=1)
+
+
+def encoder_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A masked autoencoder's state dict (encoder.*, decoder.*) -> its encoder's, as a VisionTransformer's;
+    any other state dict unchanged."""
+    if not any(k.startswith("encoder.") for k in weights) or not any(k.startswith("decoder.") for k in weights):
+        return weights
+    encoder = {k.removeprefix("encoder."): v for k, v in weights.items() if k.startswith("encoder.")}
+    log.info("model.pretrained holds a masked autoencoder: its encoder is loaded, its decoder (%d tensors) dropped",
+             len(weights) - len(encoder))
+    return encoder
+
+
+def load_pretrained(model: VisionTransformer, path: str | Path) -> dict[str, list[str]]:
+    """Load what fits of the weights in `path` into `model`; returns (and logs) what happened to each key."""
+    path = Path(path).expanduser()
+    if path.is_dir():  # a run directory: where that run ended
+        path = path / "checkpoints" / "last.pt" if (path / "checkpoints").is_dir() else path / "last.pt"
+    if not path.is_file():
+        raise ConfigError(f"model.pretrained={path} does not exist; give a vit-train run directory or checkpoint "
+                          f"(.pt), a .safetensors file, or a timm, DeiT or torchvision ViT state dict (.pth)")
+    weights, source = timm_names(load_weights(path)[0])
+    own = model.state_dict()
+    fixed_pos = not isinstance(getattr(model, "pos_embed", None), torch.nn.Parameter)
+    source_tokens, own_tokens = prefix_names(weights), prefix_names(dict(model.named_parameters()))
+    report: dict[str, list[str]] = {"loaded": [], "resized": [], "reinitialised": [], "ignored": []}
+    chosen = {}
+    for key, value in weights.items():
+        if key not in own or (key == "pos_embed" and fixed_pos):
+            report["ignored"].append(key)
+        elif key == "pos_embed" and (value.shape != own[key].shape or source_tokens != own_tokens):
+            chosen[key] = map_pos_embed(value, source_tokens, own_tokens, model.patch_embed.grid_size)
+            report["resized"].append(f"pos_embed {tuple(value.shape)} -> {tuple(own[key].shape)}")
+        elif value.shape == own[key].shape:
+            chosen[key] = value
+            report["loaded"].append(key)
+        elif key.startswith(("head.", "head_dist.", "fc.")):  # the ViT's heads, a ResNet's classifier
+            report["reinitialised"].append(f"{key} ({value.shape[0]} classes in the file, {own[key].shape[0]} here)")
+        else:
+            raise ConfigError(f"model.pretrained: {key} has shape {tuple(value.shape)} in {path.name} but "
+                              f"{tuple(own[key].shape)} in this model; set the model's embed_dim, depth, num_heads, "
+                              f"mlp_ratio and patch_size to those of the weights")
+    skipped = {k.split(" ")[0] for k in report["reinitialised"]}
+    report["reinitialised"] += [k for k in own if k not in weights and k not in skipped
+                                and not (k == "pos_embed" and fixed_pos)]
+    if not report["loaded"]:
+        names = ", ".join(list(weights)[:4])
+        raise ConfigError(f"model.pretrained: no tensor in {path} fits this model: it holds {len(weights)} tensors "
+                          f"named like {names}, not ViT weights from vit-train, timm, DeiT or torchvision")
+    model.load_state_dict(chosen, strict=False)
+    log.info("pretrained weights from %s (%s names): %d tensors loaded; resized: %s; re-initialised: %s; ignored: %s",
+             path, source, len(report["loaded"]), ", ".join(report["resized"]) or "none",
+             ", ".join(report["reinitialised"]) or "none", ", ".join(report["ignored"]) or "none")
+    return report
+
+
+def at_size(model: VisionTransformer, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`weights` with pos_embed fitted to `model`'s patch grid: learned positions resized (bicubic, prefix
+    positions kept), a fixed sin-cos table replaced by the model's own."""
+    own = model.state_dict().get("pos_embed")
+    if own is None or weights["pos_embed"].shape == own.shape:
+        return weights
+    if not isinstance(model.pos_embed, torch.nn.Parameter):
+        return {**weights, "pos_embed": own}
+    pos = resize_pos_embed(weights["pos_embed"], model.num_prefix_tokens, model.patch_embed.grid_size,
+                           source_prefix=model.num_prefix_tokens)
+    return {**weights, "pos_embed": pos}

@@ -1,0 +1,204 @@
+"""Knowledge distillation as in DeiT (Touvron et al. 2021, "Training data-efficient image transformers
+& distillation through attention"): the objective `objective.name=distill` and its frozen teacher.
+
+The loss is (1 - alpha) * CE(class head, labels) + alpha * L_teacher(distillation head, teacher):
+
+- hard: CE(distillation head, argmax of the teacher's logits) (DeiT's best; no label smoothing on
+  this branch, DeiT issue #56);
+- soft: tau^2 * KL(softmax(teacher / tau) || softmax(student / tau)), averaged over the images
+  (Hinton et al. 2015). DeiT's code divides that sum by the number of logits (batch x classes), which
+  makes the soft term 1000x weaker on ImageNet than the paper's formula (DeiT issues #61, #116,
+  #134); vit-train follows the formula.
+
+A student with `model.distilled=true` has the two heads (DeiT); any other model (a plain ViT, a
+ResNet) gets both terms on its single output (Hinton's distillation). The teacher sees the same
+(augmented, mixed) images as the student, under the same autocast, in eval mode and without
+gradients. It is not part of the model, so it is in no checkpoint; its path is in the config and its
+SHA-256 in the checkpoint (`state_dict`), which a resumed run checks (`load_state_dict`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vit_train.config.schema import Config, DistillConfig
+from vit_train.errors import CheckpointError, ConfigError
+
+log = logging.getLogger("vit_train")
+
+
+def distillation_loss(cls_logits: torch.Tensor, dist_logits: torch.Tensor, teacher_logits: torch.Tensor,
+                      targets: torch.Tensor, base: nn.Module, cfg: DistillConfig) -> torch.Tensor:
+    """DeiT's loss for logits (B, classes): `base` (the classification criterion, e.g. cross-entropy
+    with label smoothing) on the class head, the teacher term on the distillation head."""
+    if cfg.type == "hard":
+        teacher_term = F.cross_entropy(dist_logits, teacher_logits.argmax(dim=1))
+    else:
+        tau = cfg.tau
+        teacher_term = F.kl_div(F.log_softmax(dist_logits.float() / tau, dim=1),
+                                F.log_softmax(teacher_logits.float() / tau, dim=1),
+                                reduction="batchmean", log_target=True) * tau * tau
+    return (1 - cfg.alpha) * base(cls_logits, targets) + cfg.alpha * teacher_term
+
+
+class Distill:
+    """The `distill` objective: (module, images, targets) -> (loss, logits for the training top-1)."""
+
+    def __init__(self, teacher: nn.Module, cfg: DistillConfig, label_smoothing: float, two_heads: bool,
+                 info: dict[str, Any]):
+        self.teacher, self.cfg, self.two_heads = teacher, cfg, two_heads
+        self.base = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        self.checkpoint_info = info  # plain data: what the checkpoint records of the teacher
+
+    def __call__(self, module: nn.Module, images: torch.Tensor,
+                 targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            teacher_logits = self.teacher(images)
+        if self.two_heads:
+            cls_logits, dist_logits = module(images, both_heads=True)
+            logits = (cls_logits.detach() + dist_logits.detach()) / 2  # what evaluation predicts
+        else:
+            cls_logits = dist_logits = logits = module(images)
+        return distillation_loss(cls_logits, dist_logits, teacher_logits, targets, self.base, self.cfg), logits
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the checkpoint keeps (under "objective"): the teacher's path, SHA-256 and network, never its weights."""
+        return dict(self.checkpoint_info)
+
+    def load_state_dict(self, saved: dict[str, Any] | None) -> None:
+        """Refuse to resume with another teacher file than the checkpoint's run used."""
+        if saved and saved.get("teacher_sha256") not in (None, self.checkpoint_info["teacher_sha256"]):
+            raise CheckpointError(f"distill.teacher {self.checkpoint_info['teacher']} is not the file this run "
+                                  f"started with (SHA-256 differs); resume with the original teacher")
+
+
+def build_distill(cfg: Config, model: nn.Module, num_classes: int) -> Distill:
+    """The distill objective for `model` (on its device), with the teacher cfg.distill names."""
+    device = next(model.parameters()).device
+    with torch.random.fork_rng():  # building the teacher (its throw-away init) must not move the run's RNG: exact resume
+        teacher, described = load_teacher(cfg.distill, num_classes, cfg.model.img_size)
+        teacher = teacher.to(device).eval().requires_grad_(False)
+        check_teacher_output(teacher, num_classes, cfg.model.img_size, device)
+    info = {"teacher": cfg.distill.teacher, "teacher_sha256": file_sha256(Path(cfg.distill.teacher)),
+            "teacher_model": described}
+    two_heads = bool(getattr(model, "head_dist", None))
+    log.info("distilling from %s (%s, %.1fM parameters): %s, alpha %g%s%s", cfg.distill.teacher, described,
+             sum(p.numel() for p in teacher.parameters()) / 1e6, cfg.distill.type, cfg.distill.alpha,
+             f", tau {cfg.distill.tau:g}" if cfg.distill.type == "soft" else "",
+             "" if two_heads else "; the student has no distillation head (model.distilled=false): both terms "
+             "train its one head")
+    return Distill(teacher, cfg.distill, cfg.aug.label_smoothing, two_heads, info)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_teacher(cfg: DistillConfig, num_classes: int, img_size: int) -> tuple[nn.Module, str]:
+    """(teacher on the CPU, a description): a vit-train checkpoint or a .safetensors file exported by
+    vit-train (rebuilt from the config inside; a ViT at another size gets its positions interpolated
+    to `img_size`), or `teacher_arch` (a torchvision classification model, else a timm model when timm
+    is installed) with a state-dict file."""
+    path = Path(cfg.teacher).expanduser() if cfg.teacher else None
+    if path is not None and path.is_dir() and (path / "checkpoints").is_dir():
+        from vit_train.outputs.checkpoint import checkpoint_file
+
+        path = checkpoint_file(path)  # a run directory: its best.pt, as vit-eval and model.pretrained take it
+    if path is None or not path.is_file():
+        raise ConfigError(f"distill.teacher={cfg.teacher} is not a file; give a vit-train checkpoint (.pt), a "
+                          f".safetensors file, or distill.teacher_arch=NAME with a state-dict file")
+    from vit_train.outputs.weights import load_weights
+
+    weights, metadata = load_weights(path)
+    saved = metadata.get("config")
+    if isinstance(saved, dict) and "model" in saved:
+        if cfg.teacher_arch is not None:
+            raise ConfigError(f"distill.teacher={path.name} is a vit-train checkpoint, which names its own network "
+                              f"({saved['model'].get('name', saved['model'].get('arch'))}): drop "
+                              f"distill.teacher_arch={cfg.teacher_arch}")
+        return vit_train_teacher(path, weights, saved, metadata.get("class_names"), num_classes, img_size)
+    if cfg.teacher_arch is None:
+        raise ConfigError(f"distill.teacher={path} holds plain weights without a vit-train config; name the network "
+                          f"with distill.teacher_arch (e.g. resnet50, or a timm model name)")
+    return named_teacher(cfg.teacher_arch, weights, num_classes, img_size, path), cfg.teacher_arch
+
+
+def vit_train_teacher(path: Path, weights: dict, saved: dict, class_names: list | None, num_classes: int,
+                      img_size: int) -> tuple[nn.Module, str]:
+    from vit_train.models.pretrained import at_size
+    from vit_train.outputs.weights import ema_weights
+    from vit_train.models.vit import build_model
+
+    is_vit = saved["model"].get("arch", "vit") == "vit"  # a ViT runs at the student's size, a CNN as it was trained
+    teacher_cfg = Config.from_dict({**saved, "resume": None,
+                                    "model": {**saved["model"], **({"img_size": img_size} if is_vit else {})}})
+    if class_names is not None and len(class_names) != num_classes:
+        raise ConfigError(f"distill.teacher {path.name} predicts {len(class_names)} classes, the data has "
+                          f"{num_classes}; distil from a teacher trained on these classes")
+    if path.suffix != ".safetensors":  # a checkpoint: the EMA weights when it has them, as vit-eval takes
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        weights = ema_weights(ckpt["ema"]) if ckpt.get("ema") else ckpt["model"]
+    teacher = build_model(teacher_cfg.model, num_classes)
+    teacher.load_state_dict(at_size(teacher, weights) if is_vit else weights)
+    return teacher, f"vit-train {teacher_cfg.model.name}"
+
+
+def named_teacher(arch: str, weights: dict, num_classes: int, img_size: int, path: Path) -> nn.Module:
+    """torchvision's `arch` (a ResNet's stem picked from the weights' conv1), else timm's `arch`."""
+    import torchvision
+
+    weights = {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in weights.items()}
+    if arch in torchvision.models.list_models(module=torchvision.models):
+        if arch.startswith("resnet") and "conv1.weight" in weights:
+            from vit_train.models.cnn import build_resnet
+
+            small = weights["conv1.weight"].shape[-1] == 3  # vit-train's small-image stem
+            teacher = build_resnet(arch, num_classes, img_size if small else 224)
+        else:
+            teacher = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+    else:
+        try:
+            import timm
+        except ImportError:
+            raise ConfigError(f"distill.teacher_arch={arch} is not a torchvision classification model, and timm "
+                              f"(for timm model names) is not installed: pip install timm") from None
+        if not timm.is_model(arch):
+            raise ConfigError(f"distill.teacher_arch={arch} is neither a torchvision classification model nor a "
+                              f"timm model name (e.g. resnet50, regnety_160)")
+        teacher = timm.create_model(arch, pretrained=False, num_classes=num_classes)
+    try:
+        teacher.load_state_dict(weights)
+    except RuntimeError as e:
+        raise ConfigError(f"distill.teacher={path.name} does not fit {arch} with {num_classes} classes: "
+                          f"{_first_difference(e)}") from None
+    return teacher
+
+
+def _first_difference(error: RuntimeError) -> str:
+    """load_state_dict's error in one short line: the first few missing or unexpected keys, or the shape."""
+    lines = str(error).splitlines()
+    detail = lines[1].strip() if len(lines) > 1 else str(error)
+    return detail if len(detail) <= 200 else detail[:200].rsplit(",", 1)[0] + ", ...\""
+
+
+@torch.no_grad()
+def check_teacher_output(teacher: nn.Module, num_classes: int, img_size: int, device: torch.device) -> None:
+    """One forward on a blank image: the teacher must take the student's images and give (B, num_classes)."""
+    try:
+        out = teacher(torch.zeros(1, 3, img_size, img_size, device=device))
+    except (RuntimeError, ValueError, AssertionError) as e:  # shape errors; timm asserts the input size
+        raise ConfigError(f"the teacher cannot take {img_size}x{img_size} images ({str(e).splitlines()[0]})") from None
+    if out.shape != (1, num_classes):
+        raise ConfigError(f"the teacher gives outputs of shape {tuple(out.shape[1:])} for one image; the student "
+                          f"needs ({num_classes},) class logits")

@@ -1,0 +1,91 @@
+"""Weights in and out: reading a state dict from any file vit-train accepts (its checkpoints,
+safetensors, plain or DeiT/Lightning-style state dicts), the EMA's weights inside a checkpoint, and
+the one safetensors writer (vit-export)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vit_train.config.schema import Config
+from vit_train.errors import CheckpointError
+from vit_train.extras import require
+from vit_train.outputs.integrity import archive_damage, load_failure as _load_failure
+from vit_train.data.preprocess import eval_spec
+
+
+def ema_weights(ema_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model's state dict inside an AveragedModel's (keys 'module.*', plus its 'n_averaged')."""
+    return {k.removeprefix("module."): v for k, v in ema_state.items() if k.startswith("module.")}
+
+
+def export_safetensors(ckpt: dict[str, Any], path: Path, source: str = "model") -> None:
+    """A checkpoint's weights, the model's or (`source="ema"`) the EMA's, as safetensors, with what
+    using them needs as metadata: the config, the class names, the preprocessing and the source."""
+    weights = ema_weights(ckpt["ema"]) if source == "ema" else ckpt["model"]
+    spec = ckpt.get("preprocess") or eval_spec(Config.from_dict({**ckpt["config"], "resume": None}))
+    save_safetensors(weights, path, {"config": ckpt["config"], "class_names": ckpt["class_names"], "preprocess": spec,
+                                     "weights": source})
+
+
+def save_safetensors(weights: dict[str, torch.Tensor], path: Path, metadata: dict[str, Any]) -> None:
+    """The one safetensors writer: a state dict, with metadata values stored as JSON text (safetensors
+    keeps strings only) beside "format": "vit-train"."""
+    require("safetensors", "the safetensors format", error=CheckpointError)
+    from safetensors.torch import save_file
+
+    text = {"format": "vit-train", **{k: json.dumps(v) for k, v in metadata.items()}}
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(path), metadata=text)
+
+
+def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(state dict, metadata) from a .safetensors file, a vit-train checkpoint or a plain state dict."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        require("safetensors", "the safetensors format", error=CheckpointError)
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                weights = {k: f.get_tensor(k) for k in f.keys()}
+                metadata = f.metadata() or {}
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{path} is not a readable safetensors file ({e})") from None
+        return weights, {k: _json_or_text(v) for k, v in metadata.items()}
+    damage = archive_damage(path)
+    if damage:
+        raise CheckpointError(f"{path} is damaged ({damage}); get a sound copy of it")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"{path} cannot be read ({_load_failure(e)})") from None
+    for key in ("model", "state_dict"):  # vit-train and DeiT checkpoints; Lightning-style files
+        if isinstance(data, dict) and isinstance(data.get(key), dict):
+            return data[key], {"config": data.get("config"), "class_names": data.get("class_names")}
+    if isinstance(data, dict) and all(isinstance(v, torch.Tensor) for v in data.values()):
+        return data, {}
+    raise CheckpointError(f"{path} holds neither a vit-train checkpoint nor a state dict of tensors: it holds "
+                          f"{_describe(data)}")
+
+
+def _describe(data: Any) -> str:
+    """What a loaded file holds, in a few words (a dict's first keys and their kinds)."""
+    if isinstance(data, dict):
+        items = ", ".join(f"{k} ({type(v).__name__})" for k, v in list(data.items())[:5])
+        return f"a dict of {len(data)} entries: {items}{', ...' if len(data) > 5 else ''}"
+    if isinstance(data, torch.Tensor):
+        return f"one tensor of shape {tuple(data.shape)}"
+    return f"a {type(data).__name__}"
+
+
+def _json_or_text(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except RecursionError:  # a hostile file: nesting deep enough to exhaust the parser's stack
+        raise CheckpointError("safetensors metadata is nested too deeply to be read; this file was not written "
+                              "by a trainer, do not use it") from None
+    except ValueError:  # metadata written by another tool
+        return value

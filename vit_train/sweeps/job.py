@@ -1,0 +1,163 @@
+"""Sweeps: a job's record and objective, sharing GPUs among parallel jobs (the summary of a sweep is
+sweep_summary.py).
+
+A sweep directory (hydra.sweep.dir) holds one run directory per job (`0/`, `1/`, ...), each with
+the usual layout and `.hydra/overrides.yaml`. `run_job` runs one job. No Hydra here: cli.py calls
+these from its entry point.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import IO, Any, Callable
+
+import yaml
+
+from vit_train.config.schema import Config
+from vit_train.errors import RunStopped, UserError
+from vit_train.outputs.rundir import RunDirBusy, locked
+
+log = logging.getLogger("vit_train")
+
+
+def read_results(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def job_overrides(run_dir: Path) -> list[str]:
+    try:
+        return list(yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or [])
+    except (OSError, yaml.YAMLError):
+        return []
+
+
+def objective_value(results: dict[str, Any] | None, objective: str) -> float:
+    """The job's objective, NaN when it has none (failed, or never evaluated): sweepers read NaN as a failed trial."""
+    value = (results or {}).get(objective) if (results or {}).get("status") == "completed" else None
+    return float("nan") if value is None else float(value)
+
+
+def failure_record(error: str, run_dir: Path) -> dict[str, Any]:
+    """results.json of a job that failed: status and the error's last lines."""
+    return {"status": "failed", "error": "\n".join(error.strip().splitlines()[-20:]), "best_top1": None,
+            "final_top1": None, "run_dir": str(run_dir)}
+
+
+def finished_job(run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
+    """The job's results if it already completed with these overrides (a re-run sweep skips it)."""
+    results = read_results(run_dir)
+    if results and results.get("status") == "completed" and job_overrides(run_dir) == list(overrides):
+        return results
+    return None
+
+
+def check_same_job(run_dir: Path, overrides: list[str]) -> None:
+    """An unfinished job resumes only if it is the same job: the sweep must not be another grid."""
+    before = job_overrides(run_dir)
+    if before and before != list(overrides):
+        raise UserError(f"{run_dir} holds a job of another sweep ({' '.join(before)}), not {' '.join(overrides)}; "
+                        f"re-run a sweep with the same command, or choose a new hydra.sweep.dir")
+
+
+def claim_device(sweep_dir: Path, count: int, job: int, poll_seconds: float = 0.5) -> tuple[int, IO]:
+    """A GPU index in [0, count) that no other job of this sweep holds, and its lock (keep it open).
+
+    Parallel jobs (e.g. hydra/launcher=parallel) each take the first free GPU; with more jobs than
+    GPUs a job waits until any of them is free (a lock file per GPU in the sweep directory, taken
+    with flock, so a job that dies frees its GPU).
+    """
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    waited = False
+    while True:
+        for index in range(count):
+            lock = open(sweep_dir / f".device_{index}.lock", "w")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return index, lock
+            except BlockingIOError:
+                lock.close()
+        if not waited:
+            logging.getLogger("vit_train").info("job %d waits for one of the sweep's %d device slots", job, count)
+            waited = True
+        time.sleep(poll_seconds)
+
+
+def run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path, overrides: list[str], job: int,
+            objective: str) -> float:
+    """One job of a sweep: its objective, or NaN after recording why it failed (the sweep goes on).
+
+    `compose` gives the job's typed config (called only for a job that still has work to do). A job
+    that already completed in this sweep directory is skipped, and an unfinished one resumes. A stop
+    signal still stops the whole sweep (after the job's checkpoint): re-running the same command with
+    the same hydra.sweep.dir skips completed jobs and resumes the others. A job directory that another
+    process holds (rundir.py) is left untouched, not even given a results.json, and the job counts as failed.
+    """
+    try:
+        with locked(run_dir):  # before reading anything there: another process may be writing it
+            return _run_job(compose, run_dir, overrides, job, objective)
+    except RunDirBusy as e:
+        log.error("job %d (%s) failed: %s", job, " ".join(overrides), e)
+        return math.nan
+
+
+def _run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path, overrides: list[str], job: int,
+             objective: str) -> float:
+    try:
+        done = finished_job(run_dir, overrides)
+        if done is not None:
+            log.info("job %d (%s) already completed in %s; skipped", job, " ".join(overrides), run_dir)
+            return objective_value(done, objective)
+        config, _, resume_from = compose()
+        from vit_train.outputs.checkpoint import run_checkpoints
+
+        if run_checkpoints(run_dir):
+            check_same_job(run_dir, overrides)
+            config.resume = "auto"  # an unfinished job of this sweep continues from its checkpoint
+        lock = None
+        if config.sweep.devices:
+            index, lock = claim_device(run_dir.parent, config.sweep.devices, job)
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.set_device(index)
+                log.info("job %d runs on GPU %d (of %d shared by this sweep)", job, index, config.sweep.devices)
+            else:
+                log.info("job %d holds slot %d of %d (no GPU visible: the slots only limit concurrency)", job, index,
+                         config.sweep.devices)
+        from vit_train.train.trainer import train
+
+        try:
+            results = train(config, run_dir, overrides, resume_from)
+        finally:
+            if lock is not None:
+                lock.close()
+        return objective_value(results, objective)
+    except RunStopped as e:
+        if e.exit_code != 3:  # a stop signal ends the sweep; a diverged job is recorded and the sweep goes on
+            print(f"vit-train: {e}", file=sys.stderr)
+            sys.exit(e.exit_code)
+        log.error("job %d (%s) diverged: %s", job, " ".join(overrides), e)
+    except KeyboardInterrupt:
+        print("vit-train: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - any failure of one job is recorded; the sweep goes on
+        text = str(e) if isinstance(e, UserError) else traceback.format_exc()
+        log.error("job %d (%s) failed: %s", job, " ".join(overrides), text.strip().splitlines()[-1])
+        from vit_train.outputs.metrics import write_results
+
+        record, before = failure_record(text, run_dir), read_results(run_dir) or {}
+        if before.get("status") == "failed":  # the trainer's record of this failure: keep its numbers
+            record = {**record, **before, "error": record["error"]}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_results(run_dir, record)
+    return math.nan

@@ -1,0 +1,105 @@
+"""The training batches of a run, from where it stands to its last step, or to an agreed stop.
+
+`batches(run, stop)` owns what happens around the loader, so the loop sees only (images, targets)
+on the device: each epoch's order (`set_epoch`, skipping what a resumed run already trained on),
+the epoch roll-over, the progress (a bar on a terminal, lines in a log: progress.py), MixUp/CutMix,
+the first batch's figure, the narrow handling of a loader that a stop signal ended, and the stop
+agreement between processes.
+Unreadable images are dealt with inside the loader (data/unreadable.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+
+from vit_train.runtime import distributed
+from vit_train.runtime.preemption import StopRequest
+from vit_train.runtime.progress import progress_bar
+
+if TYPE_CHECKING:
+    from vit_train.data import Data
+    from vit_train.train.state import TrainState
+    from vit_train.train.run import Run
+
+# What a loader raises when its worker processes are ended under it (a stop signal to the whole
+# process group): a worker's exit (RuntimeError), a reset connection (OSError), a cut pipe (EOFError).
+LOADER_ENDED = (RuntimeError, OSError, EOFError)
+
+log = logging.getLogger("vit_train")
+
+
+def next_batch(loader: Iterator, stop: StopRequest):
+    """The loader's next batch; None at its end, or when a stop signal has also ended its workers
+    (the last step is whole). The same error without a signal is raised."""
+    try:
+        return next(loader)
+    except StopIteration:
+        return None
+    except LOADER_ENDED:
+        if not stop.received:
+            raise
+        return None
+
+
+def end_epoch(state: TrainState, data: Data) -> None:
+    state.epoch, state.batch_in_epoch, state.sample_in_epoch, state.epoch_end = state.epoch + 1, 0, 0, 0
+    data.epoch_done(state.epoch)
+
+
+def batches(run: Run, stop: StopRequest) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(images, targets) for each step until `run.total_steps` or a stop. Before a batch is yielded,
+    `run.state` is advanced past it (step, batch_in_epoch, sample_in_epoch, and at an epoch's end
+    the epoch), so the loop's periodic actions read the position after the step;
+    `state.batch_in_epoch == 0` then means an epoch has just ended. The position inside an epoch is
+    kept in images, so a run resumed with another data.batch_size continues from the same image
+    (a shorter last batch ends the epoch). With several processes the stop is agreed after every
+    fetch, before the step: all processes stop at the same step, whichever got the signal, and none
+    waits for a step that another will not take."""
+    state, data, t = run.state, run.data, run.cfg.trainer
+    sampler = data.train_sampler
+    while state.step < run.total_steps and not stop:
+        sampler.set_epoch(state.epoch, start=state.sample_in_epoch, end=state.epoch_end)
+        state.epoch_end, state.train_images = sampler.end, sampler.size
+        if sampler.left_out and run.ctx.is_main:
+            log.warning("%d images of epoch %d are left out: its last batch cannot be shared evenly by %d processes",
+                        sampler.left_out, state.epoch + 1, run.ctx.world_size)
+        if not sampler.batches_left():  # all that was left of the epoch was left out
+            end_epoch(state, data)
+            continue
+        run.bar = progress_bar(state.batch_in_epoch + sampler.batches_left(), f"epoch {state.epoch + 1}/{t.epochs}",
+                               t.progress and run.ctx.is_main, initial=state.batch_in_epoch)
+        loader = iter(data.train_loader)
+        run.window.start()
+        try:
+            while state.step < run.total_steps:
+                fetch = time.perf_counter()
+                batch = next_batch(loader, stop)
+                run.window.wait(time.perf_counter() - fetch)
+                if run.ctx.enabled:
+                    stop.agree(distributed.max_all(stop.received or 0, run.device))
+                if stop:
+                    return
+                if batch is None:
+                    raise RuntimeError(f"the training loader ended at image {state.sample_in_epoch} of epoch "
+                                       f"{state.epoch + 1}, which ends at {state.epoch_end}")
+                images, targets = (x.to(run.device, non_blocking=True) for x in batch)
+                if run.mix is not None:
+                    images, targets = run.mix(images, targets, state.step)
+                if run.visuals is not None and not run.visuals.batch_shown:
+                    run.visuals.training_batch(images, targets, state.step)
+                state.step += 1
+                state.batch_in_epoch += 1
+                state.sample_in_epoch = sampler.advance(state.sample_in_epoch)
+                if state.sample_in_epoch == state.epoch_end:
+                    end_epoch(state, data)
+                yield images, targets
+                run.bar.update()
+                if state.batch_in_epoch == 0:
+                    break
+        finally:
+            run.window.pause()
+            run.bar.close()

@@ -1,0 +1,132 @@
+"""What a training run is made of (`Run`) and how it is built (`build_run`): processes, device, data,
+model, optimiser, schedule, EMA, objective, logger, restored from a checkpoint when resuming.
+
+The order of the random draws in `build_run` is what exact resume relies on; trainer.py runs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+from torch.optim.swa_utils import AveragedModel
+
+from vit_train.runtime import distributed
+from vit_train.outputs.checkpoint import check_classes
+from vit_train.config.schema import Config
+from vit_train.runtime.cpu import set_cpu_threads
+from vit_train.data import Data, build_data
+from vit_train.data.mix import BatchMix
+from vit_train.runtime.device import autocast_dtype, pick_device
+from vit_train.models.mae import build_mae, mae_flops_per_image
+from vit_train.outputs.metrics import NullLogger, RunLogger
+from vit_train.models.vit import build_model
+from vit_train.objectives import Objective, build_objective, restore_objective
+from vit_train.train.optim import build_optimizer, build_scheduler
+from vit_train.models.pretrained import load_pretrained
+from vit_train.train.state import TrainState, build_ema, check_data_position, restore
+from vit_train.train.skips import SkippedSteps, skips_on_device
+from vit_train.train.throughput import TrainWindow, flops_per_image, peak_tflops
+from vit_train.viz.figures import TrainingVisuals
+
+log = logging.getLogger("vit_train")
+
+
+@dataclass
+class Run:
+    """Everything one training run is made of; built once by `build_run`."""
+
+    cfg: Config
+    run_dir: Path
+    overrides: list[str]
+    ctx: distributed.Context  # this process's place among the processes (rank 0 of 1 without torchrun)
+    device: torch.device
+    amp_dtype: torch.dtype | None  # autocast dtype; None = fp32
+    data: Data
+    model: nn.Module  # the plain model: its weights are saved, averaged and evaluated
+    step_fn: nn.Module  # what the step calls: the model, or DDP / torch.compile around it
+    objective: Objective
+    mix: BatchMix | None
+    ema: AveragedModel | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    skips: SkippedSteps
+    logger: RunLogger | NullLogger
+    visuals: TrainingVisuals | None
+    window: TrainWindow
+    state: TrainState
+    total_steps: int
+    started: float = field(default_factory=time.time)
+    earlier_seconds: float = 0.0  # wall time of earlier attempts, up to their last checkpoint
+    metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation's
+    bar: Any = None  # the epoch's progress bar (batches.py)
+
+    @property
+    def eval_fn(self) -> nn.Module:
+        """What evaluation calls: with several processes each evaluates its share with the plain model."""
+        return self.model if self.ctx.enabled else self.step_fn
+
+
+def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: dict | None = None) -> Run:
+    """Data, model, optimiser, schedule, EMA, logger: all of the run, restored from `ckpt` when given.
+
+    The order of the random draws (seed, data, model init, restore) is what exact resume relies on.
+    """
+    t = cfg.trainer
+    ctx = distributed.setup(t.device)  # several processes under torchrun; else rank 0 of 1
+    distributed.check_batch(cfg.data.batch_size, t.accum_steps)
+    if ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        log.setLevel(logging.WARNING)  # rank 0 reports; the others only warn
+    device = pick_device(t.device, ctx.local_rank)
+    set_cpu_threads(t.cpu_threads)
+    torch.manual_seed(cfg.seed)
+    data = build_data(cfg, device, ctx.rank, ctx.world_size)
+    mae = cfg.objective.name == "mae"  # a masked autoencoder around the ViT (docs/mae.md)
+    model = build_mae(cfg) if mae else build_model(cfg.model, len(data.class_names))
+    if cfg.model.pretrained and not ckpt:
+        load_pretrained(model.encoder if mae else model, cfg.model.pretrained)
+    model.to(device)
+    optimizer = build_optimizer(model, cfg.optim, device, lr=cfg.lr)
+    amp_dtype = autocast_dtype(t.precision, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    state = TrainState()
+    if ckpt:
+        check_classes(ckpt, data.class_names)
+        state = restore(ckpt, model, optimizer, scaler)
+        check_data_position(state, ckpt["config"], cfg, data.train_sampler.size)
+    # the epochs left, the current one from where it stands (its steps follow a changed data.batch_size)
+    steps_left = data.train_sampler.steps_left(state.sample_in_epoch, state.epoch_end, t.epochs - state.epoch)
+    total_steps = min(state.step + steps_left, t.max_steps or math.inf)
+    if ctx.enabled:  # dropout and drop path draw differently on each process
+        torch.manual_seed(cfg.seed * 1_000_003 + 7919 * state.step + ctx.rank)
+    ema = build_ema(model, t.ema_decay, ckpt)
+    scheduler = build_scheduler(optimizer, cfg.optim, cfg.schedule, data.steps_per_epoch, total_steps, state.step,
+                                lr=cfg.lr)
+    ddp = distributed.wrap(model)  # DistributedDataParallel with several processes, else the model itself
+    classes = len(data.class_names)
+    objective = build_objective(cfg, model, classes)
+    restore_objective(objective, ckpt)
+    mix = BatchMix(cfg.aug, classes, cfg.seed) if BatchMix.wanted(cfg.aug) else None
+    flops = mae_flops_per_image(cfg) if mae else flops_per_image(cfg.model, classes)
+    window = TrainWindow(device, flops, peak_tflops(device, amp_dtype, t.peak_tflops))
+    # last: from here train.log has a handler, which train() removes however the run ends
+    logger = RunLogger(run_dir, resume_step=state.step if ckpt else None) if ctx.is_main else NullLogger()
+    try:
+        visuals = TrainingVisuals(logger.tb, t.viz_every, data) if t.viz_every and ctx.is_main else None
+    except BaseException:  # matplotlib missing, unreadable val images
+        logger.close()
+        raise
+    return Run(cfg=cfg, run_dir=run_dir, overrides=list(overrides), ctx=ctx, device=device, amp_dtype=amp_dtype,
+               data=data, model=model, step_fn=torch.compile(ddp, mode=t.compile_mode) if t.compile else ddp,
+               objective=objective, mix=mix, ema=ema, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+               skips=SkippedSteps(state, device, skips_on_device(optimizer, scaler), t.max_bad_steps),
+               logger=logger, visuals=visuals, window=window, state=state, total_steps=total_steps)

@@ -1,0 +1,136 @@
+"""What a run carries across a restart: the loop's position, the EMA, every RNG's state, and the
+checkpoint's contents."""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import asdict, dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from vit_train.outputs.checkpoint import versions
+from vit_train.config.schema import Config
+from vit_train.errors import CheckpointError, ConfigError
+from vit_train.data.preprocess import eval_spec
+
+log = logging.getLogger("vit_train")
+
+
+@dataclass
+class TrainState:
+    epoch: int = 0  # epochs completed
+    step: int = 0  # optimiser steps completed (skipped ones included)
+    batch_in_epoch: int = 0  # batches of the current epoch already trained on
+    sample_in_epoch: int = 0  # positions of the epoch's permutation already trained on (images, all processes)
+    epoch_end: int = 0  # the position where the current epoch ends (data/sampler.py); 0 before it begins
+    train_images: int = 0  # the size of the training set the current epoch permutes; 0 before the first
+    best_top1: float = -1.0  # best val top-1 so far (%), -1 before the first eval
+    best_step: int = 0
+    best_source: str = "model"  # which weights scored best_top1 (best_loss): "model" or "ema"
+    best_loss: float = float("inf")  # objective mae: lowest val reconstruction loss so far (best.pt)
+    last_eval: Optional[dict] = None  # the latest evaluation: {"step", "metric": "top1"|"loss", "model", "ema"}
+    skipped_steps: int = 0  # steps whose update was skipped for a non-finite loss or gradient norm
+    bad_in_a_row: int = 0
+    images_seen: int = 0  # training images processed, and the seconds they took: for images/s
+    train_seconds: float = 0.0
+    wall_seconds: float = 0.0  # wall time of every attempt of the run, up to this checkpoint
+
+    @property
+    def epochs_done(self) -> float:
+        """Epochs trained, with the current one's fraction: 1.38 = one epoch and 38% of the next."""
+        return self.epoch + (self.sample_in_epoch / self.epoch_end if self.epoch_end else 0.0)
+
+
+def build_ema(model: nn.Module, decay: float | None, ckpt: dict | None) -> AveragedModel | None:
+    """An EMA of the weights (and buffers), restored from the checkpoint when it has one."""
+    if decay is None:
+        return None
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+    if ckpt and ckpt.get("ema"):
+        ema.load_state_dict(ckpt["ema"])
+    elif ckpt:
+        log.warning("the checkpoint has no EMA weights; the EMA starts from the current weights")
+    return ema
+
+
+def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: AveragedModel | None, state: TrainState,
+                     cfg: Config, overrides: Sequence[str], class_names: list[str]) -> dict[str, Any]:
+    """Everything a resumed run needs, as plain tensors and primitives (see docs/resuming.md, 'What is in a checkpoint')."""
+    return {
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(), "ema": ema.state_dict() if ema is not None else None, **asdict(state),
+        "rng": rng_state(),
+        "config": cfg.to_dict(), "overrides": list(overrides), "class_names": list(class_names),
+        "preprocess": eval_spec(cfg),
+        "versions": versions(),
+    }
+
+
+def restore(ckpt: dict, model: nn.Module, optimizer, scaler) -> TrainState:
+    """Load weights, optimiser, scaler and RNG states; returns the loop's position."""
+    try:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"the checkpoint's weights do not fit this model: {str(e).splitlines()[0]}") from None
+    if ckpt.get("scaler"):
+        scaler.load_state_dict(ckpt["scaler"])
+    restore_rng(ckpt["rng"])
+    return TrainState(**{k: ckpt[k] for k in TrainState.__dataclass_fields__ if k in ckpt})
+
+
+def check_data_position(state: TrainState, saved: dict, cfg: Config, train_images: int) -> None:
+    """Make sure a run resumed in the middle of an epoch continues that epoch's permutation.
+
+    The position is kept in images (`sample_in_epoch`), so a changed data.batch_size continues
+    from the same image (data/sampler.py). What would reorder the epoch's permutation (another
+    training-set size, data.repeated_aug or seed) is refused with a ConfigError: images would be
+    skipped or trained on twice. `saved` is the checkpoint's config; a checkpoint written before
+    positions were counted in images gets its position from its own batch size."""
+    if state.batch_in_epoch and not state.sample_in_epoch:  # an older checkpoint: position in batches
+        batch = saved["data"]["batch_size"]
+        state.sample_in_epoch, state.epoch_end = state.batch_in_epoch * batch, train_images // batch * batch
+    if not state.sample_in_epoch:
+        return  # at an epoch's boundary: the next epoch is a new permutation anyway
+    before = {"data.repeated_aug": saved["data"].get("repeated_aug", 1), "seed": saved.get("seed", 0)}
+    now = {"data.repeated_aug": cfg.data.repeated_aug, "seed": cfg.seed}
+    changed = [f"the training set holds {train_images} images, not {state.train_images}"] if (
+        state.train_images and state.train_images != train_images) else []
+    changed += [f"{key} is {now[key]}, not {before[key]}" for key in before if now[key] != before[key]]
+    if changed:
+        end = state.step - (-(state.epoch_end - state.sample_in_epoch) // saved["data"]["batch_size"])
+        # (not trainer.max_steps=<end>: the warmup and cosine schedule would be fitted to that shorter run)
+        raise ConfigError(f"cannot resume in the middle of epoch {state.epoch + 1} ({state.sample_in_epoch} of its "
+                          f"{state.epoch_end} images trained on): {' and '.join(changed)}, which reorders the epoch; "
+                          f"resume with the saved settings past the epoch's end at step {end} (it writes "
+                          f"checkpoints/step_{end:08d}.pt), then resume from that file with the change, or start a "
+                          f"new run from these weights with model.pretrained=<the checkpoint>")
+
+
+def rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Restore every RNG; a failure is an error, since the run would silently diverge."""
+    try:
+        random.setstate(state["python"])
+        name, keys, *rest = state["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+        torch.set_rng_state(state["torch"])
+        if state["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"the checkpoint's RNG states cannot be restored ({e}); the resumed run would not "
+                              f"match the original") from None

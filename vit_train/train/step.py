@@ -1,0 +1,84 @@
+"""One optimiser step, and the one path for non-finite steps.
+
+A step whose loss or gradient norm is not finite is skipped (the weights and the optimiser's
+moments stay as they were) and counted; `trainer.max_bad_steps` in a row stop the run. Whether a
+step was finite is always a device tensor. With a fused optimiser (AdamW on CUDA) the fused kernel
+skips the update itself (its found_inf input), so the step has no host sync, and the counts are
+settled at log time and before checkpoints. Otherwise the counts are settled within every step:
+that is the step's one host sync, which decides whether the optimiser steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from vit_train.runtime import distributed
+from vit_train.outputs.checkpoint import run_checkpoints
+from vit_train.train.state import TrainState
+
+if TYPE_CHECKING:
+    from vit_train.train.run import Run
+
+log = logging.getLogger("vit_train")
+
+
+def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> None:
+    """One optimiser step over a global batch split into `trainer.accum_steps` micro-batches, then the
+    LR schedule and the EMA; the loss, gradient norm and top-1 hits go to the run's window.
+
+    `images` (B, 3, H, W) and `targets` (B,) class indices or (B, classes) probabilities, on the
+    device; `run.state.step` is already this step's number. The loss is the run's objective's.
+    """
+    optimizer, scaler, t = run.optimizer, run.scaler, run.cfg.trainer
+    optimizer.zero_grad(set_to_none=True)
+    total = torch.zeros((), device=images.device)
+    hits = torch.zeros((), device=images.device, dtype=torch.long)
+    counted = False  # whether the objective gave logits to count top-1 hits from
+    chunks = list(zip(images.chunk(t.accum_steps), targets.chunk(t.accum_steps)))
+    for i, (x, y) in enumerate(chunks):
+        with distributed.no_sync(run.step_fn, last=i == len(chunks) - 1):  # one gradient all-reduce per step
+            with torch.autocast(images.device.type, dtype=run.amp_dtype, enabled=run.amp_dtype is not None):
+                loss, logits = run.objective(run.step_fn, x, y)
+                # each micro-batch weighs as its images: a short last batch (batch size changed mid-epoch)
+                # may split unevenly, or into fewer than accum_steps micro-batches
+                loss = loss / t.accum_steps if len(x) * t.accum_steps == len(images) else loss * (len(x) / len(images))
+            scaler.scale(loss).backward()
+        total += loss.detach()
+        if logits is not None:
+            counted = True
+            hits += (logits.detach().argmax(1) == (y.argmax(1) if y.ndim == 2 else y)).sum()
+    total, hits = distributed.mean_loss_and_hits(total, hits)  # over processes: the same on each
+    scaler.unscale_(optimizer)
+    grad_norm = nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.optim.clip_grad or math.inf)
+    # With fp16 an overflowing gradient is routine: the scaler skips that step and lowers its scale.
+    finite = torch.isfinite(total) if scaler.is_enabled() else torch.isfinite(total) & torch.isfinite(grad_norm)
+    run.skips.add(finite)
+    updated = True  # as far as the host knows: on the device path a skip is decided there
+    if run.skips.on_device:  # no host sync: the fused kernel skips the update itself
+        optimizer.grad_scale, optimizer.found_inf = None, (~finite).float()
+        optimizer.step()
+    else:
+        updated = not run.skips.settle(run.state)
+        if updated:
+            scaler.step(optimizer)
+        scaler.update()
+    run.scheduler.step()
+    if run.ema is not None and updated:  # on the device path a skipped step's weights are the step before's
+        run.ema.update_parameters(run.model)
+    run.window.add(total, grad_norm, hits if counted else None, len(images) * run.ctx.world_size, finite)
+
+
+def diverged_message(state: TrainState, run_dir: Path) -> str:
+    """Why the run stopped after `trainer.max_bad_steps` non-finite steps in a row, and what to do."""
+    kept = run_checkpoints(run_dir)
+    where = (f"the checkpoints in {run_dir / 'checkpoints'} are from before" if kept else
+             "it had written no checkpoint yet")
+    return (f"{state.bad_in_a_row} steps in a row had a non-finite loss or gradient norm (up to step {state.step}), so "
+            f"the run stopped; {where}. Lower optim.lr, set optim.clip_grad, or use trainer.precision=bf16 or fp32, "
+            f"and {'start again or resume' if kept else 'start again'}")

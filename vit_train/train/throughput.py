@@ -1,0 +1,164 @@
+"""Throughput: the training window's images/s, data-wait share, achieved TFLOP/s and MFU (model FLOP
+utilisation = achieved FLOP/s / peak), from the training FLOPs per image (counted once, on the meta
+device) and the peak FLOP/s of known GPUs."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from vit_train.config.schema import ModelConfig
+from vit_train.outputs.metrics import NullLogger, RunLogger
+from vit_train.models.vit import build_model
+
+log = logging.getLogger("vit_train")
+
+DATA_BOUND = 0.2  # warn when more than this share of the step time waits for data
+
+# Dense peak TFLOP/s by datasheet, by GPU name fragment: (bf16/fp16 tensor cores, tf32).
+PEAKS = {
+    "H200": (989.0, 494.0), "H100": (989.0, 494.0), "GH200": (989.0, 494.0), "B200": (2250.0, 1100.0),
+    "A100": (312.0, 156.0), "A10G": (70.0, 35.0), "L40S": (362.0, 183.0), "L4": (121.0, 60.0),
+    "RTX 4090": (165.0, 82.6), "RTX 3090": (71.0, 35.6), "V100": (125.0, 15.7), "T4": (65.0, 8.1),
+}
+
+
+def flops_per_image(cfg: ModelConfig, num_classes: int) -> float:
+    """Training FLOPs (forward and backward) for one image through the full ViT, every token through
+    every block, as model FLOP utilisation counts them. With class-token pooling the loop's forward
+    skips most of the last block for the patch tokens, so it executes ~6% fewer FLOPs than this."""
+    with torch.device("meta"):
+        model = build_model(cfg, num_classes)
+        images = torch.empty(2, 3, cfg.img_size, cfg.img_size)  # two: a linear probe's BatchNorm needs a batch
+    with FlopCounterMode(display=False) as counter:
+        logits = model.forward_head(model.forward_features(images)) if cfg.arch == "vit" else model(images)
+        logits.sum().backward()
+    return float(counter.get_total_flops()) / len(images)
+
+
+def peak_tflops(device: torch.device, dtype: torch.dtype | None, override: float | None,
+                name: str | None = None) -> float | None:
+    """`trainer.peak_tflops` if set, else the datasheet figure for this GPU and precision; None when unknown."""
+    if override:
+        return override
+    if device.type != "cuda":
+        return None
+    name = name or torch.cuda.get_device_name(device)
+    for fragment, (half, tf32) in PEAKS.items():
+        if fragment in name:
+            return half if dtype in (torch.bfloat16, torch.float16) else tf32
+    return None
+
+
+class TrainWindow:
+    """Train metrics between two logs, summed on the device and read once per log (one host sync).
+
+    The clock runs only between start() and pause(), so evaluation and checkpoint writes do not
+    count as training time. `wait` adds time spent waiting for the next batch (data-wait); with
+    `flops_per_image` (and `peak_tflops`) the window reports achieved TFLOP/s (and MFU).
+    """
+
+    def __init__(self, device: torch.device, flops_per_image: float | None = None, peak_tflops: float | None = None):
+        self.flops_per_image, self.peak_tflops = flops_per_image, peak_tflops
+        self.waited = 0.0
+        self.logs, self.warned = 0, False  # reads so far; whether the data-bound warning was given
+        self.loss = torch.zeros((), device=device)
+        self.hits = torch.zeros((), device=device, dtype=torch.long)
+        self.finite_steps = torch.zeros((), device=device, dtype=torch.long)  # steps, images not skipped
+        self.finite_images = torch.zeros((), device=device, dtype=torch.long)
+        self.has_top1 = False
+        self.grad_norm: torch.Tensor | None = None
+        self.images = 0
+        self.seconds = 0.0
+        self._started: float | None = None
+
+    def start(self) -> None:
+        self._started = time.perf_counter()
+
+    def pause(self) -> None:
+        if self._started is not None:
+            self.seconds += time.perf_counter() - self._started
+            self._started = None
+
+    def wait(self, seconds: float) -> None:
+        self.waited += seconds
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent inside (evaluation, checkpoint writes) does not count as training time."""
+        running = self._started is not None
+        self.pause()
+        try:
+            yield
+        finally:
+            if running:
+                self.start()
+
+    def add(self, loss: torch.Tensor, grad_norm: torch.Tensor, hits: torch.Tensor | None, images: int,
+            finite: torch.Tensor) -> None:
+        """One step's mean loss, gradient norm and top-1 hits (None: the objective has no class
+        predictions), counted without a host sync; a skipped (non-finite) step's values are left out,
+        since its loss would make the window's mean NaN."""
+        self.images += images
+        self.loss += torch.where(finite, loss, 0.0)
+        if hits is not None:
+            self.has_top1 = True
+            self.hits += torch.where(finite, hits, 0)
+        self.grad_norm = grad_norm if self.grad_norm is None else torch.where(finite, grad_norm, self.grad_norm)
+        self.finite_steps += finite.long()
+        self.finite_images += finite.long() * images
+
+    def read(self) -> tuple[dict[str, float], int, float]:
+        """(mean loss, top-1 %, last gradient norm and images/s; images; seconds) since the last read.
+
+        Starts a new window.
+        """
+        self.pause()
+        steps, counted = int(self.finite_steps.item()), int(self.finite_images.item())
+        values = {"loss": self.loss.item() / steps if steps else math.nan,
+                  "top1": 100 * self.hits.item() / counted if counted else math.nan,
+                  "grad_norm": float(self.grad_norm) if self.grad_norm is not None else math.nan,
+                  "images_per_s": self.images / max(self.seconds, 1e-9),
+                  "data_wait": self.waited / max(self.seconds, 1e-9)}  # share of the step time spent waiting for data
+        if not self.has_top1:
+            del values["top1"]
+        if self.flops_per_image:
+            values["tflops"] = values["images_per_s"] * self.flops_per_image / 1e12
+            if self.peak_tflops:
+                values["mfu"] = values["tflops"] / self.peak_tflops
+        read = (values, self.images, self.seconds)
+        self.loss.zero_()
+        self.hits.zero_()
+        self.finite_steps.zero_()
+        self.finite_images.zero_()
+        self.grad_norm = None
+        self.images = 0
+        self.seconds = self.waited = 0.0
+        self.start()
+        return read
+
+def log_train(logger: RunLogger | NullLogger, bar, window: TrainWindow, state, lr: float,
+              scaler: torch.amp.GradScaler) -> None:
+    """The window's train metrics to the logs and the progress bar; adds its images and seconds to
+    `state` (a TrainState) for the run's images/s; warns once when the run waits on its data."""
+    values, images, seconds = window.read()
+    values.update(lr=lr, skipped_steps=state.skipped_steps)
+    if scaler.is_enabled():
+        values["loss_scale"] = scaler.get_scale()
+    state.images_seen += images
+    state.train_seconds += seconds
+    logger.scalars("train", state.step, values)
+    extra = {"mfu": f"{100 * values['mfu']:.1f}%"} if "mfu" in values else {}
+    bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{lr:.2e}", img_s=f"{values['images_per_s']:.0f}",
+                    wait=f"{100 * values['data_wait']:.0f}%", **extra)
+    window.logs += 1
+    if values["data_wait"] > DATA_BOUND and window.logs > 1 and not window.warned:  # the first window warms up
+        window.warned = True
+        log.warning("the run is data-bound: %.0f%% of the step time waits for data. Raise data.num_workers, or on "
+                    "a GPU use data.pipeline=device (shapes/CIFAR)", 100 * values["data_wait"])

@@ -1,0 +1,250 @@
+"""The training loop: build the run, maybe resume, train with periodic eval/checkpoint/log, finish.
+
+`train(cfg, run_dir)` is the whole run; read it top to bottom. It takes a plain typed `Config`
+(no Hydra), so tests and notebooks call it directly. `build_run` (run.py) makes the `Run`
+(everything the run is made of); `save`, `evaluate` and `finish` take it. The step is `step.train_step`, the
+batches come from `batches.batches`, and the loss from the run's objective (`objectives.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from vit_train.runtime import distributed
+from vit_train.outputs import rundir
+from vit_train.train.batches import batches
+from vit_train.outputs.checkpoint import check_compatible, find_resume_checkpoint, run_checkpoints, save_run_checkpoint, short_of_space
+from vit_train.config.schema import Config
+from vit_train.errors import CheckpointError, RunStopped, UserError
+from vit_train.objectives.evaluate import evaluate as evaluate_loader
+from vit_train.objectives.mae import evaluate_reconstruction
+from vit_train.outputs.metrics import output_error, results_summary, write_results
+from vit_train.objectives import objective_state
+from vit_train.runtime.preemption import StopRequest
+from vit_train.train.run import Run, build_run
+from vit_train.train.state import checkpoint_state
+from vit_train.train.step import diverged_message, train_step
+from vit_train.train.throughput import log_train
+
+log = logging.getLogger("vit_train")
+
+
+def due(step: int, every: int | None) -> bool:
+    return bool(every) and step % every == 0
+
+
+def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
+          resume_from: tuple[Path, dict] | None = None) -> dict[str, Any]:
+    """Train as `cfg` says, writing checkpoints and logs under `run_dir`; returns the results summary.
+
+    `resume_from`: the (path, checkpoint) `cfg.resume` names, when the caller has already loaded it.
+    Holds the run directory's lock for the whole run (rundir.py; under torchrun rank 0 holds it for
+    every process; a caller that holds it already, as the command line does, keeps it).
+    Raises RunDirBusy when another process holds `run_dir`, before touching anything in it.
+    Raises RunStopped when a stop signal or diverging losses end the run early (after writing
+    results.json, and for a signal a checkpoint to resume from). Any other error once the run is
+    built (a full disk, bad data) is written to train.log and to results.json (status `failed`,
+    `error` the reason) before it is raised; train.log's handler is removed however the run ends.
+    """
+    run_dir = Path(run_dir)
+    with rundir.locked(run_dir, enabled=os.environ.get("RANK", "0") == "0"):
+        started = time.time()
+        ckpt_path, ckpt = resume_from or find_resume_checkpoint(cfg.resume, run_dir) or (None, None)
+        if ckpt is None and run_checkpoints(run_dir):
+            raise CheckpointError(f"{run_dir} already holds checkpoints; continue that run with resume=auto (or "
+                                  f"resume={run_dir}), or start this one in another directory (hydra.run.dir=...)")
+        changes = check_compatible(ckpt, cfg.to_dict()) if ckpt else []
+        run = build_run(cfg, run_dir, overrides, ckpt)
+        run.started, run.earlier_seconds = started, run.state.wall_seconds
+        if cfg.resume == "auto" and ckpt is None and run.ctx.is_main:
+            log.warning(resume_auto_found_nothing(run_dir))
+        try:
+            if ckpt:
+                log.info("resumed from %s at epoch %d, step %d", ckpt_path, run.state.epoch, run.state.step)
+                for change in changes:
+                    log.warning("changed since the checkpoint: %s", change)
+            else:
+                run.logger.config(cfg.to_dict(), step=0)
+            describe(run)
+            short = short_of_space(run_dir, run.model, 1 if cfg.optim.name == "sgd" else 2, run.ema, cfg.trainer.keep_last)
+            if short and run.ctx.is_main:  # said now, not after the first epoch's work
+                log.warning("warning: %s", short)
+            return loop(run)
+        except RunStopped:  # diverged or stopped by a signal: finish() has recorded it
+            raise
+        except Exception as e:
+            error = output_error(e, run_dir)  # a full disk met anywhere: one line
+            record_failure(run, error)
+            if error is not e:
+                raise error from None
+            raise
+        finally:
+            run.logger.close()
+
+
+def loop(run: Run) -> dict[str, Any]:
+    """The training loop, its periodic eval/checkpoint/log and its end; returns the results summary."""
+    state, t, run_dir = run.state, run.cfg.trainer, run.run_dir
+    with logging_redirect_tqdm(), StopRequest(deferred=run.ctx.enabled) as stop:
+        for images, targets in batches(run, stop):
+            train_step(run, images, targets)
+            if due(state.step, t.log_every) or state.step == run.total_steps:
+                run.skips.settle(state)
+                log_train(run.logger, run.bar, run.window, state, run.scheduler.get_last_lr()[0], run.scaler)
+            if state.bad_in_a_row >= t.max_bad_steps:
+                finish(run, "diverged")
+                raise RunStopped(diverged_message(state, run_dir), exit_code=3)
+            epoch_done, final = state.batch_in_epoch == 0, state.step >= run.total_steps
+            if final or (due(state.step, t.eval_every) if t.eval_every else epoch_done):
+                evaluate(run)
+                save(run, best=state.best_step == state.step)
+            elif epoch_done or due(state.step, t.ckpt_every):
+                save(run)
+        if stop:
+            save(run)
+            finish(run, "interrupted")
+            command = "torchrun <the same options> -m vit_train" if run.ctx.enabled else "vit-train"
+            raise RunStopped(f"stopped by {stop.name} at step {state.step}; {run_dir / 'checkpoints' / 'last.pt'} "
+                             f"holds it; continue with: {command} resume={run_dir}", stop.exit_code)
+        if not run.metrics:  # resumed a run that had already finished
+            log.info("the run already reached its last step (%d); raise trainer.epochs or trainer.max_steps to "
+                     "train longer", run.total_steps)
+            evaluate(run)
+            save(run, best=state.best_step == state.step)
+    return finish(run, "completed")
+
+
+def resume_auto_found_nothing(run_dir: Path) -> str:
+    """The line for `resume=auto` in a run directory without checkpoints: where it looked, and how to
+    continue an earlier run (naming the newest one beside it, in Hydra's <date>/<time> layout)."""
+    others = []
+    for last in run_dir.parent.parent.glob("*/*/checkpoints/last.pt"):
+        with contextlib.suppress(OSError):  # a run removed meanwhile
+            if not last.parent.parent.samefile(run_dir):
+                others.append((last.stat().st_mtime, last.parent.parent))
+    how = f", e.g. the newest beside it: vit-train resume={max(others)[1]}" if others else ": resume=<run dir>"
+    return (f"resume=auto: no checkpoint in {run_dir} (hydra.run.dir), so this run starts at step 0; to continue an "
+            f"earlier run, give its directory{how}")
+
+
+def describe(run: Run) -> None:
+    """The run's size, device and throughput reference, in the log."""
+    cfg, window = run.cfg, run.window
+    labels = "no labels (objective=mae)" if cfg.objective.name == "mae" else f"{len(run.data.class_names)} classes"
+    log.info("%s: %.2fM parameters, %s, %d steps (%d per epoch), device %s%s, precision %s", cfg.model.name,
+             sum(p.numel() for p in run.model.parameters()) / 1e6, labels, run.total_steps,
+             run.data.steps_per_epoch, run.device, f" x {run.ctx.world_size} processes" if run.ctx.enabled else "",
+             run.amp_dtype or torch.float32)
+    log.info("%.2f GFLOP per training image; peak %s", window.flops_per_image / 1e9,
+             f"{window.peak_tflops:g} TFLOP/s (MFU logged)" if window.peak_tflops else
+             "unknown (set trainer.peak_tflops to log MFU)")
+
+
+def save(run: Run, best: bool = False) -> None:
+    """last.pt (and best.pt), written by rank 0 once every process is here; the weights are the same on each."""
+    run.skips.settle(run.state)
+    run.state.wall_seconds = run.earlier_seconds + time.time() - run.started
+    with run.window.paused():
+        distributed.barrier()
+        if run.ctx.is_main:
+            ckpt = checkpoint_state(run.model, run.optimizer, run.scheduler, run.scaler, run.ema, run.state, run.cfg,
+                                    run.overrides, run.data.class_names)
+            ckpt["objective"] = objective_state(run.objective)
+            save_run_checkpoint(ckpt, run.run_dir / "checkpoints", run.cfg.trainer.keep_last, best)
+        distributed.barrier()
+
+
+def evaluate(run: Run) -> dict[str, float]:
+    """Evaluates the model (and its EMA) on the val set; best.pt follows whichever of the two scores higher."""
+    if run.cfg.objective.name == "mae":
+        return evaluate_mae(run)
+    state, progress = run.state, run.cfg.trainer.progress and run.ctx.is_main
+    with run.window.paused():
+        metrics = evaluate_loader(run.eval_fn, run.data.val_loader, run.device, run.amp_dtype, progress,
+                                  confusion=run.visuals is not None)
+        if run.visuals is not None:
+            run.visuals.after_eval(run.model, state.step, metrics.pop("confusion"))
+        run.logger.scalars("val", state.step, metrics)
+        scores, ema_text = {"model": metrics["top1"]}, ""
+        if run.ema is not None:
+            ema_metrics = evaluate_loader(run.ema.module, run.data.val_loader, run.device, run.amp_dtype, progress)
+            run.logger.scalars("val_ema", state.step, ema_metrics)
+            metrics["ema_top1"] = scores["ema"] = ema_metrics["top1"]
+            ema_text = f", EMA top-1 {ema_metrics['top1']:.2f}%"
+    source = max(scores, key=scores.get)  # the raw model wins a tie
+    state.last_eval = {"step": state.step, "metric": "top1", **scores}  # weights=auto (vit-eval/predict/export)
+    if scores[source] > state.best_top1:
+        state.best_top1, state.best_step, state.best_source = scores[source], state.step, source
+    log.info("step %d (epoch %.2f): val loss %.4f, top-1 %.2f%%, top-5 %.2f%%%s (best %.2f%%, %s)", state.step,
+             state.epochs_done, metrics["loss"], metrics["top1"], metrics["top5"], ema_text, state.best_top1,
+             state.best_source)
+    run.metrics = metrics
+    return metrics
+
+
+def evaluate_mae(run: Run) -> dict[str, float]:
+    """MAE: the val reconstruction loss (fixed masks) of the model and its EMA; best.pt follows the lower."""
+    state = run.state
+    with run.window.paused():
+        metrics = evaluate_reconstruction(run.eval_fn, run.data.val_loader, run.device, run.amp_dtype, run.cfg)
+        if run.visuals is not None:
+            run.visuals.after_eval(run.model, state.step, None)
+        run.logger.scalars("val", state.step, metrics)
+        scores, ema_text = {"model": metrics["loss"]}, ""
+        if run.ema is not None:
+            ema_metrics = evaluate_reconstruction(run.ema.module, run.data.val_loader, run.device, run.amp_dtype,
+                                                  run.cfg)
+            run.logger.scalars("val_ema", state.step, ema_metrics)
+            metrics["ema_loss"] = scores["ema"] = ema_metrics["loss"]
+            ema_text = f", EMA {ema_metrics['loss']:.4f}"
+    source = min(scores, key=scores.get)  # the raw model wins a tie
+    state.last_eval = {"step": state.step, "metric": "loss", **scores}  # weights=auto (vit-eval/predict/export)
+    if scores[source] < state.best_loss:
+        state.best_loss, state.best_step, state.best_source = scores[source], state.step, source
+    log.info("step %d (epoch %.2f): val reconstruction loss %.4f%s (best %.4f, %s)", state.step, state.epochs_done,
+             metrics["loss"], ema_text, state.best_loss, state.best_source)
+    run.metrics = metrics
+    return metrics
+
+
+def finish(run: Run, status: str) -> dict[str, Any]:
+    """results.json (rank 0) and the closing log line; returns the results."""
+    state = run.state
+    run.skips.settle(state)
+    seconds = time.time() - run.started
+    results = results_summary(status, state, run.metrics, seconds, run.run_dir,
+                              all_attempts=run.earlier_seconds + seconds)
+    if run.ctx.is_main:
+        write_results(run.run_dir, results)
+    best = f"best top-1 {state.best_top1:.2f}% (step {state.best_step})" if state.best_top1 >= 0 else "not evaluated"
+    if math.isfinite(state.best_loss):
+        best = f"best val reconstruction loss {state.best_loss:.4f} (step {state.best_step})"
+    log.info("%s: %s, %d steps (%d skipped), %.0f images/s, %.0f s; outputs in %s", status, best, state.step,
+             state.skipped_steps, results["images_per_s"] or 0, results["wall_seconds"], run.run_dir)
+    return results
+
+
+def record_failure(run: Run, error: Exception) -> None:
+    """A run that failed (a full disk, bad data, a bug): the reason in train.log and, where it can still be
+    written, results.json with status `failed` and `error` (its numbers up to the failure)."""
+    reason = str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}".strip()
+    run.logger.note_error(reason if isinstance(error, UserError) else traceback.format_exc().rstrip())
+    if not run.ctx.is_main:
+        return
+    seconds = time.time() - run.started
+    results = results_summary("failed", run.state, run.metrics, seconds, run.run_dir,
+                              all_attempts=run.earlier_seconds + seconds, error=reason)
+    try:
+        write_results(run.run_dir, results)
+    except UserError as e:  # the disk that stopped the run may refuse this too
+        log.warning("%s", e)
