@@ -7,9 +7,9 @@ many runs survived it, and the evidence. Prints a Markdown table (and writes it 
 step logged, checkpoints at steps 3, 6, 8, 9, 12, 15 and 16): after the fault and `resume=auto`,
 every metrics.jsonl row appears once with the reference's values, TensorBoard holds the same
 scalars, the weights and optimiser state are bit-identical, no temporary file is left and
-results.json says completed (tests/conftest.py `assert_same_run`). Each refusal must be one line.
-The kills and pauses are real signals at chosen moments (tests/killer.py, in a forked child), the
-full disks real tmpfs mounts (tests/diskfull.py; needs `unshare`), the hostile files
+results.json says completed (tests/helpers/files.py `assert_same_run`). Each refusal must be one line.
+The kills and pauses are real signals at chosen moments (tests/helpers/killer.py, in a forked child), the
+full disks real tmpfs mounts (tests/helpers/diskfull.py; needs `unshare`), the hostile files
 tests/test_hostile.py.
 """
 
@@ -33,8 +33,9 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
-from conftest import TINY, assert_same_run, tiny_config  # noqa: E402
-from killer import arm  # noqa: E402
+from helpers.configs import TINY, tiny_config  # noqa: E402
+from helpers.files import assert_same_run  # noqa: E402
+from helpers.killer import arm  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -55,7 +56,7 @@ TMPFS_KB = [4, 8, 12, 16, 32, 64, 128, 200, 290, 350, 450, 600, 900]
 
 def killer(run_dir: Path, fault: str, n: int, resume: str | None = None, stop: bool = False) -> int:
     """A child process (forked: no second start-up of Python and torch) that trains in `run_dir` and is
-    killed by SIGKILL, or paused by SIGSTOP, at the n-th `fault` (tests/killer.py); its pid."""
+    killed by SIGKILL, or paused by SIGSTOP, at the n-th `fault` (tests/helpers/killer.py); its pid."""
     pid = os.fork()
     if pid == 0:
         status = 0
@@ -245,7 +246,7 @@ def diskfull_rows(work: Path, reference: Path) -> list[dict]:
         for size in TMPFS_KB:
             out = work / f"tmpfs_{size}"
             out.mkdir()
-            done = subprocess.run([*unshare, sys.executable, str(TESTS / "diskfull.py"), str(out), str(size),
+            done = subprocess.run([*unshare, sys.executable, str(TESTS / "helpers" / "diskfull.py"), str(out), str(size),
                                    json.dumps(SECTIONS)], capture_output=True, text=True, timeout=600)
             if done.returncode != 0 or "Traceback" in done.stderr:
                 outcomes.append(f"{size} kB: {done.stderr.strip()[-200:]}")

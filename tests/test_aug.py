@@ -1,7 +1,5 @@
 """Augmentation policies, batch mixing, repeated augmentation: shapes, ranges and exact contracts."""
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,6 +7,7 @@ from PIL import Image
 from torch import nn
 from torchvision.transforms import v2
 
+from helpers.files import rows
 from vit_train.config.schema import AugConfig
 from vit_train.data import SHAPES_STATS
 from vit_train.data.mix import BatchMix
@@ -170,6 +169,6 @@ def test_a_run_with_deit_augmentation_learns_and_reports_mixed_train_accuracy(tm
                       "mixup_alpha": 0.8, "cutmix_alpha": 1.0, "random_erasing": 0.25, "label_smoothing": 0.1})
     results = train(cfg, tmp_path)
     assert results["best_top1"] >= 25.0, results
-    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = rows(tmp_path)
     train_top1 = [e["top1"] for e in logged if e["split"] == "train"]
     assert len(train_top1) == 37 and all(0 <= v <= 100 for v in train_top1)  # against the mixed targets' argmax

@@ -1,14 +1,12 @@
-from pathlib import Path
-
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import composed
-from vit_train.cli.train import _config_dir, check_override_keys
+from helpers.configs import composed, config_dir
+from vit_train.cli.train import check_override_keys
 from vit_train.config.schema import Config, known_keys
 from vit_train.errors import ConfigError
 
-CONFIGS = Path(_config_dir())
+CONFIGS = config_dir()
 GROUP_FILES = sorted(
     (path.parent.name, path.stem) for path in CONFIGS.glob("*/*.yaml") if path.parent.name != "hydra"
 )

@@ -12,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from helpers.images import write_cifar10, write_image, write_image_folder
 from vit_train.data import build_data, cifar
 from vit_train.data.imagefolder import load_image_folders
 from vit_train.data.datasets import TensorImages, TransformedDataset
@@ -41,24 +42,6 @@ def test_shapes_class_is_the_shape_not_the_colour():
 
 
 # --- CIFAR ----------------------------------------------------------------------------------------
-
-def write_cifar10(root: Path, per_batch: int = 4, seed: int = 0) -> dict:
-    """A tiny CIFAR-10 in the python format; returns what was written."""
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(seed)
-    written = {}
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        data = rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8)
-        labels = rng.integers(0, 10, per_batch).tolist()
-        with open(folder / name, "wb") as f:
-            pickle.dump({"batch_label": name, "labels": labels, "data": data, "filenames": []}, f)
-        written[name] = (data, labels)
-    names = [f"class{i}" for i in range(10)]
-    with open(folder / "batches.meta", "wb") as f:
-        pickle.dump({"label_names": names, "num_vis": 3072}, f)
-    return written
-
 
 def test_cifar_reads_python_batches_into_uint8_tensors(tmp_path):
     written = write_cifar10(tmp_path)
@@ -162,11 +145,6 @@ def test_cifar_download_error_is_reported(tmp_path, monkeypatch):
 
 # --- image folders --------------------------------------------------------------------------------
 
-def write_image(path: Path, mode: str, size: tuple[int, int]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.new(mode, size).save(path)
-
-
 def make_folders(root: Path) -> None:
     write_image(root / "train" / "cat" / "a.png", "RGB", (40, 30))
     write_image(root / "train" / "cat" / "b.png", "L", (20, 20))  # grey
@@ -258,10 +236,7 @@ def test_batch_larger_than_the_data_set_is_refused(make_config):
 
 def make_faulty_folders(root: Path) -> None:
     """Readable images plus a truncated PNG, an empty .jpg and a text file."""
-    for split, count in (("train", 6), ("val", 2)):
-        for cls in ("cat", "dog"):
-            for i in range(count):
-                write_image(root / split / cls / f"{i}.png", "RGB", (20, 20))
+    write_image_folder(root, {"train": 6, "val": 2}, ("cat", "dog"))  # black 20x20 RGB
     good = (root / "train" / "cat" / "0.png").read_bytes()
     Image.effect_noise((64, 64), 50).convert("RGB").save(root / "train" / "cat" / "big.png")
     truncated = (root / "train" / "cat" / "big.png").read_bytes()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from ugly_folder import SIDE, picture, write_every_mode
+from helpers.ugly_folder import SIDE, picture, write_every_mode
 
 from vit_train.data import build_data
 from vit_train.data.decode import open_rgb, read_uint8

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from helpers.images import write_images
 from vit_train.data.shapes import generate_shapes
 from vit_train.errors import ConfigError
 from vit_train.models.mae import MaskedAutoencoder, MaskSampler, build_mae, mae_flops_per_image, num_visible, patch_targets, patchify, reconstruct, reconstruction_loss, unpatchify
@@ -269,14 +270,6 @@ def test_a_classifier_starts_from_the_mae_encoder_with_a_new_head(tmp_path, capl
     assert "head.weight" in report["reinitialised"] and not any("decoder" in k for k in report["loaded"])
     images = torch.randn(2, 3, 16, 16)
     torch.testing.assert_close(classifier.forward_features(images), mae.encoder.forward_features(images))
-
-
-def write_images(folder, count: int, start: int = 0) -> None:
-    from PIL import Image
-
-    folder.mkdir(parents=True, exist_ok=True)
-    for i in range(start, start + count):
-        Image.new("RGB", (12, 10), (i * 7 % 256, 0, 0)).save(folder / f"img{i:03d}.png")
 
 
 def test_unlabelled_folders_flat_nested_or_split_by_holdout(tmp_path):

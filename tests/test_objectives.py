@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import logged
+from helpers.files import logged
 from vit_train.objectives import Classify, build_objective
 
 

@@ -1,21 +1,13 @@
-import json
 import shutil
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import logged, model_weights
+from helpers.files import logged, model_weights, read_results, tb_steps
 from vit_train.outputs.checkpoint import REQUIRED_KEYS
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.train.state import build_ema
 from vit_train.train.trainer import train
-
-
-def tb_steps(run_dir, tag):
-    events = EventAccumulator(str(run_dir / "tb"))
-    events.Reload()
-    return [e.step for e in events.Scalars(tag)]
 
 
 def test_a_short_run_writes_every_output(tmp_path, make_config):
@@ -23,7 +15,7 @@ def test_a_short_run_writes_every_output(tmp_path, make_config):
     for name in ("checkpoints/last.pt", "checkpoints/best.pt", "metrics.jsonl", "results.json", "train.log"):
         assert (tmp_path / name).is_file(), name
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
-    saved = json.loads((tmp_path / "results.json").read_text())
+    saved = read_results(tmp_path)
     assert saved == results
     assert saved["status"] == "completed" and saved["steps"] == 3 and saved["images_per_s"] > 0
     assert 0 <= saved["final_top1"] <= 100 and saved["final_top1"] <= saved["final_top5"]

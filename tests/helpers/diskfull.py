@@ -2,7 +2,7 @@
 private mount namespace (`unshare -m`, or `unshare -rm` as a normal user), where it mounts the tmpfs
 itself; writes what happened as JSON to OUT/report.json and copies the run to OUT/run.
 
-    python diskfull.py OUT SIZE_KB SECTIONS_JSON
+    python tests/helpers/diskfull.py OUT SIZE_KB SECTIONS_JSON
 """
 
 import json
@@ -12,8 +12,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from conftest import tiny_config  # noqa: E402
+if not __package__:  # run as a script: tests/ first on the path (not helpers/, whose module names are common)
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+from helpers.configs import tiny_config  # noqa: E402
 
 from vit_train.errors import UserError  # noqa: E402
 from vit_train.train.trainer import train  # noqa: E402

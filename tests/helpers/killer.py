@@ -2,7 +2,7 @@
 code runs, as with kill -9 or the OOM killer), or with "signal": "STOP" pause it there (a second
 writer is tried meanwhile; SIGCONT lets it go on). Used by test_faults.py and scripts/fault_table.py:
 
-    python killer.py '{"run_dir": ..., "sections": {...}, "fault": "row", "n": 2}'
+    python tests/helpers/killer.py '{"run_dir": ..., "sections": {...}, "fault": "row", "n": 2}'
 
 Faults (the n-th occurrence):
   row       after the n-th train row is written to metrics.jsonl
@@ -22,8 +22,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from conftest import tiny_config  # noqa: E402
+if not __package__:  # run as a script: tests/ first on the path (not helpers/, whose module names are common)
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+from helpers.configs import tiny_config  # noqa: E402
 
 import vit_train.outputs.metrics as metrics
 import vit_train.train.trainer as trainer

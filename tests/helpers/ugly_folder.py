@@ -3,7 +3,7 @@
 `write_ugly_folder(root)` writes root/train/<class>/ and root/val/<class>/ and returns what a
 correct reader must see: the classes, and for every image file its expected 8-bit RGB pixels.
 `write_every_mode(folder, picture)` writes one picture in every Pillow mode a user may bring.
-Used through the `ugly_folder` fixture in conftest.py; tests import the helpers directly too.
+Used through the `ugly_folder` fixture in conftest.py; tests import it too (`from helpers.ugly_folder import ...`).
 """
 
 from __future__ import annotations

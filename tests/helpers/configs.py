@@ -1,0 +1,46 @@
+"""Tiny configs: a micro ViT on a small shapes set, CPU only, as command-line overrides (`TINY`) or a
+typed Config (`tiny_config`); `composed` gives what the command line composes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vit_train.config.schema import Config
+
+# A micro ViT on a small shapes set, as command-line overrides: 4 steps per epoch.
+TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=16", "data.train_size=128",
+        "data.val_size=64", "data.batch_size=32", "trainer.device=cpu", "trainer.progress=false"]
+
+
+def tiny_config(**sections) -> Config:
+    """A micro ViT on a small shapes set; `sections` override keys, e.g. trainer={"max_steps": 3}."""
+    plain = {
+        "model": {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 16, "patch_size": 4},
+        "data": {"train_size": 256, "val_size": 128, "batch_size": 32},
+        "trainer": {"epochs": 2, "device": "cpu", "log_every": 2, "progress": False},
+        "schedule": {"warmup_epochs": 0.5},
+    }
+    for name, values in sections.items():
+        if isinstance(values, dict):
+            plain.setdefault(name, {}).update(values)
+        else:
+            plain[name] = values
+    return Config.from_dict(plain)
+
+
+def composed(overrides: list[str]) -> dict:
+    """The config `vit-train OVERRIDES` composes, as plain data (before the typed schema's validation)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from vit_train.cli.train import _config_dir  # also registers the schema node that train.yaml lists first
+
+    with initialize_config_dir(config_dir=_config_dir(), version_base="1.3"):
+        return OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
+
+
+def config_dir() -> Path:
+    """vit_train's config folder (one folder a config group, train.yaml at its top)."""
+    from vit_train.cli.train import _config_dir
+
+    return Path(_config_dir())
