@@ -28,14 +28,15 @@ def tiny_config(**sections) -> Config:
     return Config.from_dict(plain)
 
 
-def composed(overrides: list[str]) -> dict:
-    """The config `vit-train OVERRIDES` composes, as plain data (before the typed schema's validation)."""
+def composed(overrides: list[str], configs: Path | None = None) -> dict:
+    """The config `vit-train OVERRIDES` composes, as plain data (before the typed schema's validation);
+    from the config tree `configs` (a test's modified copy) instead of vit_train's when given."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     from vit_train.cli.train import _config_dir  # also registers the schema node that train.yaml lists first
 
-    with initialize_config_dir(config_dir=_config_dir(), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(configs or _config_dir()), version_base="1.3"):
         return OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
 
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from vit_train.errors import ConfigError
 
-# Image side and patch side a model gets when model.img_size / model.patch_size are null.
+# Image side and patch side a model gets when model.img_size / model.patch_size are null. The command
+# line never leaves them null: each configs/data/*.yaml sets them from configs/data/input_size/, where
+# `vit-train --cfg job` shows them; this table fills a Config built in Python (Config(), from_dict)
+# the same way (tests/test_input_sizes.py keeps the two equal).
 DATASET_DEFAULTS: dict[str, tuple[int, int]] = {
     "shapes": (32, 4),
     "cifar10": (32, 4),
@@ -24,10 +27,8 @@ def check_config(cfg) -> None:
 
     Raises ConfigError naming the key, the value and what to change.
     """
+    fill_input_size(cfg)
     m, d, t = cfg.model, cfg.data, cfg.trainer
-    default_img, default_patch = DATASET_DEFAULTS[d.name]
-    m.img_size = default_img if m.img_size is None else m.img_size
-    m.patch_size = default_patch if m.patch_size is None else m.patch_size
     _positive(
         ("model.img_size", m.img_size), ("model.patch_size", m.patch_size),
         ("model.embed_dim", m.embed_dim), ("model.depth", m.depth),
@@ -101,6 +102,14 @@ def _check_mae(cfg) -> None:
               ("mae.decoder_heads", e.decoder_heads))
     _require(e.decoder_dim % e.decoder_heads == 0 and e.decoder_dim % 4 == 0, f"mae.decoder_dim "
              f"({e.decoder_dim}) must be divisible by mae.decoder_heads ({e.decoder_heads}) and by 4")
+
+def fill_input_size(cfg) -> None:
+    """Set model.img_size and model.patch_size (pixels) that are null to data.name's DATASET_DEFAULTS, in place."""
+    m = cfg.model
+    default_img, default_patch = DATASET_DEFAULTS[cfg.data.name]
+    m.img_size = default_img if m.img_size is None else m.img_size
+    m.patch_size = default_patch if m.patch_size is None else m.patch_size
+
 
 def _check_aug(cfg) -> None:
     a = cfg.aug
