@@ -4,16 +4,16 @@ never code run, never silently used."""
 import json
 import os
 import struct
-import subprocess
-import sys
 import zlib
 from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
-from conftest import tiny_config
 
+from helpers.configs import tiny_config
+from helpers.images import write_image_folder
+from helpers.runs import command
 from vit_train.outputs.checkpoint import load_checkpoint
 from vit_train.outputs.weights import load_weights
 from vit_train.data import build_data
@@ -23,11 +23,6 @@ from vit_train.outputs.integrity import load_failure
 from vit_train.models.vit import build_model
 from vit_train.models.pretrained import load_pretrained
 from vit_train.train.trainer import train
-
-
-def command(name, *args):
-    code = f"import sys; from vit_train.cli.commands import {name}_main as m; sys.argv[0] = 'x'; m()"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -169,11 +164,7 @@ def test_vit_predict_refuses_a_bomb_in_one_line(tmp_path, checkpoint):
 
 def test_bombs_in_an_image_folder_count_as_unreadable(tmp_path, make_config, monkeypatch):
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 40x40 = 1600 pixels: between the two limits
-    for split in ("train", "val"):
-        for cls in ("a", "b"):
-            (tmp_path / split / cls).mkdir(parents=True)
-            for i in range(2):
-                Image.new("RGB", (20, 20), (60 * i, 0, 0)).save(tmp_path / split / cls / f"{i}.png")
+    write_image_folder(tmp_path, {"train": 2, "val": 2}, pixels=lambda cls, i: (60 * i, 0, 0))
     Image.new("RGB", (40, 40)).save(tmp_path / "train" / "b" / "2.png")
     cfg = make_config(data={"name": "imagefolder", "root": str(tmp_path), "batch_size": 2, "bad_images": "error",
                             "num_workers": 0}, model={"img_size": 16, "patch_size": 8})
@@ -185,11 +176,7 @@ def test_a_class_that_becomes_unreadable_mid_run_is_one_line_naming_a_file(tmp_p
     """The folder listing is taken, then every image of class b is damaged (a disk or mount gone bad):
     the loader workers' replacement runs out, and the error reaches the run as one line, not the
     worker's traceback."""
-    for split, count in (("train", 20), ("val", 2)):
-        for cls in ("a", "b"):
-            (tmp_path / split / cls).mkdir(parents=True)
-            for i in range(count):
-                Image.new("RGB", (20, 20), (10 * i, 0, 0)).save(tmp_path / split / cls / f"{i:02d}.png")
+    write_image_folder(tmp_path, {"train": 20, "val": 2}, pixels=lambda cls, i: (10 * i, 0, 0), name="{i:02d}.png")
     import vit_train.train.run as run_module
 
     def build_then_damage(*args, **kwargs):

@@ -3,22 +3,18 @@ figures, image folders without labels, vit-eval, and classification runs started
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
 import torch
 
+from helpers.files import logged, tb_events
+from helpers.images import write_images
 from vit_train.errors import ConfigError
 from vit_train.train.trainer import train
 
 MAE = {"name": "mae"}
 SMALL_DECODER = {"decoder_dim": 16, "decoder_depth": 1, "decoder_heads": 2}
-
-
-def entries(run_dir, split: str) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [e for e in map(json.loads, lines) if e["split"] == split]
 
 
 def load(path):
@@ -28,9 +24,9 @@ def load(path):
 def test_a_pretraining_run_logs_reconstruction_loss_and_keeps_the_lowest(tmp_path, make_config):
     cfg = make_config(objective=MAE, mae=SMALL_DECODER, trainer={"max_steps": 6, "eval_every": 2, "log_every": 1})
     results = train(cfg, tmp_path)
-    val = entries(tmp_path, "val")
+    val = logged(tmp_path, "val")
     assert [e["step"] for e in val] == [2, 4, 6] and all("top1" not in e for e in val)
-    assert all("top1" not in e for e in entries(tmp_path, "train"))
+    assert all("top1" not in e for e in logged(tmp_path, "train"))
     best = min(val, key=lambda e: e["loss"])
     assert results["best_top1"] is None and results["final_top1"] is None
     assert results["final_loss"] == val[-1]["loss"]
@@ -57,24 +53,19 @@ def test_resume_mid_epoch_is_bit_exact_masks_included(tmp_path, make_config):
         a, b = (torch.utils._pytree.tree_flatten(c[part])[0] for c in (whole, resumed))
         assert all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b)), part
     assert resumed["objective"] == whole["objective"] == {"draws": 11}
-    losses = {e["step"]: e["loss"] for e in entries(tmp_path / "whole", "train") if e["step"] > 5}
-    assert {e["step"]: e["loss"] for e in entries(tmp_path / "resumed", "train")} == losses
+    losses = {e["step"]: e["loss"] for e in logged(tmp_path / "whole", "train") if e["step"] > 5}
+    assert {e["step"]: e["loss"] for e in logged(tmp_path / "resumed", "train")} == losses
 
 
 def test_reconstruction_figures_go_to_tensorboard(tmp_path, make_config):
     pytest.importorskip("matplotlib")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     train(make_config(objective=MAE, mae=SMALL_DECODER, trainer={"max_steps": 2, "eval_every": 1, "viz_every": 2}),
           tmp_path)
-    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0})
-    events.Reload()
+    events = tb_events(tmp_path)
     assert [e.step for e in events.Images("figures/reconstruction")] == [2]  # every 2nd evaluation
 
 
 def test_pretraining_on_a_folder_of_images_without_classes(tmp_path, make_config):
-    from test_mae import write_images
-
     write_images(tmp_path / "photos", 60)  # no train/ or val/, no class folders
     cfg = make_config(objective=MAE, mae=SMALL_DECODER, data={"name": "imagefolder", "root": str(tmp_path / "photos"),
                                                             "batch_size": 8, "num_workers": 0},
@@ -85,7 +76,6 @@ def test_pretraining_on_a_folder_of_images_without_classes(tmp_path, make_config
 
 
 def test_classification_without_class_folders_is_still_refused(tmp_path, make_config):
-    from test_mae import write_images
     from vit_train.errors import DataError
 
     write_images(tmp_path / "photos" / "train", 20)

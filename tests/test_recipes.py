@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import composed
+from helpers.configs import composed
 from vit_train.config.schema import Config, config_dir
 from vit_train.train.trainer import train
 

@@ -1,7 +1,6 @@
 """Never lose a run: exact resume, checkpoint fallback and atomicity, skipped non-finite steps,
 the overwrite guard, safe loading."""
 
-import json
 import math
 import signal
 
@@ -9,6 +8,7 @@ import pytest
 import torch
 
 import vit_train.outputs.checkpoint as checkpoint_module
+from helpers.files import logged, read_results, rows
 from vit_train.outputs.checkpoint import check_classes, check_compatible, load_checkpoint, save_checkpoint
 from vit_train.data.datasets import TransformedDataset
 from vit_train.errors import CheckpointError, RunStopped
@@ -40,8 +40,7 @@ def assert_identical(a, b, where="checkpoint"):
 
 
 def train_losses(run_dir):
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return {e["step"]: e["loss"] for e in map(json.loads, lines) if e["split"] == "train"}
+    return {e["step"]: e["loss"] for e in logged(run_dir, "train")}
 
 
 DEIT_AUG = {"name": "deit", "mixup_alpha": 0.8, "cutmix_alpha": 1.0, "random_erasing": 0.25, "label_smoothing": 0.1}
@@ -77,7 +76,7 @@ def test_resume_at_any_step_is_bit_identical_to_an_uninterrupted_run(tmp_path, m
     if trainer.get("ema_decay"):
         assert expected["ema"] is not None and not torch.equal(expected["ema"]["module.head.weight"],
                                                               expected["model"]["head.weight"])
-        logged = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]
+        logged = rows(full)
         assert [e["step"] for e in logged if e["split"] == "val_ema"] == [8, 16]  # evaluated beside the model
     if trainer.get("precision") == "fp16":
         assert expected["scaler"]["scale"] > 0
@@ -170,7 +169,7 @@ def test_a_nan_batch_is_skipped_and_counted(tmp_path, make_config, monkeypatch, 
     ckpt = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
     assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
     assert all(torch.isfinite(t).all() for s in ckpt["optimizer"]["state"].values() for t in s.values())
-    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = rows(tmp_path)
     train_log = [e for e in logged if e["split"] == "train"]
     assert train_log[-1]["skipped_steps"] == 2
     skipped = [e["step"] for e in train_log if e["loss"] is None]  # a window of one skipped step has no loss
@@ -192,7 +191,7 @@ def test_consecutive_bad_steps_stop_the_run_keeping_the_last_good_checkpoint(tmp
         train(make_config(trainer={"epochs": 2, "max_bad_steps": 3}, resume="auto"), tmp_path)
     assert stopped.value.exit_code == 3
     assert (tmp_path / "checkpoints" / "last.pt").read_bytes() == before
-    results = json.loads((tmp_path / "results.json").read_text())
+    results = read_results(tmp_path)
     assert results["status"] == "diverged" and results["steps"] == steps and results["skipped_steps"] == steps - 8
 
 

@@ -7,14 +7,14 @@ an error printed after a progress bar that was never closed, so it is glued to t
 """
 
 import io
-import json
 import os
 import signal
 
 import pytest
 import torch
-from PIL import Image
 
+from helpers.files import read_results
+from helpers.images import write_image_folder
 from vit_train.errors import DataError, RunStopped
 from vit_train.train.trainer import train
 
@@ -29,14 +29,6 @@ class Terminal(io.StringIO):
 def column_zero(text: str) -> bool:
     """Whether a terminal that was sent `text` has its cursor at the start of a line."""
     return text == "" or text.endswith(("\n", "\r"))
-
-
-def image_folder(root, train=4, val=2):
-    for split, count in (("train", train), ("val", val)):
-        for cls in ("a", "b"):
-            (root / split / cls).mkdir(parents=True)
-            for i in range(count):
-                Image.new("RGB", (20, 20), (40 * i, 100 if cls == "a" else 0, 0)).save(root / split / cls / f"{i}.png")
 
 
 def stop_at_second_step(monkeypatch):
@@ -62,7 +54,7 @@ def test_the_stop_line_gives_the_command_that_continues_the_run(tmp_path, make_c
         train(make_config(), run)
     assert str(stopped.value) == (f"stopped by SIGUSR1 at step 2; {run / 'checkpoints' / 'last.pt'} holds it; "
                                   f"continue with: vit-train resume={run}")
-    assert json.loads((run / "results.json").read_text())["status"] == "interrupted"
+    assert read_results(run)["status"] == "interrupted"
     monkeypatch.undo()
     resumed = train(make_config(resume=str(run)), run)  # what `vit-train resume=<run dir>` runs
     assert resumed["status"] == "completed" and resumed["steps"] == 16
@@ -103,7 +95,7 @@ def test_results_give_the_wall_time_of_all_attempts(tmp_path, make_config):
     second = train(make_config(trainer={"max_steps": 6}, resume="auto"), tmp_path)
     assert second["wall_seconds_all_attempts"] == saved + second["wall_seconds"]
     assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["wall_seconds"] > saved
-    assert json.loads((tmp_path / "results.json").read_text()) == second
+    assert read_results(tmp_path) == second
 
 
 def test_a_run_that_diverges_before_its_first_checkpoint_does_not_point_at_checkpoints(tmp_path, make_config):
@@ -113,7 +105,7 @@ def test_a_run_that_diverges_before_its_first_checkpoint_does_not_point_at_check
     assert early.value.exit_code == 3 and not (tmp_path / "early" / "checkpoints").exists()
     assert "it had written no checkpoint yet" in str(early.value) and "checkpoints" not in str(early.value)
     assert str(early.value).endswith("and start again")
-    assert json.loads((tmp_path / "early" / "results.json").read_text())["status"] == "diverged"
+    assert read_results(tmp_path / "early")["status"] == "diverged"
 
     train(make_config(trainer={"epochs": 1}), tmp_path / "late")  # a checkpoint at step 8, then it diverges
     with pytest.raises(RunStopped) as late:
@@ -130,7 +122,8 @@ def test_bad_data_found_mid_run_leaves_a_failed_record_and_a_line_of_its_own(tmp
     import vit_train.train.run as run_module
     from vit_train.data import build_data
 
-    image_folder(tmp_path / "data")
+    write_image_folder(tmp_path / "data", {"train": 4, "val": 2},
+                       pixels=lambda cls, i: (40 * i, 100 if cls == "a" else 0, 0))
     bad = tmp_path / "data" / "val" / "b" / "1.png"
 
     def build_then_damage(*args, **kwargs):
@@ -149,6 +142,6 @@ def test_bad_data_found_mid_run_leaves_a_failed_record_and_a_line_of_its_own(tmp
     shown = stderr.getvalue()
     assert ("epoch 1/2" in shown) and (("\r" in shown) == terminal)  # the bar, or lines in a log
     assert column_zero(shown)  # what is printed next starts on its own line
-    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    results = read_results(tmp_path / "run")
     assert results["status"] == "failed" and results["error"] == str(failed.value) and results["steps"] == 4
     assert f"[ERROR] {failed.value}" in (tmp_path / "run" / "train.log").read_text()

@@ -41,6 +41,15 @@ def tb_steps(run_dir: Path, tag: str) -> list[int]:
     return [e.step for e in events.Scalars(tag)]
 
 
+def tb_events(run_dir: Path):
+    """TensorBoard's EventAccumulator over run_dir/tb, loaded, every image kept (its .Images(tag), .Tags())."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(Path(run_dir) / "tb"), size_guidance={"images": 0})
+    events.Reload()
+    return events
+
+
 def model_weights(run_dir: Path, name: str = "last.pt") -> dict:
     """The model state dict of a run's checkpoints/<name>."""
     import torch
