@@ -42,7 +42,7 @@ from vit_train.data.datasets import TensorImages, TransformedDataset
 from vit_train.data.sampler import EpochSampler
 from vit_train.data.transforms import build_transforms
 from vit_train.runtime.device import autocast_dtype
-from vit_train.models.mae import build_mae
+from vit_train.models.mae import build_autoencoder
 from vit_train.objectives.mae import MaeObjective
 from vit_train.models.vit import build_model
 from vit_train.train.throughput import flops_per_image, peak_tflops
@@ -221,7 +221,7 @@ def main() -> None:
     mae = None
     if args.mae_ratio:
         mae_cfg = Config.from_dict({"model": dataclasses.asdict(cfg), "mae": {"mask_ratio": args.mae_ratio}})
-        mae = (build_mae(mae_cfg).to(device), MaeObjective(mae_cfg))
+        mae = (build_autoencoder(mae_cfg).to(device), MaeObjective(mae_cfg))
         mae[0].encoder.load_state_dict({k: v for k, v in ours.state_dict().items() if not k.startswith("head.")})
     if args.compile:
         models = {name: torch.compile(m) for name, m in models.items()}

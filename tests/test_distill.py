@@ -9,6 +9,7 @@ import torchvision
 from vit_train.config.schema import DistillConfig
 from vit_train.objectives.distill import Distill, check_teacher_output, distillation_loss, file_sha256, load_teacher
 from vit_train.errors import CheckpointError, ConfigError
+from vit_train.objectives import check_objective
 from vit_train.models.vit import VisionTransformer
 from vit_train.train.trainer import train
 
@@ -211,7 +212,7 @@ def test_a_distillation_run_records_the_teacher_but_never_saves_it_and_resumes_e
 
 def test_distill_without_a_teacher_is_refused(make_config):
     with pytest.raises(ConfigError, match="objective=distill needs distill.teacher"):
-        make_config(objective={"name": "distill"})
+        check_objective(make_config(objective={"name": "distill"}))
 
 
 def agreement(model, teacher, loader) -> float:

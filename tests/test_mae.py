@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from helpers.images import write_images
 from vit_train.data.shapes import generate_shapes
 from vit_train.errors import ConfigError
-from vit_train.models.mae import MaskedAutoencoder, MaskSampler, build_mae, mae_flops_per_image, num_visible, patch_targets, patchify, reconstruct, reconstruction_loss, unpatchify
+from vit_train.models.mae import MaskedAutoencoder, MaskSampler, build_autoencoder, mae_flops_per_image, num_visible, patch_targets, patchify, reconstruct, reconstruction_loss, unpatchify
 from vit_train.objectives.mae import MaeObjective
 from vit_train.models.vit import VisionTransformer
 
@@ -224,7 +224,7 @@ def test_short_pretraining_reconstructs_far_better_than_the_untrained_model(make
     cfg = make_config(model={"embed_dim": 64, "depth": 2, "num_heads": 4, "img_size": 16, "patch_size": 4},
                       mae={"decoder_dim": 64, "decoder_depth": 1, "decoder_heads": 4, "norm_pix_loss": True})
     torch.manual_seed(0)
-    model = build_mae(cfg)
+    model = build_autoencoder(cfg)
     train_images, _ = generate_shapes(1024, 16, seed=0)
     val_images, _ = generate_shapes(256, 16, seed=1)
     val = (val_images.float() / 255 - 0.28) / 0.236

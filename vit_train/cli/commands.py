@@ -107,7 +107,7 @@ def _eval(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
 def eval_text(results: dict) -> str:
     weights = {"ema": "EMA weights", "model": "model weights"}[results["weights"]]
     written = f"\n\nwritten to {results['out_dir']}: metrics.json" + "".join(f", {Path(f).name}" for f in results["figures"])
-    if results.get("objective") == "mae":
+    if "per_class" not in results:  # an objective without classes (mae): its reconstruction loss
         return (f"{results['checkpoint']} (step {results['step']}, {weights}) on {results['data']} val: masked-"
                 f"autoencoder reconstruction loss {results['loss']:.4f} (masked patches, fixed masks){written}")
     width = max(len(name) for name in results["per_class"])

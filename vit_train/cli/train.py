@@ -34,7 +34,7 @@ from vit_train.config.checks import LOSSES
 from vit_train.errors import ConfigError, RunStopped, UserError, exit_with
 from vit_train.extras import require
 from vit_train.outputs.rundir import RunDirBusy
-from vit_train.config.unused_keys import ignored_keys, override_keys
+from vit_train.config.unused_keys import override_keys
 
 GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer", "objective", "experiment", "hparams_search", "hydra")
 # Optional Hydra plugins a command line may ask for (extras.py names the extra that installs each).
@@ -184,6 +184,9 @@ def compose_config(cfg: DictConfig) -> tuple[Config, list[str], tuple[Path, dict
         resume_from = (path, ckpt)
     else:
         config, resume_from = Config.from_dict(OmegaConf.to_container(cfg, resolve=True)), None
+    from vit_train.objectives import check_objective, ignored_keys  # torch: only once the config itself is valid
+
+    check_objective(config)  # what the objective cannot train is refused before anything is written
     if os.environ.get("RANK", "0") == "0":
         for line in ignored_keys(config, override_keys(overrides)):
             logging.getLogger("vit_train").warning("warning: %s", line)
@@ -259,11 +262,17 @@ class SweepSummary(Callback):
     summary.csv, summary.md), TensorBoard HParams, and exit status 1 when any job did not complete."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        objective = str(OmegaConf.select(config, "sweep.objective"))
-        if OmegaConf.select(config, "objective.name") == "mae" and objective not in LOSSES:
+        from vit_train.objectives import named
+
+        objective, name = str(OmegaConf.select(config, "sweep.objective")), str(OmegaConf.select(config, "objective.name"))
+        try:
+            scored = named(name)
+        except ConfigError as e:
+            exit_with("vit-train", e)
+        if not scored.HIGHER_IS_BETTER and objective not in LOSSES:  # jobs report a loss, no top-1
             exit_with("vit-train", ConfigError(
-                f"objective=mae jobs report a reconstruction loss and no top-1, so sweep.objective={objective} would "
-                f"be empty for every job: add sweep.objective=best_loss sweep.direction=minimize"))
+                f"objective={name} jobs report a {scored.BEST_TEXT} and no top-1, so sweep.objective={objective} "
+                f"would be empty for every job: add sweep.objective=best_loss sweep.direction=minimize"))
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         from vit_train.sweeps.summary import incomplete_jobs, summarize

@@ -8,7 +8,7 @@ the run logs one warning line for each. No torch here.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from vit_train.config.schema import Config
 
@@ -41,11 +41,7 @@ RULES: dict[str, tuple[Callable[[Config], bool], str, str]] = {
     "data.bad_images": (lambda c: c.data.name != "imagefolder", D, "data=imagefolder"),
     "data.max_bad_fraction": (lambda c: c.data.name != "imagefolder", D, "data=imagefolder"),
     "trainer.compile_mode": (lambda c: not c.trainer.compile, "trainer.compile=false", "trainer.compile=true"),
-    **{f"mae.{key}": (lambda c: c.objective.name != "mae", "objective={c.objective.name}", "objective=mae")
-       for key in ("mask_ratio", "decoder_dim", "decoder_depth", "decoder_heads", "norm_pix_loss")},
 }
-RULES.update({f"distill.{key}": (lambda c: c.objective.name != "distill", "objective.name={c.objective.name}",
-                                 "objective=distill") for key in ("teacher", "teacher_arch", "type", "alpha", "tau")})
 VIT_ONLY = ("embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "pool", "pos_embed", "dropout", "attn_dropout",
             "drop_path", "reg_tokens", "init_values", "qk_norm")  # keys a ResNet (model.arch=resnet*) has no use for
 RULES.update({f"model.{key}": (lambda c: c.model.arch != "vit", "model.arch={c.model.arch}", "ViTs (model.arch=vit)")
@@ -57,13 +53,19 @@ def _value(plain: dict, key: str) -> object:
     return plain[section][leaf]
 
 
-def ignored_keys(cfg: Config, named: Iterable[str] = ()) -> list[str]:
+def ignored_keys(cfg: Config, named: Iterable[str] = (), unread: Mapping[str, str] | None = None) -> list[str]:
     """One warning line per key that `cfg`'s options ignore and that was changed from the schema's
-    default or named in `named` (dotted keys from the command line)."""
+    default or named in `named` (dotted keys from the command line). `unread`: {section: the choice
+    that reads it} for whole sections this config does not read, e.g. the sections another objective
+    owns (vit_train/objectives: `ignored_keys` there passes its own)."""
     plain, default = cfg.to_dict(), Config().to_dict()
     named = set(named)
     lines = []
-    for key, (ignored, choice, users) in RULES.items():
+    rules = dict(RULES)
+    for section, users in (unread or {}).items():
+        rules.update({f"{section}.{key}": (lambda c: True, "objective={c.objective.name}", users)
+                      for key in plain[section]})
+    for key, (ignored, choice, users) in rules.items():
         value = _value(plain, key)
         if (key in named or value != _value(default, key)) and ignored(cfg):
             lines.append(f"{key}={value} has no effect with {choice.format(c=cfg)}; it applies only to {users}")

@@ -52,8 +52,9 @@ def _worker_signals(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
 
 
-def load_splits(cfg: Config):
-    """(train base, val base, class names, normalisation stats, native image side or None)."""
+def load_splits(cfg: Config, labels: bool = True):
+    """(train base, val base, class names, normalisation stats, native image side or None). Without
+    `labels` (an objective that reads none), an image folder's images are read without class folders."""
     d, size = cfg.data, cfg.model.img_size
     if d.name == "shapes":
         train = TensorImages(*generate_shapes(d.train_size, size, seed=2 * d.seed))
@@ -63,7 +64,7 @@ def load_splits(cfg: Config):
         root = d.root or "data"
         (train_x, train_y), (val_x, val_y), names = cifar.load_cifar(d.name, root, d.download)
         return TensorImages(train_x, train_y), TensorImages(val_x, val_y), names, data_stats(d.name), 32
-    if cfg.objective.name == "mae":  # no labels read: any folder of images will do
+    if not labels:  # any folder of images will do
         train, val, names = imagefolder.load_unlabelled_folders(d.root)
     else:
         train, val, names = imagefolder.load_image_folders(d.root)
@@ -86,9 +87,10 @@ def pipeline(cfg: Config, device: torch.device) -> str:
     return d.pipeline
 
 
-def build_data(cfg: Config, device: torch.device, rank: int = 0, world_size: int = 1) -> Data:
-    """Loaders for this process: with several, each gets its share of every global batch and of the val set."""
-    train_base, val_base, class_names, stats, native = load_splits(cfg)
+def build_data(cfg: Config, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
+    """Loaders for this process: with several, each gets its share of every global batch and of the val set.
+    `labels`: whether the objective reads them (objectives' READS_LABELS); without, see `load_splits`."""
+    train_base, val_base, class_names, stats, native = load_splits(cfg, labels)
     train_tf, eval_tf = build_transforms(cfg.aug, cfg.model.img_size, stats, native)
     d = cfg.data
     if len(train_base) < d.batch_size:

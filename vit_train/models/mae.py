@@ -202,7 +202,7 @@ def reconstruct(model: MaskedAutoencoder, images: torch.Tensor, noise: torch.Ten
     return masked, unpatchify(target * (1 - m) + pred * m, p, images.shape[1])
 
 
-def build_mae(cfg: Config) -> MaskedAutoencoder:
+def build_autoencoder(cfg: Config) -> MaskedAutoencoder:
     """The encoder from `cfg.model` (no head: pre-training has no classes) and the decoder from `cfg.mae`."""
     e = cfg.mae
     return MaskedAutoencoder(build_model(cfg.model, 0), e.mask_ratio, e.decoder_dim, e.decoder_depth, e.decoder_heads,
@@ -212,7 +212,7 @@ def build_mae(cfg: Config) -> MaskedAutoencoder:
 def mae_flops_per_image(cfg: Config) -> float:
     """Training FLOPs (forward and backward) of one image in MAE pre-training, counted on the meta device."""
     with torch.device("meta"):
-        model = build_mae(cfg)
+        model = build_autoencoder(cfg)
         images = torch.empty(1, 3, cfg.model.img_size, cfg.model.img_size)
         noise = torch.empty(1, model.num_patches)
     with FlopCounterMode(display=False) as counter:

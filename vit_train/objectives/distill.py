@@ -15,6 +15,10 @@ ResNet) gets both terms on its single output (Hinton's distillation). The teache
 (augmented, mixed) images as the student, under the same autocast, in eval mode and without
 gradients. It is not part of the model, so it is in no checkpoint; its path is in the config and its
 SHA-256 in the checkpoint (`state_dict`), which a resumed run checks (`load_state_dict`).
+
+As an objective (the interface is in objectives/__init__.py) it trains and scores the classifier as
+`classify` does (the same model, evaluation, val top-1 score, checks and inference); it adds the
+teacher, which `distill.teacher` must name (`check`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,13 @@ from torch import nn
 
 from vit_train.config.schema import Config, DistillConfig
 from vit_train.errors import CheckpointError, ConfigError
+from vit_train.objectives.classify import (BEST_TEXT, HIGHER_IS_BETTER, METRIC, READS_LABELS, build_model,  # noqa: F401
+                                           data_text, eval_text, evaluate, flops_per_image, inference_model, pretrained_target,
+                                           score_text)
+from vit_train.objectives.classify import check as check_classifier
+
+NAME = "distill"  # objective.name
+SECTIONS = ("distill",)  # config sections of its own
 
 log = logging.getLogger("vit_train")
 
@@ -79,8 +90,16 @@ class Distill:
                                   f"started with (SHA-256 differs); resume with the original teacher")
 
 
-def build_distill(cfg: Config, model: nn.Module, num_classes: int) -> Distill:
-    """The distill objective for `model` (on its device), with the teacher cfg.distill names."""
+def check(cfg: Config) -> None:
+    """Refuse (ConfigError, one line) a run without a teacher; the rest is as for classify."""
+    check_classifier(cfg)
+    if not cfg.distill.teacher:
+        raise ConfigError(f"objective={cfg.objective.name} needs distill.teacher=PATH: a vit-train checkpoint or "
+                          f".safetensors, or a state-dict file with distill.teacher_arch=NAME")
+
+
+def build_loss(cfg: Config, model: nn.Module, num_classes: int) -> Distill:
+    """The distill loss for `model` (on its device), with the teacher cfg.distill names."""
     device = next(model.parameters()).device
     with torch.random.fork_rng():  # building the teacher (its throw-away init) must not move the run's RNG: exact resume
         teacher, described = load_teacher(cfg.distill, num_classes, cfg.model.img_size)
@@ -138,7 +157,7 @@ def vit_train_teacher(path: Path, weights: dict, saved: dict, class_names: list 
                       img_size: int) -> tuple[nn.Module, str]:
     from vit_train.models.pretrained import at_size
     from vit_train.outputs.weights import ema_weights
-    from vit_train.models.vit import build_model
+    from vit_train.models.vit import build_model as build_network
 
     is_vit = saved["model"].get("arch", "vit") == "vit"  # a ViT runs at the student's size, a CNN as it was trained
     teacher_cfg = Config.from_dict({**saved, "resume": None,
@@ -146,10 +165,12 @@ def vit_train_teacher(path: Path, weights: dict, saved: dict, class_names: list 
     if class_names is not None and len(class_names) != num_classes:
         raise ConfigError(f"distill.teacher {path.name} predicts {len(class_names)} classes, the data has "
                           f"{num_classes}; distil from a teacher trained on these classes")
-    if path.suffix != ".safetensors":  # a checkpoint: the EMA weights when it has them, as vit-eval takes
+    if path.suffix != ".safetensors":  # a checkpoint: the weights that scored best, as vit-eval's weights=auto takes
+        from vit_train.objectives.score import best_weights
+
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        weights = ema_weights(ckpt["ema"]) if ckpt.get("ema") else ckpt["model"]
-    teacher = build_model(teacher_cfg.model, num_classes)
+        weights = ema_weights(ckpt["ema"]) if best_weights(ckpt)[0] == "ema" else ckpt["model"]
+    teacher = build_network(teacher_cfg.model, num_classes)
     teacher.load_state_dict(at_size(teacher, weights) if is_vit else weights)
     return teacher, f"vit-train {teacher_cfg.model.name}"
 

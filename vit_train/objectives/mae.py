@@ -1,18 +1,38 @@
-"""The `mae` objective as the training loop uses it: the loss call and the val reconstruction loss.
-The model and the loss are in mae.py, the reconstruction figure in visualize.py."""
+"""The `mae` objective (objective.name=mae): masked-autoencoder pre-training (He et al. 2022), as
+the loop uses it. The autoencoder, the masks and the loss are in models/mae.py, the reconstruction
+figure in viz/figures.py; the interface is in objectives/__init__.py.
+
+Its model is the autoencoder around the ViT `cfg.model` describes (the encoder, which
+`model.pretrained` loads into and which a later fine-tuning takes); its score is the val
+reconstruction loss on the masked patches with fixed masks, lower is better; it reads no labels.
+It refuses, in one line each, what would not pre-train the encoder: a model that is no ViT, a
+frozen encoder (`model.trainable=head`), a distillation head, layer-wise lr decay, batch mixing.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
 
 from vit_train.config.schema import Config
+from vit_train.errors import ConfigError
+from vit_train.models.mae import (EVAL_SEED, MaskSampler, MaskedAutoencoder, build_autoencoder, mae_flops_per_image,
+                                  reconstruction_loss)
 from vit_train.runtime.distributed import context, sum_all
-from vit_train.models.mae import EVAL_SEED, MaskSampler, reconstruction_loss
+from vit_train.runtime.progress import progress_iter
+
+NAME = "mae"  # objective.name
+METRIC = "loss"  # the score: val reconstruction loss (masked patches, fixed masks)
+HIGHER_IS_BETTER = False
+BEST_TEXT = "val reconstruction loss"  # how the closing line names the best score
+READS_LABELS = False  # any folder of images will do (data/imagefolder.py)
+SECTIONS = ("mae",)  # config sections of its own
 
 
 class MaeObjective:
-    """The `mae` training objective: called as (model, images, targets) -> (loss, None); labels are unused.
+    """The `mae` training loss: called as (model, images, targets) -> (loss, None); labels are unused.
 
     The masks come from a MaskSampler seeded with the run's seed and the process rank; its one
     integer of state goes into the checkpoint (`state_dict`), so a resumed run masks exactly as an
@@ -38,16 +58,57 @@ class MaeObjective:
         self.masks.load_state_dict(state)
 
 
+def check(cfg: Config) -> None:
+    """Refuse (ConfigError, one line) what would not pre-train a ViT encoder."""
+    m, a, name = cfg.model, cfg.aug, f"objective={cfg.objective.name}"
+    if m.arch != "vit":
+        raise ConfigError(f"{name} masks the patches of a ViT encoder; model.arch={m.arch} has none: pre-train a ViT "
+                          f"(e.g. model=vit_tiny), or train the CNN with objective=classify")
+    if m.trainable != "all":
+        raise ConfigError(f"{name} pre-trains the encoder, which model.trainable={m.trainable} freezes (only the decoder "
+                          f"would learn): use model.trainable=all; probe the encoder afterwards with "
+                          f"model.trainable={m.trainable} model.pretrained=<this run>")
+    if m.distilled:
+        raise ConfigError(f"model.distilled adds a distillation token and head for objective=distill; {name} pre-trains "
+                          f"an encoder without heads: set model.distilled=false")
+    if cfg.optim.layer_decay is not None:
+        raise ConfigError(f"optim.layer_decay={cfg.optim.layer_decay} is a fine-tuning rule; {name} pre-trains every "
+                          f"layer at one learning rate: set optim.layer_decay=null (and use it when fine-tuning)")
+    if a.mixup_alpha != 0 or a.cutmix_alpha != 0:
+        raise ConfigError(f"objective.name={cfg.objective.name} reads no labels, so batch mixing has nothing to mix: "
+                          f"set aug.mixup_alpha=0 and aug.cutmix_alpha=0 (got {a.mixup_alpha} and {a.cutmix_alpha})")
+
+
+def build_model(cfg: Config, num_classes: int) -> MaskedAutoencoder:
+    """The autoencoder: the encoder from `cfg.model` (no head: no classes) and the decoder from `cfg.mae`."""
+    return build_autoencoder(cfg)
+
+
+def pretrained_target(model: MaskedAutoencoder) -> nn.Module:
+    """The module `model.pretrained` loads into: the encoder."""
+    return model.encoder
+
+
+def flops_per_image(cfg: Config, num_classes: int) -> float:
+    """Training FLOPs (forward and backward) of one image: the encoder on the visible patches, the decoder on all."""
+    return mae_flops_per_image(cfg)
+
+
+def build_loss(cfg: Config, model: nn.Module, num_classes: int) -> MaeObjective:
+    """The loss the loop calls: (module, images, targets) -> (reconstruction loss, None)."""
+    return MaeObjective(cfg)
+
+
 @torch.no_grad()
 def evaluate_reconstruction(model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None,
-                            cfg: Config) -> dict[str, float]:
+                            cfg: Config, progress: bool = False) -> dict[str, float]:
     """Mean reconstruction loss on the masked patches of the val set ("loss"), with fixed masks."""
     was_training = model.training
     model.eval()
     objective = MaeObjective(cfg)
     objective.masks.seed = EVAL_SEED
     totals = torch.zeros(2, device=device, dtype=torch.float64)  # loss sum over images, image count
-    for images, targets in loader:
+    for images, targets in progress_iter(loader, "eval", progress):
         images = images.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             loss, _ = objective(model, images, targets)
@@ -55,3 +116,33 @@ def evaluate_reconstruction(model: nn.Module, loader, device: torch.device, amp_
     model.train(was_training)
     sum_all(totals)
     return {"loss": (totals[0] / totals[1]).item()}
+
+
+def evaluate(model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None, cfg: Config,
+             progress: bool = False, confusion: bool = False) -> dict[str, Any]:
+    """{"loss"}: the val reconstruction loss (no classes, so never a confusion matrix)."""
+    return evaluate_reconstruction(model, loader, device, amp_dtype, cfg, progress)
+
+
+def inference_model(cfg: Config, trained_img_size: int, num_classes: int, weights: dict) -> MaskedAutoencoder:
+    """The autoencoder rebuilt from a checkpoint's `weights`, at the size it was trained at only."""
+    if cfg.model.img_size != trained_img_size:
+        raise ConfigError(f"model.img_size cannot change for a masked-autoencoder checkpoint (trained at "
+                          f"{trained_img_size}); evaluate it at its own size")
+    model = build_model(cfg, num_classes)
+    model.load_state_dict(weights)
+    return model
+
+
+def eval_text(metrics: dict[str, float], ema: dict[str, float] | None) -> str:
+    """An evaluation in the log line: the reconstruction loss (and the EMA's)."""
+    return f"val reconstruction loss {metrics['loss']:.4f}" + (f", EMA {ema['loss']:.4f}" if ema is not None else "")
+
+
+def score_text(score: float) -> str:
+    return f"{score:.4f}"
+
+
+def data_text(num_classes: int) -> str:
+    """What the run's start line says of the data's labels: none are read."""
+    return "no labels (objective=mae)"

@@ -220,10 +220,10 @@ def results_summary(status: str, state, metrics: dict[str, float], wall_seconds:
     `state` is the run's TrainState. `wall_seconds` is this attempt's, `all_attempts` adds the
     earlier attempts' (each up to its last checkpoint); `error` says why a `failed` run stopped."""
     return {
-        "status": status, "best_top1": state.best_top1 if state.best_top1 >= 0 else None,
+        "status": status, "best_top1": state.best_of("top1"),  # the one best score, under its metric's key
         "best_step": state.best_step, "best_source": state.best_source, "final_top1": metrics.get("top1"),
         "final_top5": metrics.get("top5"), "final_loss": metrics.get("loss"), "final_ema_top1": metrics.get("ema_top1"),
-        "best_loss": state.best_loss if math.isfinite(state.best_loss) else None,  # objective mae: lowest val loss
+        "best_loss": state.best_of("loss"),  # objective mae: lowest val reconstruction loss
         "epochs": state.epochs_done,
         "steps": state.step, "skipped_steps": state.skipped_steps,
         "images_per_s": state.images_seen / state.train_seconds if state.train_seconds else None,

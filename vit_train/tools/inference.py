@@ -21,10 +21,11 @@ from vit_train.config.schema import Config
 from vit_train.data.decode import IMAGE_ERRORS, open_rgb
 from vit_train.errors import CheckpointError, ConfigError, DataError
 from vit_train.extras import available, require
-from vit_train.models.mae import MaskedAutoencoder, build_mae
-from vit_train.models.vit import VisionTransformer, build_model
+from vit_train.models.mae import MaskedAutoencoder
+from vit_train.models.vit import VisionTransformer
+from vit_train.objectives import objective_of
+from vit_train.objectives.score import best_weights
 from vit_train.data.preprocess import eval_spec, eval_transform
-from vit_train.models.pretrained import at_size
 from vit_train.outputs.weights import ema_weights, export_safetensors
 
 log = logging.getLogger("vit_train")
@@ -33,32 +34,10 @@ Weights = Literal["auto", "model", "ema"]
 
 
 def auto_weights(ckpt: dict) -> tuple[str, str]:
-    """("model" or "ema", why) for weights=auto: the weights that scored best for this checkpoint.
-
-    Its last evaluation's scores when it records them (`last_eval`, at this step or before: val top-1,
-    higher is better, or for objective mae the val reconstruction loss, lower is better), else
-    `best_source` when the checkpoint was written at the run's best step; the model wins a tie, as in
-    training. A checkpoint without EMA weights has only the model's.
-    """
-    if not ckpt.get("ema"):
-        return "model", "the run kept no EMA"
-    scores = ckpt.get("last_eval") or {}
-    if "model" in scores and "ema" in scores:
-        loss = scores.get("metric") == "loss"
-        source = "ema" if (scores["ema"] < scores["model"] if loss else scores["ema"] > scores["model"]) else "model"
-        other = "model" if source == "ema" else "ema"
-        if scores["ema"] == scores["model"]:
-            return source, (f"a tie ({shown_score(scores['model'], loss)} each at the evaluation of step "
-                            f"{scores.get('step', ckpt['step'])}) goes to the model, as in training")
-        return source, (f"it scored {shown_score(scores[source], loss)} against the {other}'s "
-                        f"{shown_score(scores[other], loss)} at the evaluation of step {scores.get('step', ckpt['step'])}")
-    if ckpt.get("best_step") == ckpt["step"] and ckpt.get("best_top1", -1) >= 0:
-        return ckpt["best_source"], f"it scored the run's best top-1, {ckpt['best_top1']:.2f}%, at this step"
-    return "ema", "no evaluation is recorded for this checkpoint"
-
-
-def shown_score(value: float, loss: bool) -> str:
-    return f"reconstruction loss {value:.4f}" if loss else f"top-1 {value:.2f}%"
+    """("model" or "ema", why) for weights=auto: the weights that scored best for this checkpoint, by the
+    rule training follows (objectives/score.py `best_weights`: the objective's direction, the model
+    winning a tie)."""
+    return best_weights(ckpt)
 
 
 def load_for_inference(path: str | Path, weights: Weights = "auto",
@@ -87,14 +66,11 @@ def load_for_inference(path: str | Path, weights: Weights = "auto",
         source, why = auto_weights(ckpt)
         log.info("weights=auto: the %s weights, as %s (weights=model or weights=ema to choose)",
                  "EMA" if source == "ema" else "model's", why)
-    mae = cfg.objective.name == "mae"  # a masked-autoencoder pre-training checkpoint (docs/mae.md)
-    resized = cfg.model.img_size != ckpt["config"]["model"]["img_size"]
-    if mae and resized:
-        raise ConfigError(f"model.img_size cannot change for a masked-autoencoder checkpoint (trained at "
-                          f"{ckpt['config']['model']['img_size']}); evaluate it at its own size")
-    model = build_mae(cfg) if mae else build_model(cfg.model, len(ckpt["class_names"]))
+    trained_size = ckpt["config"]["model"]["img_size"]
+    resized = cfg.model.img_size != trained_size
     state = ema_weights(ckpt["ema"]) if source == "ema" else ckpt["model"]
-    model.load_state_dict(state if mae else at_size(model, state))
+    # the model its objective trained (a classifier; MAE: the autoencoder, at its own size only)
+    model = objective_of(cfg).inference_model(cfg, trained_size, len(ckpt["class_names"]), state)
     if resized:
         learned = isinstance(getattr(model, "pos_embed", None), torch.nn.Parameter)
         log.info("evaluating at %dx%d, trained at %dx%d: %s", cfg.model.img_size, cfg.model.img_size,

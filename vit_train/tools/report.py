@@ -14,12 +14,11 @@ from vit_train.config.schema import run_dir_of
 from vit_train.data import build_data
 from vit_train.extras import available
 from vit_train.runtime.device import autocast_dtype, pick_device
-from vit_train.objectives.evaluate import evaluate
+from vit_train.objectives import objective_of
 from vit_train.outputs.checkpoint import checkpoint_file
 from vit_train.tools.inference import Weights, load_for_inference
 from vit_train.outputs.metrics import write_atomic
 from vit_train.models.mae import MaskedAutoencoder
-from vit_train.objectives.mae import evaluate_reconstruction
 from vit_train.viz.figures import first_images, model_figures, reconstruction_figures, save_figure
 
 log = logging.getLogger("vit_train")
@@ -38,14 +37,16 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights
     the figures to `out_dir` (default: the run's eval/ folder); returns the metrics."""
     path = checkpoint_file(path)
     model, cfg, ckpt, source = load_for_inference(path, weights, overrides)
+    objective = objective_of(cfg)
     device = pick_device(cfg.trainer.device)
-    data = build_data(cfg, device)
+    data = build_data(cfg, device, labels=objective.READS_LABELS)
     check_classes(ckpt, data.class_names)
     model.to(device)
-    if isinstance(model, MaskedAutoencoder):
-        return evaluate_pretraining(model, cfg, ckpt, source, data, device, path, attention_images, out_dir)
-    metrics = evaluate(model, data.val_loader, device, autocast_dtype(cfg.trainer.precision, device), progress,
-                       confusion=True)
+    # the run's own evaluation (objectives/): a classifier's with its confusion matrix, MAE's reconstruction loss
+    metrics = objective.evaluate(model, data.val_loader, device, autocast_dtype(cfg.trainer.precision, device), cfg,
+                                 progress, confusion=True)
+    if "confusion" not in metrics:
+        return report_pretraining(model, cfg, ckpt, source, data, metrics, path, attention_images, out_dir)
     confusion = metrics.pop("confusion")
     out = Path(out_dir) if out_dir else run_dir_of(str(path)) / "eval"
     out.mkdir(parents=True, exist_ok=True)
@@ -64,16 +65,15 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights
     return results
 
 
-def evaluate_pretraining(model: MaskedAutoencoder, cfg, ckpt: dict, source: str, data, device: torch.device,
-                         path: Path, images: int, out_dir: str | Path | None) -> dict[str, Any]:
-    """vit-eval on a masked-autoencoder checkpoint: the val reconstruction loss with the training run's fixed
-    val masks, and the original / masked / reconstruction figure of the first `images` val images."""
-    metrics = evaluate_reconstruction(model, data.val_loader, device, autocast_dtype(cfg.trainer.precision, device),
-                                      cfg)
+def report_pretraining(model: MaskedAutoencoder, cfg, ckpt: dict, source: str, data, metrics: dict[str, float],
+                       path: Path, images: int, out_dir: str | Path | None) -> dict[str, Any]:
+    """vit-eval on a masked-autoencoder checkpoint: its `metrics` (the val reconstruction loss with the
+    training run's fixed val masks), and the original / masked / reconstruction figure of the first
+    `images` val images."""
     out = Path(out_dir) if out_dir else run_dir_of(str(path)) / "eval"
     out.mkdir(parents=True, exist_ok=True)
     results = {"checkpoint": str(path), "step": ckpt["step"], "weights": source, "data": cfg.data.name,
-               "objective": "mae", **metrics, "figures": []}
+               "objective": objective_of(cfg).NAME, **metrics, "figures": []}
     if images > 0 and not available("matplotlib"):
         log.warning("figures skipped: they need matplotlib (pip install 'vit-train[viz]')")
     elif images > 0:

@@ -24,15 +24,13 @@ from vit_train.runtime.cpu import set_cpu_threads
 from vit_train.data import Data, build_data
 from vit_train.data.mix import BatchMix
 from vit_train.runtime.device import autocast_dtype, pick_device
-from vit_train.models.mae import build_mae, mae_flops_per_image
 from vit_train.outputs.metrics import NullLogger, RunLogger
-from vit_train.models.vit import build_model
-from vit_train.objectives import Objective, build_objective, restore_objective
+from vit_train.objectives import Objective, build_objective, check_objective, restore_objective
 from vit_train.train.optim import build_optimizer, build_scheduler
 from vit_train.models.pretrained import load_pretrained
 from vit_train.train.state import TrainState, build_ema, check_data_position, restore
 from vit_train.train.skips import SkippedSteps, skips_on_device
-from vit_train.train.throughput import TrainWindow, flops_per_image, peak_tflops
+from vit_train.train.throughput import TrainWindow, peak_tflops
 from vit_train.viz.figures import TrainingVisuals
 
 log = logging.getLogger("vit_train")
@@ -79,6 +77,7 @@ def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: d
 
     The order of the random draws (seed, data, model init, restore) is what exact resume relies on.
     """
+    kind = check_objective(cfg)  # the objective refuses what it cannot train before any work (objectives/)
     t = cfg.trainer
     ctx = distributed.setup(t.device)  # several processes under torchrun; else rank 0 of 1
     distributed.check_batch(cfg.data.batch_size, t.accum_steps)
@@ -89,11 +88,10 @@ def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: d
     device = pick_device(t.device, ctx.local_rank)
     set_cpu_threads(t.cpu_threads)
     torch.manual_seed(cfg.seed)
-    data = build_data(cfg, device, ctx.rank, ctx.world_size)
-    mae = cfg.objective.name == "mae"  # a masked autoencoder around the ViT (docs/mae.md)
-    model = build_mae(cfg) if mae else build_model(cfg.model, len(data.class_names))
+    data = build_data(cfg, device, ctx.rank, ctx.world_size, labels=kind.READS_LABELS)
+    model = kind.build_model(cfg, len(data.class_names))  # MAE: the autoencoder around the ViT (docs/mae.md)
     if cfg.model.pretrained and not ckpt:
-        load_pretrained(model.encoder if mae else model, cfg.model.pretrained)
+        load_pretrained(kind.pretrained_target(model), cfg.model.pretrained)
     model.to(device)
     optimizer = build_optimizer(model, cfg.optim, device, lr=cfg.lr)
     amp_dtype = autocast_dtype(t.precision, device)
@@ -116,7 +114,7 @@ def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: d
     objective = build_objective(cfg, model, classes)
     restore_objective(objective, ckpt)
     mix = BatchMix(cfg.aug, classes, cfg.seed) if BatchMix.wanted(cfg.aug) else None
-    flops = mae_flops_per_image(cfg) if mae else flops_per_image(cfg.model, classes)
+    flops = kind.flops_per_image(cfg, classes)
     window = TrainWindow(device, flops, peak_tflops(device, amp_dtype, t.peak_tflops))
     # last: from here train.log has a handler, which train() removes however the run ends
     logger = RunLogger(run_dir, resume_step=state.step if ckpt else None) if ctx.is_main else NullLogger()

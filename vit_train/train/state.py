@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import InitVar, asdict, dataclass
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -17,6 +17,7 @@ from vit_train.outputs.checkpoint import versions
 from vit_train.config.schema import Config
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.data.preprocess import eval_spec
+from vit_train.objectives.score import better, checkpoint_best, winner
 
 log = logging.getLogger("vit_train")
 
@@ -29,16 +30,45 @@ class TrainState:
     sample_in_epoch: int = 0  # positions of the epoch's permutation already trained on (images, all processes)
     epoch_end: int = 0  # the position where the current epoch ends (data/sampler.py); 0 before it begins
     train_images: int = 0  # the size of the training set the current epoch permutes; 0 before the first
-    best_top1: float = -1.0  # best val top-1 so far (%), -1 before the first eval
+    best_score: Optional[float] = None  # the objective's best val score so far (best.pt's); None before the first eval
+    best_metric: str = ""  # what best_score is: the objective's METRIC, "top1" (%, higher is better) or "loss" (lower)
     best_step: int = 0
-    best_source: str = "model"  # which weights scored best_top1 (best_loss): "model" or "ema"
-    best_loss: float = float("inf")  # objective mae: lowest val reconstruction loss so far (best.pt)
+    best_source: str = "model"  # which weights scored best_score: "model" or "ema"
     last_eval: Optional[dict] = None  # the latest evaluation: {"step", "metric": "top1"|"loss", "model", "ema"}
     skipped_steps: int = 0  # steps whose update was skipped for a non-finite loss or gradient norm
     bad_in_a_row: int = 0
     images_seen: int = 0  # training images processed, and the seconds they took: for images/s
     train_seconds: float = 0.0
     wall_seconds: float = 0.0  # wall time of every attempt of the run, up to this checkpoint
+    # checkpoints written before best_score kept these two: read into best_score (__post_init__)
+    best_top1: InitVar[Optional[float]] = None
+    best_loss: InitVar[Optional[float]] = None
+
+    def __post_init__(self, best_top1: float | None, best_loss: float | None) -> None:
+        if self.best_score is None:
+            legacy = checkpoint_best({"best_top1": best_top1, "best_loss": best_loss})
+            if legacy is not None:
+                self.best_metric, self.best_score = legacy
+
+    def record_eval(self, metric: str, scores: dict[str, float]) -> str:
+        """One evaluation's `scores` {"model": ..., "ema"?: ...} for `metric`: the better of the two (the
+        model wins a tie) becomes the best score when it beats it. Returns which weights won."""
+        source = winner(metric, scores)
+        self.last_eval = {"step": self.step, "metric": metric, **scores}  # weights=auto (vit-eval/predict/export)
+        if better(metric, scores[source], self.best_score if self.best_metric == metric else None):
+            self.best_score, self.best_metric, self.best_step, self.best_source = scores[source], metric, self.step, source
+        return source
+
+    def best_of(self, metric: str) -> float | None:
+        """The best score if it is `metric`'s, else None (results.json's best_top1 and best_loss)."""
+        return self.best_score if self.best_metric == metric else None
+
+    def checkpoint_fields(self) -> dict[str, Any]:
+        """The state as a checkpoint keeps it: every field, plus best_top1 (-1 when none) and best_loss
+        (inf when none) written from the one best score, as checkpoints always had them."""
+        top1, loss = self.best_of("top1"), self.best_of("loss")
+        return {**asdict(self), "best_top1": -1.0 if top1 is None else top1,
+                "best_loss": float("inf") if loss is None else loss}
 
     @property
     def epochs_done(self) -> float:
@@ -63,7 +93,7 @@ def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: Averag
     """Everything a resumed run needs, as plain tensors and primitives (see docs/resuming.md, 'What is in a checkpoint')."""
     return {
         "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict(), "ema": ema.state_dict() if ema is not None else None, **asdict(state),
+        "scaler": scaler.state_dict(), "ema": ema.state_dict() if ema is not None else None, **state.checkpoint_fields(),
         "rng": rng_state(),
         "config": cfg.to_dict(), "overrides": list(overrides), "class_names": list(class_names),
         "preprocess": eval_spec(cfg),

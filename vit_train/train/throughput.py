@@ -11,11 +11,9 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
-from vit_train.config.schema import ModelConfig
 from vit_train.outputs.metrics import NullLogger, RunLogger
-from vit_train.models.vit import build_model
+from vit_train.models.flops import flops_per_image  # noqa: F401  (its home is models/; scripts import it here)
 
 log = logging.getLogger("vit_train")
 
@@ -27,19 +25,6 @@ PEAKS = {
     "A100": (312.0, 156.0), "A10G": (70.0, 35.0), "L40S": (362.0, 183.0), "L4": (121.0, 60.0),
     "RTX 4090": (165.0, 82.6), "RTX 3090": (71.0, 35.6), "V100": (125.0, 15.7), "T4": (65.0, 8.1),
 }
-
-
-def flops_per_image(cfg: ModelConfig, num_classes: int) -> float:
-    """Training FLOPs (forward and backward) for one image through the full ViT, every token through
-    every block, as model FLOP utilisation counts them. With class-token pooling the loop's forward
-    skips most of the last block for the patch tokens, so it executes ~6% fewer FLOPs than this."""
-    with torch.device("meta"):
-        model = build_model(cfg, num_classes)
-        images = torch.empty(2, 3, cfg.img_size, cfg.img_size)  # two: a linear probe's BatchNorm needs a batch
-    with FlopCounterMode(display=False) as counter:
-        logits = model.forward_head(model.forward_features(images)) if cfg.arch == "vit" else model(images)
-        logits.sum().backward()
-    return float(counter.get_total_flops()) / len(images)
 
 
 def peak_tflops(device: torch.device, dtype: torch.dtype | None, override: float | None,

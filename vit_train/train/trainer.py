@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import time
 import traceback
@@ -26,8 +25,8 @@ from vit_train.train.batches import batches
 from vit_train.outputs.checkpoint import check_compatible, find_resume_checkpoint, run_checkpoints, save_run_checkpoint, short_of_space
 from vit_train.config.schema import Config
 from vit_train.errors import CheckpointError, RunStopped, UserError
-from vit_train.objectives.evaluate import evaluate as evaluate_loader
-from vit_train.objectives.mae import evaluate_reconstruction
+from vit_train.objectives import objective_of
+from vit_train.objectives.score import shown
 from vit_train.outputs.metrics import output_error, results_summary, write_results
 from vit_train.objectives import objective_state
 from vit_train.runtime.preemption import StopRequest
@@ -140,7 +139,7 @@ def resume_auto_found_nothing(run_dir: Path) -> str:
 def describe(run: Run) -> None:
     """The run's size, device and throughput reference, in the log."""
     cfg, window = run.cfg, run.window
-    labels = "no labels (objective=mae)" if cfg.objective.name == "mae" else f"{len(run.data.class_names)} classes"
+    labels = objective_of(cfg).data_text(len(run.data.class_names))
     log.info("%s: %.2fM parameters, %s, %d steps (%d per epoch), device %s%s, precision %s", cfg.model.name,
              sum(p.numel() for p in run.model.parameters()) / 1e6, labels, run.total_steps,
              run.data.steps_per_epoch, run.device, f" x {run.ctx.world_size} processes" if run.ctx.enabled else "",
@@ -165,54 +164,26 @@ def save(run: Run, best: bool = False) -> None:
 
 
 def evaluate(run: Run) -> dict[str, float]:
-    """Evaluates the model (and its EMA) on the val set; best.pt follows whichever of the two scores higher."""
-    if run.cfg.objective.name == "mae":
-        return evaluate_mae(run)
-    state, progress = run.state, run.cfg.trainer.progress and run.ctx.is_main
+    """Evaluates the model (and its EMA) on the val set as the run's objective scores it; best.pt follows
+    whichever of the two scores better in the objective's direction (the raw model wins a tie)."""
+    state, objective = run.state, objective_of(run.cfg)
+    progress, metric = run.cfg.trainer.progress and run.ctx.is_main, objective.METRIC
     with run.window.paused():
-        metrics = evaluate_loader(run.eval_fn, run.data.val_loader, run.device, run.amp_dtype, progress,
-                                  confusion=run.visuals is not None)
+        metrics = objective.evaluate(run.eval_fn, run.data.val_loader, run.device, run.amp_dtype, run.cfg, progress,
+                                     confusion=run.visuals is not None)
         if run.visuals is not None:
-            run.visuals.after_eval(run.model, state.step, metrics.pop("confusion"))
+            run.visuals.after_eval(run.model, state.step, metrics.pop("confusion", None))
         run.logger.scalars("val", state.step, metrics)
-        scores, ema_text = {"model": metrics["top1"]}, ""
+        scores, ema_metrics = {"model": metrics[metric]}, None
         if run.ema is not None:
-            ema_metrics = evaluate_loader(run.ema.module, run.data.val_loader, run.device, run.amp_dtype, progress)
+            ema_metrics = objective.evaluate(run.ema.module, run.data.val_loader, run.device, run.amp_dtype, run.cfg,
+                                             progress)
             run.logger.scalars("val_ema", state.step, ema_metrics)
-            metrics["ema_top1"] = scores["ema"] = ema_metrics["top1"]
-            ema_text = f", EMA top-1 {ema_metrics['top1']:.2f}%"
-    source = max(scores, key=scores.get)  # the raw model wins a tie
-    state.last_eval = {"step": state.step, "metric": "top1", **scores}  # weights=auto (vit-eval/predict/export)
-    if scores[source] > state.best_top1:
-        state.best_top1, state.best_step, state.best_source = scores[source], state.step, source
-    log.info("step %d (epoch %.2f): val loss %.4f, top-1 %.2f%%, top-5 %.2f%%%s (best %.2f%%, %s)", state.step,
-             state.epochs_done, metrics["loss"], metrics["top1"], metrics["top5"], ema_text, state.best_top1,
-             state.best_source)
-    run.metrics = metrics
-    return metrics
-
-
-def evaluate_mae(run: Run) -> dict[str, float]:
-    """MAE: the val reconstruction loss (fixed masks) of the model and its EMA; best.pt follows the lower."""
-    state = run.state
-    with run.window.paused():
-        metrics = evaluate_reconstruction(run.eval_fn, run.data.val_loader, run.device, run.amp_dtype, run.cfg)
-        if run.visuals is not None:
-            run.visuals.after_eval(run.model, state.step, None)
-        run.logger.scalars("val", state.step, metrics)
-        scores, ema_text = {"model": metrics["loss"]}, ""
-        if run.ema is not None:
-            ema_metrics = evaluate_reconstruction(run.ema.module, run.data.val_loader, run.device, run.amp_dtype,
-                                                  run.cfg)
-            run.logger.scalars("val_ema", state.step, ema_metrics)
-            metrics["ema_loss"] = scores["ema"] = ema_metrics["loss"]
-            ema_text = f", EMA {ema_metrics['loss']:.4f}"
-    source = min(scores, key=scores.get)  # the raw model wins a tie
-    state.last_eval = {"step": state.step, "metric": "loss", **scores}  # weights=auto (vit-eval/predict/export)
-    if scores[source] < state.best_loss:
-        state.best_loss, state.best_step, state.best_source = scores[source], state.step, source
-    log.info("step %d (epoch %.2f): val reconstruction loss %.4f%s (best %.4f, %s)", state.step, state.epochs_done,
-             metrics["loss"], ema_text, state.best_loss, state.best_source)
+            metrics[f"ema_{metric}"] = scores["ema"] = ema_metrics[metric]
+    state.record_eval(metric, scores)
+    best = objective.score_text(state.best_score) if state.best_score is not None else "none"
+    log.info("step %d (epoch %.2f): %s (best %s, %s)", state.step, state.epochs_done,
+             objective.eval_text(metrics, ema_metrics), best, state.best_source)
     run.metrics = metrics
     return metrics
 
@@ -226,9 +197,8 @@ def finish(run: Run, status: str) -> dict[str, Any]:
                               all_attempts=run.earlier_seconds + seconds)
     if run.ctx.is_main:
         write_results(run.run_dir, results)
-    best = f"best top-1 {state.best_top1:.2f}% (step {state.best_step})" if state.best_top1 >= 0 else "not evaluated"
-    if math.isfinite(state.best_loss):
-        best = f"best val reconstruction loss {state.best_loss:.4f} (step {state.best_step})"
+    best = "not evaluated" if state.best_score is None else \
+        f"best {shown(state.best_metric, state.best_score)} (step {state.best_step})"
     log.info("%s: %s, %d steps (%d skipped), %.0f images/s, %.0f s; outputs in %s", status, best, state.step,
              state.skipped_steps, results["images_per_s"] or 0, results["wall_seconds"], run.run_dir)
     return results
