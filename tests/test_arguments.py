@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from test_cli import vit_train
-from test_config import composed
+from helpers.configs import composed
+from helpers.files import read_results
+from helpers.runs import vit_train
 
 from vit_train.cli import train as cli, commands
 from vit_train.errors import ConfigError
@@ -94,7 +95,7 @@ def test_every_command_works_on_nasty_paths_quoted_as_shown(tmp_path, monkeypatc
     """vit-train (data.root, hydra.run.dir, resume), vit-eval, vit-predict and vit-export, each given
     paths with '=', '#', spaces, commas, brackets and non-ASCII letters, quoted as the docs show."""
     from PIL import Image
-    from ugly_folder import picture, write_ugly_folder
+    from helpers.ugly_folder import picture, write_ugly_folder
 
     data = write_ugly_folder(tmp_path / "my data #1, [a]=b é", modes=False).root
     run = tmp_path / "run #1, [x]=y é"
@@ -105,7 +106,7 @@ def test_every_command_works_on_nasty_paths_quoted_as_shown(tmp_path, monkeypatc
     assert done.returncode == 0, done.stderr
     again = vit_train(f"resume='{run}'", "trainer.max_steps=2", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert json.loads((run / "results.json").read_text())["steps"] == 2
+    assert read_results(run)["steps"] == 2
     ckpt = run / "checkpoints" / "last.pt"
 
     def command(main, *args):

@@ -1,11 +1,12 @@
 """The real command line, in a subprocess, run from a directory that is not the checkout."""
 
-import json
 from pathlib import Path
 
 import pytest
 
-from conftest import TINY, vit_train
+from helpers.configs import TINY
+from helpers.files import read_results
+from helpers.runs import vit_train
 
 
 def test_train_from_another_directory_writes_the_run_layout(tmp_path):
@@ -19,7 +20,7 @@ def test_train_from_another_directory_writes_the_run_layout(tmp_path):
                  "checkpoints/last.pt", "checkpoints/best.pt"):
         assert (run / name).is_file(), name
     assert list((run / "tb").glob("events.out.tfevents.*"))
-    assert json.loads((run / "results.json").read_text())["steps"] == 3
+    assert read_results(run)["steps"] == 3
     assert "completed: best top-1" in done.stdout
 
 
@@ -31,7 +32,7 @@ def test_resume_a_run_directory_continues_there_with_its_saved_config(tmp_path):
     # only the new limit is given: the tiny model and data come from the checkpoint's config
     again = vit_train(f"resume={run}", "trainer.max_steps=6", "trainer.progress=false", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert json.loads((run / "results.json").read_text())["steps"] == 6
+    assert read_results(run)["steps"] == 6
     assert not (tmp_path / "outputs").exists()  # no new run directory
     assert "resumed from" in (run / "train.log").read_text()
     assert "trainer.max_steps: 3 -> 6" in again.stdout
@@ -85,7 +86,7 @@ def test_diverging_run_stops_with_status_3_and_keeps_the_good_checkpoint(tmp_pat
     assert blown.returncode == 3, blown.stderr
     assert "3 steps in a row had a non-finite loss" in blown.stderr and "Traceback" not in blown.stderr
     assert (run / "checkpoints" / "last.pt").read_bytes() == good
-    assert json.loads((run / "results.json").read_text())["status"] == "diverged"
+    assert read_results(run)["status"] == "diverged"
 
 
 def test_a_new_run_in_a_used_directory_is_refused_and_its_record_kept(tmp_path):

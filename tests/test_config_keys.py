@@ -6,13 +6,14 @@ import typing
 
 import pytest
 from omegaconf import OmegaConf
-from test_cli import TINY, vit_train
-from test_config import CONFIGS, composed
 
+from helpers.configs import TINY, composed, config_dir
+from helpers.runs import vit_train
 from vit_train.cli.commands import group_file
 from vit_train.config.schema import Config
 from vit_train.config.unused_keys import RULES, ignored_keys, override_keys
 
+CONFIGS = config_dir()
 SECTIONS = ("model", "data", "aug", "optim", "schedule", "trainer")
 OPTIONS = [(group, path.stem) for group in SECTIONS for path in sorted((CONFIGS / group).glob("*.yaml"))]
 DEFAULTS = Config().to_dict()

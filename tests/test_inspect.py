@@ -2,16 +2,17 @@
 
 import json
 import logging
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torchvision.transforms import v2
 
+from helpers.files import tb_events
+from helpers.images import write_image_folder
+from helpers.runs import command
 from vit_train.data import SHAPES_STATS
 from vit_train.errors import CheckpointError
 from vit_train.data.shapes import CLASS_NAMES, generate_shapes_with_masks
@@ -25,11 +26,6 @@ from vit_train.viz.attention import attention_rollout, pooled_attention
 from vit_train.viz.figures import CELL, DPI
 
 pytest.importorskip("matplotlib")
-
-
-def cli(command, *args):
-    code = f"import sys; from vit_train.cli.commands import {command}_main as m; sys.argv[0] = 'x'; m()"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
 
 
 # --- vit-eval -------------------------------------------------------------------------------------
@@ -52,7 +48,7 @@ def test_eval_top1_equals_the_training_runs_final_top1_for_model_and_ema(trained
 
 def test_vit_eval_command_prints_the_table_and_writes_figures(trained_run):
     run_dir, results = trained_run
-    done = cli("eval", f"ckpt={run_dir}", "attention.images=4", "progress=false")  # a run dir: its best.pt
+    done = command("eval", f"ckpt={run_dir}", "attention.images=4", "progress=false")  # a run dir: its best.pt
     assert done.returncode == 0, done.stderr
     weights = {"ema": "EMA weights", "model": "model weights"}[results["best_source"]]
     assert f"best.pt (step {results['best_step']}, {weights})" in done.stdout
@@ -111,10 +107,10 @@ def test_auto_weights_for_a_masked_autoencoder_take_the_lower_loss(scores, won):
 
 def test_vit_eval_and_export_take_a_run_directory(trained_run, tmp_path):
     run_dir, _ = trained_run
-    done = cli("export", f"ckpt={run_dir}", "format=safetensors", f"out={tmp_path / 'm.safetensors'}", "--json")
+    done = command("export", f"ckpt={run_dir}", "format=safetensors", f"out={tmp_path / 'm.safetensors'}", "--json")
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "m.safetensors").is_file()
-    done = cli("eval", f"ckpt={tmp_path}")
+    done = command("eval", f"ckpt={tmp_path}")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "holds no checkpoints" in done.stderr
 
 
@@ -126,17 +122,15 @@ def test_vit_eval_and_export_take_a_run_directory(trained_run, tmp_path):
     (["ckpt=missing.pt"], "checkpoint missing.pt does not exist"),
 ])
 def test_vit_eval_bad_arguments_are_one_line_and_exit_2(args, message):
-    done = cli("eval", *args)
+    done = command("eval", *args)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
 
 
 def test_eval_on_data_with_other_classes_is_refused(trained_run, tmp_path):
     run_dir, _ = trained_run
     folders = tmp_path / "images"
-    for split in ("train", "val"):
-        (folders / split / "cat").mkdir(parents=True)
-        Image.new("RGB", (8, 8)).save(folders / split / "cat" / "a.png")
-    done = cli("eval", f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", "data=imagefolder", f"data.root={folders}",
+    write_image_folder(folders, {"train": 1, "val": 1}, ("cat",), size=(8, 8), name="a.png")
+    done = command("eval", f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", "data=imagefolder", f"data.root={folders}",
                "data.batch_size=1")
     assert done.returncode == 2 and "classes: 10 saved, 1 in the data now" in done.stderr
 
@@ -190,8 +184,7 @@ def test_rollout_points_at_the_shape(trained_run):
 def test_training_logs_figures_to_tensorboard_every_viz_every_evals(tmp_path, make_config):
     train(make_config(trainer={"viz_every": 2, "eval_every": 2, "max_steps": 8},
                       aug={"mixup_alpha": 0.8}), tmp_path)
-    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0})
-    events.Reload()
+    events = tb_events(tmp_path)
     assert [e.step for e in events.Images("figures/attention")] == [4, 8]  # evals at 2, 4, 6, 8: every 2nd
     assert {"figures/confusion", "figures/position_similarity", "figures/patch_filters"} <= set(events.Tags()["images"])
     assert [e.step for e in events.Images("figures/training_images")] == [0]
@@ -216,12 +209,12 @@ def test_predict_names_the_shape_in_image_files(trained_run, tmp_path):
         assert len(result["top"]) == 3
     correct = sum(r["top"][0]["class"] == CLASS_NAMES[y] for r, y in zip(results, labels.tolist()))
     assert correct >= 7  # the model is ~90% accurate
-    done = cli("predict", f"ckpt={run_dir / 'checkpoints' / 'best.pt'}", f"images=[{files[0]},{files[1]}]", "--json")
+    done = command("predict", f"ckpt={run_dir / 'checkpoints' / 'best.pt'}", f"images=[{files[0]},{files[1]}]", "--json")
     assert done.returncode == 0, done.stderr
     assert [r["top"][0]["class"] for r in json.loads(done.stdout)] == [r["top"][0]["class"] for r in results[:2]]
     assert done.stderr.startswith("weights=auto: ")  # said once the work succeeded
     (tmp_path / "notes.txt").write_text("not an image")
-    done = cli("predict", f"ckpt={run_dir}", f"images=[{files[0]},{tmp_path / 'notes.txt'}]")
+    done = command("predict", f"ckpt={run_dir}", f"images=[{files[0]},{tmp_path / 'notes.txt'}]")
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr  # the weights line is held back
     assert done.stderr.startswith("vit-predict: error: ") and "notes.txt cannot be read as an image" in done.stderr
 
@@ -274,7 +267,7 @@ def test_onnx_export_matches_pytorch_at_another_batch_size(trained_run, tmp_path
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     run_dir, _ = trained_run
-    done = cli("export", f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", "format=onnx", f"out={tmp_path / 'm.onnx'}",
+    done = command("export", f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", "format=onnx", f"out={tmp_path / 'm.onnx'}",
                "--json")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("{")  # the exporter's progress messages are hidden (verbose=true shows them)

@@ -13,7 +13,8 @@ import io
 
 import pytest
 import yaml
-from conftest import TINY, vit_train
+from helpers.configs import TINY
+from helpers.runs import vit_train
 
 from vit_train.runtime import progress
 from vit_train.runtime.progress import LineProgress, interactive, progress_bar, progress_iter
