@@ -103,6 +103,11 @@ def unread_sections(cfg: Config) -> dict[str, str]:
             for section in module.SECTIONS}
 
 
+def section_owner(section: str) -> str | None:
+    """The objective whose own config section `section` is (e.g. mae.* is objective mae's), None for a shared one."""
+    return next((name for name, module in OBJECTIVES.items() if section in module.SECTIONS), None)
+
+
 def ignored_keys(cfg: Config, named_keys: Iterable[str] = ()) -> list[str]:
     """config/unused_keys.py's warnings, with the keys of the sections the chosen objective does not read."""
     return ignored_config_keys(cfg, named_keys, unread_sections(cfg))

@@ -1,0 +1,225 @@
+"""Every objective x model x `model.trainable` x option either trains with the right parameters
+learning, or is refused in one line before any work (vit_train/objectives: each objective's `check`).
+
+The combinations are built directly (the objective's model, loss, evaluation and score, the run's
+optimiser) and train two steps on a few `shapes` images on the CPU; a few representative refusals go
+through the real command line. The oracle is `expected_refusal`, written from the docs (docs/mae.md,
+docs/distillation.md, docs/configs.md), not from the code's checks.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers.configs import tiny_config
+from vit_train.data.mix import BatchMix
+from vit_train.data.shapes import generate_shapes
+from vit_train.errors import ConfigError
+from vit_train.models.pretrained import load_pretrained
+from vit_train.objectives import OBJECTIVES, check_objective
+from vit_train.objectives.score import best_weights
+from vit_train.train.optim import build_optimizer
+from vit_train.train.state import TrainState
+
+CPU = torch.device("cpu")
+MODELS = {"vit_micro": {}, "resnet18": {"name": "resnet18", "arch": "resnet18"}}
+OPTIONS = {
+    "plain": {},
+    "layer_decay": {"optim": {"layer_decay": 0.75}},
+    "distilled": {"model": {"distilled": True}},
+    "mixup": {"aug": {"mixup_alpha": 0.8}},
+    "cutmix": {"aug": {"cutmix_alpha": 1.0}},
+    "pretrained": {},  # model.pretrained: a file of the same network's weights (the fixture below)
+    "ema": {"trainer": {"ema_decay": 0.9}},
+    "mean_pool": {"model": {"pool": "mean"}},
+    "reg_tokens": {"model": {"reg_tokens": 2}},
+}
+
+
+def expected_refusal(objective: str, model: str, trainable: str, option: str) -> str | None:
+    """A fragment of the one-line refusal this combination must get, or None: it must train."""
+    if model == "resnet18" and (trainable == "head" or option in ("layer_decay", "distilled")):
+        return "is for ViTs"  # the config's own check: these are ViT options
+    if objective == "mae":  # pre-trains a ViT encoder, without labels (docs/mae.md)
+        if model == "resnet18":
+            return "model.arch=resnet18 has none"
+        if trainable == "head":
+            return "pre-trains the encoder"
+        if option == "distilled":
+            return "model.distilled"
+        if option == "layer_decay":
+            return "optim.layer_decay"
+        if option in ("mixup", "cutmix"):
+            return "batch mixing has nothing to mix"
+    return None
+
+
+@pytest.fixture(scope="module")
+def weights_files(tmp_path_factory):
+    """{"vit_micro", "resnet18": a plain state-dict file of that network (10 classes)} and a vit-train-like
+    teacher checkpoint for objective=distill."""
+    from vit_train.objectives.classify import build_model
+
+    folder = tmp_path_factory.mktemp("weights")
+    files = {}
+    for name, model in MODELS.items():
+        cfg = tiny_config(model=model)
+        torch.manual_seed(1)
+        files[name] = folder / f"{name}.pth"
+        torch.save(build_model(cfg, 10).state_dict(), files[name])
+    teacher_cfg = tiny_config(model={"depth": 1})
+    torch.manual_seed(2)
+    files["teacher"] = folder / "teacher.pt"
+    torch.save({"model": build_model(teacher_cfg, 10).state_dict(), "config": teacher_cfg.to_dict(),
+                "class_names": [str(i) for i in range(10)], "ema": None, "step": 0}, files["teacher"])
+    return files
+
+
+def config_for(objective: str, model: str, trainable: str, option: str, files: dict):
+    sections = {name: dict(values) for name, values in OPTIONS[option].items()}
+    sections.setdefault("model", {}).update({**MODELS[model], "trainable": trainable})
+    if option == "pretrained":
+        sections["model"]["pretrained"] = str(files[model])
+    sections["objective"] = {"name": objective}
+    if objective == "distill":
+        sections["distill"] = {"teacher": str(files["teacher"])}
+    sections["data"] = {"batch_size": 8}
+    return tiny_config(**sections)
+
+
+def batches(count: int = 2, size: int = 8):
+    images, labels = generate_shapes(count * size, 16, seed=3)
+    images = (images.float() / 255 - 0.5) / 0.25
+    return [(images[i * size:(i + 1) * size], labels[i * size:(i + 1) * size]) for i in range(count)]
+
+
+def two_steps(cfg, files: dict) -> tuple[torch.nn.Module, dict, set[str]]:
+    """Build as a run does and train two steps: (model, val metrics, names of the parameters that changed)."""
+    objective = check_objective(cfg)
+    torch.manual_seed(0)
+    model = objective.build_model(cfg, 10)
+    if cfg.model.pretrained:
+        report = load_pretrained(objective.pretrained_target(model), cfg.model.pretrained)
+        assert report["loaded"], report
+    optimizer = build_optimizer(model, cfg.optim, CPU, lr=1e-2)
+    loss_fn = objective.build_loss(cfg, model, 10)
+    mix = BatchMix(cfg.aug, 10, cfg.seed) if BatchMix.wanted(cfg.aug) else None
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    model.train()
+    for step, (images, labels) in enumerate(batches()):
+        targets = labels
+        if mix is not None:
+            images, targets = mix(images, labels, step)
+        loss, logits = loss_fn(model, images, targets)
+        assert math.isfinite(loss.item())
+        assert logits is None or logits.shape == (len(images), 10)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    metrics = objective.evaluate(model, batches(1), CPU, None, cfg)
+    changed = {k for k, v in model.named_parameters() if not torch.equal(v.detach(), before[k])}
+    return model, metrics, changed
+
+
+def combinations() -> list:
+    """Every combination; a ResNet-18 that trains (~3-15 s on 2 busy cores) is `slow` but for its plain run."""
+    combos = []
+    for objective in OBJECTIVES:
+        for model in MODELS:
+            for trainable in ("all", "head"):
+                for option in OPTIONS:
+                    slow = model == "resnet18" and option != "plain" and not expected_refusal(objective, model,
+                                                                                               trainable, option)
+                    combos.append(pytest.param(objective, model, trainable, option,
+                                               marks=[pytest.mark.slow] if slow else []))
+    return combos
+
+
+@pytest.mark.parametrize("objective, model, trainable, option", combinations())
+def test_each_combination_trains_the_right_parameters_or_is_refused_in_one_line(objective, model, trainable, option,
+                                                                                weights_files):
+    refusal = expected_refusal(objective, model, trainable, option)
+    try:
+        cfg = config_for(objective, model, trainable, option, weights_files)
+        check_objective(cfg)
+    except ConfigError as e:
+        assert refusal is not None, f"refused, but should train: {e}"
+        assert refusal in str(e) and "\n" not in str(e), str(e)
+        return
+    assert refusal is None, f"trained, but should be refused ({refusal})"
+    kind = OBJECTIVES[objective]
+    model_, metrics, changed = two_steps(cfg, weights_files)
+    assert math.isfinite(metrics[kind.METRIC])
+    first = "conv1.weight" if model == "resnet18" else "patch_embed.proj.weight"
+    if objective == "mae":  # the encoder pre-trains (and the decoder with it)
+        assert f"encoder.{first}" in changed and "encoder.blocks.0.attn.qkv.weight" in changed, sorted(changed)
+        assert any(k.startswith("decoder.") for k in changed)
+    elif trainable == "head":  # a linear probe: the heads alone learn
+        heads = {"head.weight", "head.bias", "head_dist.weight", "head_dist.bias"}
+        assert "head.weight" in changed and changed <= heads, sorted(changed - heads)
+        assert ("head_dist.weight" in changed) == (option == "distilled")
+    else:
+        assert first in changed and ("fc.weight" if model == "resnet18" else "head.weight") in changed
+    if option == "pretrained":  # the weights went where the objective says: for mae, the encoder
+        saved = torch.load(weights_files[model], weights_only=True)
+        target = kind.pretrained_target(kind.build_model(cfg, 10))
+        load_pretrained(target, cfg.model.pretrained)
+        assert torch.equal(target.state_dict()["blocks.1.mlp.fc2.weight" if model == "vit_micro" else "layer4.1.conv2.weight"],
+                           saved["blocks.1.mlp.fc2.weight" if model == "vit_micro" else "layer4.1.conv2.weight"])
+
+
+def test_the_matrix_holds_refusals_of_every_objective_kind_and_trains_every_objective():
+    """The oracle itself: not everything refused, not everything accepted, each objective trains somewhere."""
+    combos = [(o, m, t, opt) for o in OBJECTIVES for m in MODELS for t in ("all", "head") for opt in OPTIONS]
+    refused = [c for c in combos if expected_refusal(*c)]
+    assert 0 < len(refused) < len(combos)
+    assert all(any(c[0] == o and not expected_refusal(*c) for c in combos) for o in OBJECTIVES)
+
+
+@pytest.mark.parametrize("objective, scores, won", [
+    ("top1", {"model": 80.0, "ema": 81.0}, "ema"), ("top1", {"model": 81.0, "ema": 80.0}, "model"),
+    ("top1", {"model": 80.0, "ema": 80.0}, "model"), ("loss", {"model": 0.5, "ema": 0.4}, "ema"),
+    ("loss", {"model": 0.4, "ema": 0.5}, "model"), ("loss", {"model": 0.4, "ema": 0.4}, "model")])
+def test_one_best_score_follows_the_objectives_direction_and_weights_auto_agrees(objective, scores, won):
+    state = TrainState(step=5)
+    assert state.record_eval(objective, scores) == won
+    assert (state.best_score, state.best_metric, state.best_step, state.best_source) == (scores[won], objective, 5,
+                                                                                          won)
+    state.step = 6
+    worse = {k: v - 1 if objective == "top1" else v + 1 for k, v in scores.items()}
+    state.record_eval(objective, worse)
+    assert (state.best_score, state.best_step) == (scores[won], 5)  # a worse evaluation keeps the best
+    ckpt = {**state.checkpoint_fields(), "ema": {"module.x": torch.zeros(1)}, "last_eval": {"step": 5, "metric": objective,
+                                                                                              **scores}}
+    assert best_weights(ckpt)[0] == won  # weights=auto: the same rule
+    top1, loss = ckpt["best_top1"], ckpt["best_loss"]
+    assert (top1, loss) == ((scores[won], math.inf) if objective == "top1" else (-1.0, scores[won]))
+
+
+@pytest.mark.parametrize("old, metric, score", [({"best_top1": 71.5, "best_loss": math.inf}, "top1", 71.5),
+                                                ({"best_top1": -1.0, "best_loss": 0.25}, "loss", 0.25),
+                                                ({"best_top1": -1.0, "best_loss": math.inf}, "", None)])
+def test_an_older_checkpoints_best_top1_or_best_loss_becomes_the_one_best_score(old, metric, score):
+    ckpt = {"step": 9, "best_step": 4, "best_source": "ema", **old}
+    state = TrainState(**{k: ckpt[k] for k in TrainState.__dataclass_fields__ if k in ckpt})  # as state.restore reads it
+    assert (state.best_metric, state.best_score, state.best_step, state.best_source) == (metric, score, 4, "ema")
+    again = state.checkpoint_fields()
+    assert (again["best_top1"], again["best_loss"]) == (old["best_top1"], old["best_loss"])  # written back the same
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["objective=mae", "model=resnet18"], "model.arch=resnet18 has none"),
+    pytest.param(["objective=mae", "model.trainable=head"], "pre-trains the encoder", marks=pytest.mark.slow),
+])
+def test_the_command_line_refuses_in_one_line_before_writing_anything(tmp_path, overrides, says):
+    done = subprocess.run([sys.executable, "-m", "vit_train", *overrides, "trainer.device=cpu",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "run").exists()
