@@ -1,17 +1,17 @@
 """Stop signals through the real command line: checkpoint, exit 143/130, and `resume=auto` finishes
 exactly like an uninterrupted run."""
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
-from conftest import TINY, logged, vit_train
+from helpers.configs import TINY
+from helpers.files import logged, read_results
+from helpers.runs import start_vit_train, vit_train
 
 ARGS = [*TINY, "data.train_size=256", "trainer.epochs=20", "trainer.log_every=1"]  # 8 steps per epoch, 160 steps
 
@@ -44,21 +44,21 @@ def uninterrupted(tmp_path_factory):
 def test_stop_signal_then_resume_auto_equals_an_uninterrupted_run(tmp_path, uninterrupted, sig, exit_code, workers):
     run = tmp_path / "run"
     command = [*ARGS, f"data.num_workers={workers}", f"hydra.run.dir={run}", "resume=auto"]
-    proc = subprocess.Popen([sys.executable, "-m", "vit_train", *command], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = start_vit_train(*command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           start_new_session=True)
     wait_for_step(run, 3, proc)
     os.killpg(proc.pid, sig)  # the whole process group, loader workers too, as a cluster or a terminal does
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == exit_code, err
     assert "Traceback" not in err and f"last.pt holds it; continue with: vit-train resume={run}" in err
-    stopped = json.loads((run / "results.json").read_text())
+    stopped = read_results(run)
     assert stopped["status"] == "interrupted" and 3 <= stopped["steps"] < 160
     ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     assert ckpt["step"] == stopped["steps"]
 
     again = vit_train(*command, cwd=tmp_path)  # the same command again
     assert again.returncode == 0, again.stderr
-    assert json.loads((run / "results.json").read_text())["steps"] == 160
+    assert read_results(run)["steps"] == 160
     assert train_losses(run) == train_losses(uninterrupted)  # every step once, the same losses
     final = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     expected = torch.load(uninterrupted / "checkpoints" / "last.pt", weights_only=True)

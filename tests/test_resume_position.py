@@ -8,17 +8,14 @@ kept. The oracle is what the model was given: each step's images are matched to 
 and compared with what an uninterrupted run trains on.
 """
 
-import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import vit_train.train.trainer as trainer_module
-from conftest import logged, vit_train
+from helpers.files import logged, model_weights, read_results
+from helpers.runs import torchrun, vit_train
 from vit_train.config.schema import AugConfig
 from vit_train.data import SHAPES_STATS
 from vit_train.data.on_device import DeviceTrainPipeline
@@ -219,7 +216,7 @@ def test_the_refusal_is_one_line_and_exit_status_2_from_the_command_line(tmp_pat
     assert len(lines) == 1 and lines[0].endswith("model.pretrained=<the checkpoint>"), done.stderr
     assert "data.repeated_aug is 2, not 1" in lines[0] and "Traceback" not in done.stderr
     assert (run / "checkpoints" / "last.pt").read_bytes() == before
-    assert json.loads((run / "results.json").read_text())["steps"] == 3
+    assert read_results(run)["steps"] == 3
 
 
 def test_processes_share_a_resumed_epoch_with_a_short_last_batch():
@@ -243,15 +240,12 @@ def test_two_processes_resume_a_one_process_run_at_another_batch_size_like_one_p
     train(config(make_config, 16, max_steps=3), tmp_path / "one")
     shutil.copytree(tmp_path / "one", tmp_path / "two")
     train(config(make_config, 32, resume=tmp_path / "one"), tmp_path / "one")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "vit_train",
-               f"resume={tmp_path / 'two'}", "data.batch_size=32", "trainer.max_steps=null"]
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = torchrun(f"resume={tmp_path / 'two'}", "data.batch_size=32", "trainer.max_steps=null", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     one, two = ({e["step"]: e["loss"] for e in logged(tmp_path / d, "train")} for d in ("one", "two"))
     assert set(one) == set(two) and max(one) == 6
     assert all(abs(one[s] - two[s]) < 1e-5 * one[s] for s in one)
-    a, b = (torch.load(tmp_path / d / "checkpoints" / "last.pt", weights_only=True)["model"] for d in ("one", "two"))
+    a, b = (model_weights(tmp_path / d) for d in ("one", "two"))
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=key)
 
