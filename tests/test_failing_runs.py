@@ -5,7 +5,6 @@ handler removed after any failure, and TensorBoard holding each step once whatev
 names."""
 
 import errno
-import json
 import logging
 import math
 import os
@@ -14,10 +13,12 @@ import shutil
 
 import pytest
 import torch
-from conftest import assert_same_run, hold_lock, lock_is_free, tb_scalars, tiny_config
 
 import vit_train.outputs.checkpoint as checkpoint_module
 import vit_train.train.trainer as trainer_module
+from helpers.configs import tiny_config
+from helpers.files import assert_same_run, file_bytes, model_weights, read_results, tb_scalars
+from helpers.runs import hold_lock, lock_is_free
 from vit_train.outputs import rundir
 from vit_train.errors import CheckpointError, DataError, OutputError
 from vit_train.outputs.rundir import RunDirBusy
@@ -25,10 +26,6 @@ from vit_train.sweeps.job import run_job
 from vit_train.train.trainer import train
 
 SHORT = {"trainer": {"max_steps": 2, "log_every": 1}}
-
-
-def files(run_dir):
-    return {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
 
 
 # ---------------------------------------------------------------- the lock, from train() itself
@@ -54,10 +51,10 @@ def test_train_into_a_directory_another_process_holds_raises_and_touches_nothing
     (tmp_path / "checkpoints" / "last.pt.tmp").write_bytes(b"PK being written by the holder")
     holder = hold_lock(tmp_path)
     try:
-        before = files(tmp_path)
+        before = file_bytes(tmp_path)
         with pytest.raises(RunDirBusy, match=rf"is in use by another vit-train run \(pid {holder.pid} on "):
             train(tiny_config(**SHORT, resume="auto"), tmp_path)
-        assert files(tmp_path) == before
+        assert file_bytes(tmp_path) == before
         assert not [h for h in logging.getLogger("vit_train").handlers if isinstance(h, logging.FileHandler)]
     finally:
         holder.kill()
@@ -104,12 +101,12 @@ def test_a_sweep_job_refuses_a_directory_another_process_holds(tmp_path, held):
 
     holder = hold_lock(job_dir) if held else None
     try:
-        before = files(job_dir)
+        before = file_bytes(job_dir)
         value = run_job(compose, job_dir, ["seed=1"], 0, "best_top1")
         if held:
-            assert math.isnan(value) and composed == [] and files(job_dir) == before  # no results.json either
+            assert math.isnan(value) and composed == [] and file_bytes(job_dir) == before  # no results.json either
         else:
-            results = json.loads((job_dir / "results.json").read_text())
+            results = read_results(job_dir)
             assert composed == [True] and results["status"] == "completed" and value == results["best_top1"]
     finally:
         if holder is not None:
@@ -144,7 +141,7 @@ def test_a_full_disk_goes_to_train_log_and_results_json_says_failed(tmp_path, mo
     message = str(failed.value)
     assert message.startswith(f"could not write {tmp_path / 'checkpoints' / 'last.pt'}: no space left on ")
     assert message.endswith(kept)
-    results = json.loads((tmp_path / "results.json").read_text())
+    results = read_results(tmp_path)
     assert results["status"] == "failed" and results["error"] == message and results["steps"] == failing_save
     log_lines = (tmp_path / "train.log").read_text().splitlines()
     assert log_lines[-1].endswith(f"[ERROR] {message}")
@@ -169,7 +166,7 @@ def test_a_metrics_row_that_does_not_fit_is_one_line_in_train_log_and_results_js
     message = str(failed.value)
     assert message.startswith(f"could not write {tmp_path / 'metrics.jsonl'}: no space left on ")
     assert message.endswith(" MB free); free some space, then continue with resume=auto") and "\n" not in message
-    results = json.loads((tmp_path / "results.json").read_text())
+    results = read_results(tmp_path)
     assert results["status"] == "failed" and results["error"] == message and results["steps"] == 1
     assert (tmp_path / "train.log").read_text().splitlines()[-1].endswith(f"[ERROR] {message}")
     assert file_handlers() == []
@@ -223,7 +220,7 @@ def test_no_train_log_handler_is_left_behind_by_a_failing_run(tmp_path, monkeypa
         train(tiny_config(**sections), tmp_path)
     assert file_handlers() == before == []
     if where != "figures":  # set-up failed before the run was built: no results to record
-        results = json.loads((tmp_path / "results.json").read_text())
+        results = read_results(tmp_path)
         assert results["status"] == "failed" and results["error"].endswith("cannot be read" if where == "data" else
                                                                            ("division by zero" if where == "a bug"
                                                                             else "there is no earlier checkpoint"))
@@ -314,12 +311,12 @@ def test_resuming_from_another_runs_checkpoint_leaves_that_run_as_it_was(tmp_pat
     """Lightning-AI/pytorch-lightning#16426: resuming from a checkpoint of an earlier run deleted that
     file at the next rotation. Here a new run directory continues from the reference's step 12: the
     reference's files keep every byte, and the new run ends with the reference's weights."""
-    before = files(reference_run)
+    before = file_bytes(reference_run)
     run_dir = tmp_path / "continued"
     train(tiny_config(**FAULT_SECTIONS, resume=str(reference_run / "checkpoints" / "step_00000012.pt")), run_dir)
-    assert files(reference_run) == before
-    got = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["model"]
-    want = torch.load(reference_run / "checkpoints" / "last.pt", weights_only=True)["model"]
+    assert file_bytes(reference_run) == before
+    got = model_weights(run_dir)
+    want = model_weights(reference_run)
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
         "best.pt", "last.pt", "step_00000015.pt", "step_00000016.pt"]

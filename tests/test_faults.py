@@ -12,14 +12,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_same_run, hold_lock, rows, tiny_config
 
+from helpers.configs import TINY, tiny_config
+from helpers.files import assert_same_run, file_bytes, model_weights, rows
+from helpers.runs import hold_lock, lock_is_free, start_vit_train, vit_train
 from vit_train.outputs import integrity
 from vit_train.outputs.checkpoint import load_checkpoint
 from vit_train.outputs.metrics import RunLogger
 from vit_train.train.trainer import train
 
-KILLER = Path(__file__).parent / "killer.py"
+HELPERS = Path(__file__).parent / "helpers"
+KILLER = HELPERS / "killer.py"
 # 16 steps (2 epochs of 8), every step logged, checkpoints at 3, 6, 8 (eval), 9, 12, 15, 16 (eval).
 SECTIONS = {"trainer": {"log_every": 1, "ckpt_every": 3, "keep_last": 2}}
 
@@ -139,9 +142,7 @@ def test_a_forked_child_does_not_keep_the_lock(tmp_path):
         os._exit(0)
     try:
         lock.release()
-        probe = subprocess.run([sys.executable, "-c", f"from vit_train.outputs import rundir; rundir.acquire({str(tmp_path)!r})"],
-                               capture_output=True, text=True)
-        assert probe.returncode == 0, probe.stderr
+        assert lock_is_free(tmp_path)
     finally:
         os.write(write, b"x")
         os.waitpid(child, 0)
@@ -172,11 +173,11 @@ def private_mount_namespace() -> list[str] | None:
 
 
 def fill_tmpfs(out, size_kb):
-    """tests/diskfull.py on a `size_kb` tmpfs: the run fails, space is freed, it resumes; its report."""
+    """tests/helpers/diskfull.py on a `size_kb` tmpfs: the run fails, space is freed, it resumes; its report."""
     unshare = private_mount_namespace()
     if unshare is None:
         pytest.skip("cannot mount a tmpfs here (no unshare, no user namespaces); the simulated tests cover the messages")
-    done = subprocess.run([*unshare, sys.executable, str(Path(__file__).parent / "diskfull.py"), str(out),
+    done = subprocess.run([*unshare, sys.executable, str(HELPERS / "diskfull.py"), str(out),
                            str(size_kb), json.dumps(SECTIONS)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]  # not even from TensorBoard's writer thread
@@ -248,35 +249,31 @@ def test_a_second_vit_train_into_a_running_runs_directory_exits_2_and_changes_no
     changes, and the first, continued, ends exactly as an undisturbed run."""
     import signal
 
-    from test_cli import TINY, vit_train
-
     args = [*TINY, "trainer.max_steps=12", "trainer.log_every=1", "data.num_workers=0"]
     reference_run = tmp_path / "reference"
     assert vit_train(*args, f"hydra.run.dir={reference_run}", cwd=tmp_path).returncode == 0
     run = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, "-m", "vit_train", *args, f"hydra.run.dir={run}"], cwd=tmp_path,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = start_vit_train(*args, f"hydra.run.dir={run}", cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
     try:
         while not ((run / "metrics.jsonl").exists() and rows(run)):
             assert first.poll() is None, first.stderr.read()
         os.kill(first.pid, signal.SIGSTOP)
-        before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+        before = file_bytes(run)
         second = vit_train(*args, "seed=1", f"hydra.run.dir={run}", cwd=tmp_path)
         assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
         assert f"is in use by another vit-train run (pid {first.pid} on " in second.stderr
-        assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+        assert file_bytes(run) == before
     finally:
         os.kill(first.pid, signal.SIGCONT)
     assert first.wait(timeout=300) == 0, first.stderr.read()
     assert [(r["split"], r["step"], r.get("loss")) for r in rows(run)] == \
         [(r["split"], r["step"], r.get("loss")) for r in rows(reference_run)]
-    a, b = (torch.load(r / "checkpoints" / "last.pt", weights_only=True)["model"] for r in (run, reference_run))
+    a, b = (model_weights(r) for r in (run, reference_run))
     assert all(torch.equal(a[k], b[k]) for k in b)
 
 
 def test_a_second_sweep_into_a_sweep_directory_in_use_is_refused(tmp_path):
-    from test_cli import TINY, vit_train
-
     holder = hold_lock(tmp_path / "sweep")
     try:
         done = vit_train("-m", *TINY, "trainer.max_steps=1", "seed=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}",
