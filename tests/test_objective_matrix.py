@@ -169,8 +169,8 @@ def test_each_combination_trains_the_right_parameters_or_is_refused_in_one_line(
         saved = torch.load(weights_files[model], weights_only=True)
         target = kind.pretrained_target(kind.build_model(cfg, 10))
         load_pretrained(target, cfg.model.pretrained)
-        assert torch.equal(target.state_dict()["blocks.1.mlp.fc2.weight" if model == "vit_micro" else "layer4.1.conv2.weight"],
-                           saved["blocks.1.mlp.fc2.weight" if model == "vit_micro" else "layer4.1.conv2.weight"])
+        key = "blocks.1.mlp.fc2.weight" if model == "vit_micro" else "layer4.1.conv2.weight"
+        assert torch.equal(target.state_dict()[key], saved[key])
 
 
 def test_the_matrix_holds_refusals_of_every_objective_kind_and_trains_every_objective():
@@ -194,8 +194,8 @@ def test_one_best_score_follows_the_objectives_direction_and_weights_auto_agrees
     worse = {k: v - 1 if objective == "top1" else v + 1 for k, v in scores.items()}
     state.record_eval(objective, worse)
     assert (state.best_score, state.best_step) == (scores[won], 5)  # a worse evaluation keeps the best
-    ckpt = {**state.checkpoint_fields(), "ema": {"module.x": torch.zeros(1)}, "last_eval": {"step": 5, "metric": objective,
-                                                                                              **scores}}
+    ckpt = {**state.checkpoint_fields(), "ema": {"module.x": torch.zeros(1)},
+            "last_eval": {"step": 5, "metric": objective, **scores}}
     assert best_weights(ckpt)[0] == won  # weights=auto: the same rule
     top1, loss = ckpt["best_top1"], ckpt["best_loss"]
     assert (top1, loss) == ((scores[won], math.inf) if objective == "top1" else (-1.0, scores[won]))
@@ -206,7 +206,8 @@ def test_one_best_score_follows_the_objectives_direction_and_weights_auto_agrees
                                                 ({"best_top1": -1.0, "best_loss": math.inf}, "", None)])
 def test_an_older_checkpoints_best_top1_or_best_loss_becomes_the_one_best_score(old, metric, score):
     ckpt = {"step": 9, "best_step": 4, "best_source": "ema", **old}
-    state = TrainState(**{k: ckpt[k] for k in TrainState.__dataclass_fields__ if k in ckpt})  # as state.restore reads it
+    fields = TrainState.__dataclass_fields__
+    state = TrainState(**{k: ckpt[k] for k in fields if k in ckpt})  # as state.restore reads a checkpoint
     assert (state.best_metric, state.best_score, state.best_step, state.best_source) == (metric, score, 4, "ema")
     again = state.checkpoint_fields()
     assert (again["best_top1"], again["best_loss"]) == (old["best_top1"], old["best_loss"])  # written back the same

@@ -82,7 +82,7 @@ def check_objective(cfg: Config) -> ModuleType:
 
 
 def build_objective(cfg: Config, model: nn.Module, num_classes: int) -> Objective:
-    """The loss of the objective `cfg.objective.name` names, for `model` (plain, unwrapped) over `num_classes` classes."""
+    """The loss of the objective `cfg.objective.name` names, for `model` (plain, unwrapped), `num_classes` classes."""
     return objective_of(cfg).build_loss(cfg, model, num_classes)
 
 

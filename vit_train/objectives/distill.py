@@ -34,9 +34,9 @@ from torch import nn
 
 from vit_train.config.schema import Config, DistillConfig
 from vit_train.errors import CheckpointError, ConfigError
-from vit_train.objectives.classify import (BEST_TEXT, HIGHER_IS_BETTER, METRIC, READS_LABELS, build_model,  # noqa: F401
-                                           data_text, eval_text, evaluate, flops_per_image, inference_model, pretrained_target,
-                                           score_text)
+from vit_train.objectives.classify import (  # noqa: F401  (scored, evaluated and built as classify)
+    BEST_TEXT, HIGHER_IS_BETTER, METRIC, READS_LABELS, build_model, data_text, eval_text, evaluate, flops_per_image,
+    inference_model, pretrained_target, score_text)
 from vit_train.objectives.classify import check as check_classifier
 
 NAME = "distill"  # objective.name

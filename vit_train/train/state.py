@@ -56,7 +56,8 @@ class TrainState:
         source = winner(metric, scores)
         self.last_eval = {"step": self.step, "metric": metric, **scores}  # weights=auto (vit-eval/predict/export)
         if better(metric, scores[source], self.best_score if self.best_metric == metric else None):
-            self.best_score, self.best_metric, self.best_step, self.best_source = scores[source], metric, self.step, source
+            self.best_score, self.best_metric = scores[source], metric
+            self.best_step, self.best_source = self.step, source
         return source
 
     def best_of(self, metric: str) -> float | None:
