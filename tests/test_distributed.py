@@ -1,32 +1,22 @@
 """Several processes: torchrun with gloo on the CPU, 2 processes, against 1 process."""
 
-import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
-from conftest import logged, model_weights, vit_train
+from helpers.files import logged, model_weights, read_results
+from helpers.runs import torchrun, vit_train
 from vit_train.data.sampler import EpochSampler
 from vit_train.tools.report import evaluate_checkpoint
 
 TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=16", "data.train_size=256",
         "data.val_size=101", "data.batch_size=32", "trainer.device=cpu", "trainer.progress=false",
         "trainer.log_every=1", "trainer.accum_steps=2"]  # 8 steps per epoch; 101 val images do not split evenly
-
-
-def torchrun(*args, cwd, nproc=2, restarts=0, wait=True):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               f"--max-restarts={restarts}", "-m", "vit_train", *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    if not wait:
-        return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 def assert_weights_close(a, b):
@@ -60,7 +50,7 @@ def test_two_processes_train_like_one_and_write_one_set_of_files(tmp_path):
         assert abs(a["loss"] - b["loss"]) < 1e-5 * a["loss"], (a, b)
     assert_weights_close(model_weights(tmp_path / "one"), model_weights(run))
     # val accuracy over the whole val set (101 images, split 51 + 50), as one process evaluates it
-    results = json.loads((run / "results.json").read_text())
+    results = read_results(run)
     alone = evaluate_checkpoint(run / "checkpoints" / "last.pt", attention_images=0, out_dir=tmp_path / "eval",
                                 progress=False)
     assert alone["images"] == 101 and alone["top1"] == results["final_top1"]
@@ -97,7 +87,7 @@ def test_a_killed_worker_restarts_the_group_which_resumes_and_finishes_at_the_ri
     assert run.returncode == 0, output
     runs = [p for p in (tmp_path / "outputs").glob("*/*") if (p / "checkpoints").is_dir()]
     assert len(runs) == 1
-    results = json.loads((runs[0] / "results.json").read_text())
+    results = read_results(runs[0])
     assert results["status"] == "completed" and results["steps"] == 240
     log = (runs[0] / "train.log").read_text()
     assert "restart 1 of the process group" in output and "resumed from" in log
@@ -122,13 +112,13 @@ def test_a_stop_signal_to_one_process_stops_both_at_the_same_step_with_a_checkpo
     os.kill(int(workers[-1]), signal.SIGUSR1)  # one process only
     output, _ = run.communicate(timeout=300)
     assert run.returncode != 0
-    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    results = read_results(tmp_path / "run")
     saved = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
     assert results["status"] == "interrupted" and saved["step"] == results["steps"] < 240
     assert "received SIGUSR1" in output and "another process received SIGUSR1" in output
     resumed = torchrun("hydra.run.dir=run", "resume=auto", *TINY, "trainer.epochs=30", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert json.loads((tmp_path / "run" / "results.json").read_text())["steps"] == 240
+    assert read_results(tmp_path / "run")["steps"] == 240
 
 
 def test_slurm_tasks_get_torchruns_variables(tmp_path, monkeypatch):
@@ -167,10 +157,7 @@ def test_sigterm_to_the_process_group_stops_both_processes_at_one_step_and_resum
     assert whole.returncode == 0, whole.stdout
 
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "-m", "vit_train", *args, "hydra.run.dir=run", "resume=auto"], cwd=tmp_path,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = torchrun(*args, "hydra.run.dir=run", "resume=auto", cwd=tmp_path, wait=False, start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and not (run / "metrics.jsonl").exists() or len(logged(run, "train")) < 8:
         assert proc.poll() is None and time.time() < deadline, proc.communicate()[0]
@@ -181,7 +168,7 @@ def test_sigterm_to_the_process_group_stops_both_processes_at_one_step_and_resum
     stops = [int(line.split(" at step ")[1].split(";")[0]) for line in output.splitlines() if "stopped by SIGTERM" in line]
     assert len(stops) == 2 and stops[0] == stops[1], output  # both processes, the same step
     assert f"continue with: torchrun <the same options> -m vit_train resume={run}" in output, output
-    results = json.loads((run / "results.json").read_text())
+    results = read_results(run)
     saved = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     assert results["status"] == "interrupted" and saved["step"] == results["steps"] == stops[0] < 72
 

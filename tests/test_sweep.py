@@ -2,24 +2,20 @@
 
 import csv
 import importlib.util
-import json
-import subprocess
 import sys
 import threading
 
 import pytest
 import yaml
 
-from conftest import TINY, vit_train
+from helpers.configs import TINY
+from helpers.files import read_results
+from helpers.runs import vit_sweep_summary, vit_train
 from vit_train.cli.train import check_override_keys
 from vit_train.errors import ConfigError
 from vit_train.sweeps.job import claim_device
 
 SHORT = [*TINY, "trainer.epochs=1"]  # 4 steps per job
-
-
-def results(job_dir):
-    return json.loads((job_dir / "results.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +36,7 @@ def test_a_grid_runs_every_job_in_its_own_directory_and_summarises_them(grid):
     for job in jobs:
         overrides = yaml.safe_load((sweep_dir / job / ".hydra" / "overrides.yaml").read_text())
         swept.append(tuple(o for o in overrides if o.startswith(("optim.lr", "model.patch_size"))))
-        assert results(sweep_dir / job)["status"] == "completed"
+        assert read_results(sweep_dir / job)["status"] == "completed"
         assert (sweep_dir / job / "checkpoints" / "best.pt").is_file()
         assert list((sweep_dir / job / "tb" / "hparams").glob("events.out.tfevents.*"))  # HParams tab
     assert sorted(swept) == sorted((f"optim.lr={lr}", f"model.patch_size={p}") for lr in ("0.001", "0.0005")
@@ -48,7 +44,7 @@ def test_a_grid_runs_every_job_in_its_own_directory_and_summarises_them(grid):
     rows = list(csv.DictReader((sweep_dir / "summary.csv").open()))
     assert sorted(r["job"] for r in rows) == jobs
     for row in rows:
-        assert float(row["best_top1"]) == results(sweep_dir / row["job"])["best_top1"]
+        assert float(row["best_top1"]) == read_results(sweep_dir / row["job"])["best_top1"]
         assert float(row["objective"]) == float(row["best_top1"])  # sweep.objective=best_top1 by default
     objectives = [float(r["objective"]) for r in rows]
     assert objectives == sorted(objectives, reverse=True)  # best first
@@ -60,30 +56,28 @@ def test_a_grid_runs_every_job_in_its_own_directory_and_summarises_them(grid):
 def test_rerunning_the_sweep_skips_finished_jobs_and_resumes_unfinished_ones(grid, tmp_path):
     sweep_dir, args, first = grid
     assert first.returncode == 0, first.stderr
-    before = {job: results(sweep_dir / job) for job in "0123"}
+    before = {job: read_results(sweep_dir / job) for job in "0123"}
     (sweep_dir / "2" / "results.json").unlink()  # job 2 "did not finish": it has checkpoints but no results
     again = vit_train(*args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("already completed") == 3
     assert "resumed from" in again.stdout  # job 2, from its own checkpoint
     for job in "013":
-        assert results(sweep_dir / job) == before[job]  # untouched
-    assert results(sweep_dir / "2")["best_top1"] == before["2"]["best_top1"]
+        assert read_results(sweep_dir / job) == before[job]  # untouched
+    assert read_results(sweep_dir / "2")["best_top1"] == before["2"]["best_top1"]
 
 
 def test_a_failing_job_is_recorded_the_others_finish_and_the_exit_status_says_so(tmp_path):
     sweep_dir = tmp_path / "sweep"
     done = vit_train("-m", *SHORT, "model.patch_size=4,5,8", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
     assert done.returncode == 1
-    failed = results(sweep_dir / "1")
+    failed = read_results(sweep_dir / "1")
     assert failed["status"] == "failed" and "must be divisible by model.patch_size (5)" in failed["error"]
-    assert [results(sweep_dir / j)["status"] for j in "02"] == ["completed", "completed"]
+    assert [read_results(sweep_dir / j)["status"] for j in "02"] == ["completed", "completed"]
     named = ("1 of 3 jobs did not complete: job 1 failed (model.img_size (16) must be divisible by "
              "model.patch_size (5))")
     assert f"vit-train: {named}" in done.stderr
-    summary = subprocess.run([sys.executable, "-c", "from vit_train.sweeps.summary import main; main()",
-                              str(sweep_dir)],
-                             capture_output=True, text=True)
+    summary = vit_sweep_summary(str(sweep_dir))
     assert summary.returncode == 1 and "| 1 | failed |" in summary.stdout
     assert summary.stderr.count("\n") == 1 and summary.stderr.startswith(f"vit-sweep-summary: {named}; see ")
 
@@ -101,13 +95,11 @@ def test_a_masked_autoencoder_sweep_minimises_its_reconstruction_loss(tmp_path):
     done = vit_train("-m", *MAE_SHORT, "sweep.objective=best_loss", "sweep.direction=minimize",
                      f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    losses = sorted(results(sweep_dir / job)["best_loss"] for job in "01")
+    losses = sorted(read_results(sweep_dir / job)["best_loss"] for job in "01")
     with open(sweep_dir / "summary.csv") as f:
         assert [float(row["objective"]) for row in csv.DictReader(f)] == losses  # lowest first
     (sweep_dir / "summary.csv").unlink()
-    again = subprocess.run([sys.executable, "-c", "from vit_train.sweeps.summary import main; main()",
-                            str(sweep_dir)],
-                           capture_output=True, text=True)  # no --objective: the sweep's own, best_loss
+    again = vit_sweep_summary(str(sweep_dir))  # no --objective: the sweep's own, best_loss
     assert again.returncode == 0 and "sorted by best_loss (minimize)" in again.stdout, again.stdout + again.stderr
     with open(sweep_dir / "summary.csv") as f:
         assert [float(row["objective"]) for row in csv.DictReader(f)] == losses
@@ -119,7 +111,7 @@ def test_a_sweep_directory_of_another_grid_is_not_resumed_into(grid, tmp_path):
     other = vit_train("-m", *SHORT, "optim.lr=2e-3", "model.patch_size=8", f"hydra.sweep.dir={sweep_dir}",
                       cwd=tmp_path)
     assert other.returncode == 1
-    assert "holds a job of another sweep" in results(sweep_dir / "0")["error"]
+    assert "holds a job of another sweep" in read_results(sweep_dir / "0")["error"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None,
@@ -130,7 +122,7 @@ def test_optuna_search_runs_its_trials(tmp_path):
     done = vit_train("hparams_search=optuna", "hydra.sweeper.n_trials=3", *SHORT, f"hydra.sweep.dir={sweep_dir}",
                      cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    trials = [results(sweep_dir / j) for j in "012"]
+    trials = [read_results(sweep_dir / j) for j in "012"]
     assert all(t["status"] == "completed" for t in trials)
     lrs = {yaml.safe_load((sweep_dir / j / ".hydra" / "overrides.yaml").read_text())[0] for j in "012"}
     assert len(lrs) == 3 and all(lr.startswith("optim.lr=") for lr in lrs)  # three different points
@@ -151,7 +143,7 @@ def test_parallel_jobs_pass_over_a_held_slot_and_share_the_free_one(tmp_path):
     finally:
         held.close()
     assert done.returncode == 0, done.stderr
-    assert [results(sweep_dir / j)["status"] for j in "01"] == ["completed", "completed"]
+    assert [read_results(sweep_dir / j)["status"] for j in "01"] == ["completed", "completed"]
     lines = (done.stdout + done.stderr).splitlines()
     assert sorted(line.split("holds slot ")[1][:6] for line in lines if "holds slot" in line) == ["1 of 2"] * 2
 
