@@ -64,7 +64,7 @@ def test_train_into_a_directory_another_process_holds_raises_and_touches_nothing
 def test_under_the_command_lines_lock_train_neither_locks_twice_nor_lets_go(tmp_path):
     lock = rundir.acquire(tmp_path)  # what the CLI's Hydra callback does before the run
     try:
-        train(tiny_config(**SHORT), tmp_path)
+        train(tiny_config(**SHORT), tmp_path, lock=lock)
         assert not lock_is_free(tmp_path) and lock.fd >= 0
     finally:
         lock.release()

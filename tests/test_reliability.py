@@ -9,12 +9,12 @@ import torch
 
 import vit_train.outputs.checkpoint as checkpoint_module
 from helpers.files import logged, read_results, rows
-from vit_train.outputs.checkpoint import check_classes, check_compatible, load_checkpoint, save_checkpoint
+from vit_train.outputs.checkpoint import check_classes, load_checkpoint, save_checkpoint
 from vit_train.data.datasets import TransformedDataset
 from vit_train.errors import CheckpointError, RunStopped
 from vit_train.models.vit import build_model
 from vit_train.runtime.preemption import StopRequest
-from vit_train.train.state import restore_rng
+from vit_train.train.state import check_compatible, restore_rng
 from vit_train.outputs.weights import export_safetensors, load_weights
 from vit_train.train.trainer import train
 

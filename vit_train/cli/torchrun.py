@@ -15,10 +15,11 @@ from vit_train.runtime import distributed
 log = logging.getLogger("vit_train")
 
 
-def shared_run_dir(config: Config, run_dir: Path) -> Path:
+def shared_run_dir(config: Config, run_dir: Path, lock: rundir.RunLock | None) -> tuple[Path, rundir.RunLock | None]:
     """Join the process group and use rank 0's run directory (Hydra's timestamp can differ between
     processes started a second apart); an elastic restart (torchrun --max-restarts) resumes: sets
-    `config.resume` to auto. Rank 0 takes the lock of the directory for all processes."""
+    `config.resume` to auto. Returns the directory and its lock: rank 0 holds it for all processes,
+    moving `lock` (the one it took on `run_dir`) there when the directory changes; other ranks None."""
     ctx = distributed.setup(config.trainer.device)
     run_id, restart = os.environ.get("TORCHELASTIC_RUN_ID", ""), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     chosen = run_dir
@@ -27,11 +28,13 @@ def shared_run_dir(config: Config, run_dir: Path) -> Path:
             if marker.read_text() == run_id:
                 chosen = marker.parent
     shared = Path(distributed.broadcast(str(chosen)))
+    if lock is not None and lock.run_dir != shared.resolve():
+        lock.release()
+        lock = None
     if shared != run_dir and run_dir.is_dir() and unused(run_dir):
-        rundir.release(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)  # the directory Hydra made for this process (or all), unused
-    if ctx.is_main:
-        rundir.acquire(shared)  # rank 0 holds the lock for every process
+    if ctx.is_main and lock is None:
+        lock = rundir.acquire(shared)  # rank 0 holds the lock for every process
     if ctx.is_main and run_id:
         shared.mkdir(parents=True, exist_ok=True)
         (shared / ".torchrun_run_id").write_text(run_id)
@@ -39,7 +42,7 @@ def shared_run_dir(config: Config, run_dir: Path) -> Path:
         config.resume = "auto"
         if ctx.is_main:
             log.info("restart %d of the process group: resuming in %s", restart, shared)
-    return shared
+    return shared, lock
 
 
 def unused(run_dir: Path) -> bool:

@@ -171,8 +171,8 @@ def apply_overrides(saved: dict, overrides: list[str]) -> dict:
 
 def compose_config(cfg: DictConfig) -> tuple[Config, list[str], tuple[Path, dict] | None]:
     """The typed config for this run, the command-line overrides that made it, and for `resume=PATH`
-    the (path, checkpoint) it names, loaded once here for its config and handed to the trainer; logs
-    one warning per key that the chosen options ignore."""
+    the (path, checkpoint) it names, loaded once here for its config and handed to the trainer (which
+    finds resume=auto's itself, in the run directory); logs one warning per key the options ignore."""
     overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
     if _is_resume_path(cfg.resume):
         from vit_train.outputs.checkpoint import find_resume_checkpoint
@@ -204,13 +204,14 @@ def _train_app(cfg: DictConfig) -> float:
         from_slurm()  # several SLURM tasks without torchrun: the variables torchrun would set
     if hydra_cfg.mode == RunMode.MULTIRUN:
         return _sweep_job(cfg, run_dir, list(hydra_cfg.overrides.task), hydra_cfg.job.num)
+    lock = RunDirLock.hand_over()  # rank 0's, taken before Hydra wrote into the directory; None on other ranks
     try:
         config, overrides, resume_from = compose_config(cfg)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: rank 0's run directory for every process
-            run_dir = torchrun.shared_run_dir(config, run_dir)
+            run_dir, lock = torchrun.shared_run_dir(config, run_dir, lock)
         from vit_train.train.trainer import train  # torch is imported only once the config is known to be valid
 
-        results = train(config, run_dir, overrides, resume_from)
+        results = train(config, run_dir, overrides, resume_from, lock=lock)
     except UserError as e:
         if not isinstance(e, RunDirBusy) and not _resumes_existing(cfg.resume) and torchrun.unused(run_dir):
             shutil.rmtree(run_dir)  # a run refused before it started leaves no empty directory behind
@@ -222,6 +223,8 @@ def _train_app(cfg: DictConfig) -> float:
         print("vit-train: interrupted", file=sys.stderr)
         sys.exit(130)
     finally:
+        if lock is not None:
+            lock.release()  # the run is over (the process may go on: a test, a notebook)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             from vit_train.runtime import distributed
 
@@ -232,19 +235,29 @@ def _train_app(cfg: DictConfig) -> float:
 class RunDirLock(Callback):
     """Takes the run directory's lock (the sweep directory's for a sweep) before Hydra writes into
     it: a second vit-train into a directory in use exits 2 naming the holder and changes nothing
-    there. With torchrun, rank 0 holds it for all processes (see vit_train/rundir.py)."""
+    there. The run's lock goes to `_train_app` (`hand_over`), which passes it to the trainer (with
+    torchrun, rank 0 holds it for all processes); each sweep job locks its own directory (sweeps/job.py)."""
+
+    _run_lock: rundir.RunLock | None = None  # taken in on_run_start, handed over once
+    _sweep_lock: rundir.RunLock | None = None  # held until the process ends (the summary is written last)
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
-            self._lock(Path(os.path.abspath(str(OmegaConf.select(config, "hydra.run.dir")))))
+            RunDirLock._run_lock = self._lock(Path(os.path.abspath(str(OmegaConf.select(config, "hydra.run.dir")))))
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        self._lock(Path(os.path.abspath(str(OmegaConf.select(config, "hydra.sweep.dir")))))
+        RunDirLock._sweep_lock = self._lock(Path(os.path.abspath(str(OmegaConf.select(config, "hydra.sweep.dir")))))
 
     @staticmethod
-    def _lock(path: Path) -> None:
+    def hand_over() -> rundir.RunLock | None:
+        """The run directory's lock that on_run_start took (None if it took none), to its one owner."""
+        lock, RunDirLock._run_lock = RunDirLock._run_lock, None
+        return lock
+
+    @staticmethod
+    def _lock(path: Path) -> rundir.RunLock:
         try:
-            rundir.acquire(path)
+            return rundir.acquire(path)
         except RunDirBusy as e:
             print(f"vit-train: error: {e}", file=sys.stderr)
             sys.exit(2)

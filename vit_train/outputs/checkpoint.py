@@ -1,4 +1,5 @@
-"""Checkpoints: atomic save, safe load, finding the one to resume, and the compatibility check.
+"""Checkpoint files: atomic save, safe load, finding the one to resume, keep_last. What a checkpoint
+holds and which config changes a resumed run may make are train/state.py's.
 
 A checkpoint is a plain dict of tensors and primitives, readable with `weights_only=True`: nothing
 in it is a pickled object, so loading one cannot run code.
@@ -25,12 +26,6 @@ log = logging.getLogger("vit_train")
 
 FORMAT_VERSION = 1
 REQUIRED_KEYS = ("model", "optimizer", "scheduler", "epoch", "step", "batch_in_epoch", "config", "class_names")
-# Config keys that fix the model's shape, the meaning of its outputs or the optimiser's groups: a resumed
-# run may not change them.
-STRUCTURE_KEYS = ("model.arch", "model.img_size", "model.patch_size", "model.embed_dim", "model.depth", "model.num_heads",
-                  "model.mlp_ratio", "model.qkv_bias", "model.pool", "model.pos_embed", "model.reg_tokens",
-                  "model.init_values", "model.qk_norm", "model.distilled", "model.trainable", "optim.layer_decay",
-                  "data.name")
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
@@ -210,41 +205,13 @@ def find_resume_checkpoint(resume: str | None, run_dir: Path, mmap: bool = False
                           f"start a new run in another directory")
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            flat.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            flat[f"{prefix}{k}"] = v
-    return flat
-
-
-def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
-    """(key, saved value, current value) for every key that differs, `resume` aside."""
-    old, new = _flatten(saved), _flatten(current)
-    keys = sorted(set(old) | set(new))
-    return [(k, old.get(k), new.get(k)) for k in keys if k != "resume" and old.get(k) != new.get(k)]
-
-
-def check_compatible(ckpt: dict, current: dict) -> list[str]:
-    """Refuse a config that changes the model's shape or data set; return the other changes, as text."""
-    changes = config_changes(ckpt["config"], current)
-    refused = [f"{k}: {a!r} -> {b!r}" for k, a, b in changes if k in STRUCTURE_KEYS]
-    if refused:
-        _refuse(refused)
-    return [f"{k}: {a!r} -> {b!r}" for k, a, b in changes if k not in STRUCTURE_KEYS]
-
-
 def check_classes(ckpt: dict, class_names: list[str]) -> None:
-    """Refuse data whose classes differ from the checkpoint's (known only once the data is loaded)."""
+    """Refuse data whose classes differ from the checkpoint's (known only once the data is loaded; a resumed
+    run and vit-eval's report both check): CheckpointError, one line."""
     if list(class_names) != list(ckpt["class_names"]):
-        _refuse([f"classes: {len(ckpt['class_names'])} saved, {len(class_names)} in the data now"])
-
-
-def _refuse(differences: list[str]) -> None:
-    raise CheckpointError("the checkpoint does not fit this config (" + "; ".join(differences) + "); resume with the "
-                          "run's own settings, or start a new run (model.pretrained will load weights)")
+        raise CheckpointError(f"the checkpoint does not fit this data (classes: {len(ckpt['class_names'])} saved, "
+                              f"{len(class_names)} in the data now); use the data it was trained on, or start a new "
+                              f"run from its weights (model.pretrained=<the checkpoint>)")
 
 
 def versions() -> dict[str, str]:

@@ -6,6 +6,11 @@ POSIX lock on the server). It dies with the process, whatever ends it (kill -9, 
 killer): there is never a stale lock to remove by hand. Forked children (DataLoader workers) drop
 their copy at fork, so a worker that outlives its parent for a moment does not keep the run
 locked. The file holds who locked it (host, pid, start time, command), to name the holder.
+
+One owner takes the lock once and passes the `RunLock` down: the command line's Hydra callback for a
+run (cli/train.py; cli/torchrun.py moves it to rank 0's shared directory), a sweep job for its job
+directory (sweeps/job.py), and `train()` only when called without one (Python, notebooks). A second
+`acquire` of a directory this process holds is refused like any other (flock is per open file).
 """
 
 from __future__ import annotations
@@ -27,7 +32,10 @@ from vit_train.errors import UserError
 log = logging.getLogger("vit_train")
 
 LOCK_NAME = ".lock"
-_held: dict[Path, "RunLock"] = {}  # run directories this process holds, by resolved path
+# The descriptors of the locks this process holds, only so that a forked child can close its copies
+# (os.register_at_fork below): a child's copy of the open file would keep the flock alive after the
+# parent lets go (and `release` closes only what is still open here).
+_open_fds: set[int] = set()
 
 
 class RunDirBusy(UserError):
@@ -35,28 +43,33 @@ class RunDirBusy(UserError):
 
 
 class RunLock:
-    """The exclusive lock on one run directory; `release()` (or process exit) frees it."""
+    """The exclusive lock on one run directory (`run_dir`, resolved); `release()` (or process exit) frees it."""
 
     def __init__(self, run_dir: Path, fd: int):
         self.run_dir, self.fd = run_dir, fd
 
     def release(self) -> None:
-        if self.fd >= 0:
+        """Free the lock (again, or in a forked child that closed its copy already: nothing)."""
+        if self.fd in _open_fds:
+            _open_fds.discard(self.fd)
             os.close(self.fd)  # closing the last descriptor of the open file releases the flock
-            self.fd = -1
-        _held.pop(self.run_dir, None)
+        self.fd = -1
+
+    def __enter__(self) -> "RunLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
-def acquire(run_dir: Path) -> RunLock | None:
-    """Lock `run_dir` (creating it) for this process; returns None if this process already holds it.
+def acquire(run_dir: Path) -> RunLock:
+    """Lock `run_dir` (creating it) for this process; the caller owns the lock and passes it on.
 
-    Raises RunDirBusy, naming the holder, when another process (or another open of the lock in this
-    process) holds it. Once locked, removes the `*.tmp` files an earlier writer left (no one else can
-    be writing them now).
+    Raises RunDirBusy, naming the holder, when another process (or another `acquire` in this process)
+    holds it. Once locked, removes the `*.tmp` files an earlier writer left (no one else can be
+    writing them now).
     """
     run_dir = Path(run_dir).resolve()
-    if run_dir in _held:
-        return None
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -73,27 +86,17 @@ def acquire(run_dir: Path) -> RunLock | None:
             "%Y-%m-%d %H:%M:%S"), "command": " ".join([program, *sys.argv[1:]])[:500]}).encode(), 0)
     except OSError:
         pass
-    lock = _held[run_dir] = RunLock(run_dir, fd)
+    _open_fds.add(fd)
+    lock = RunLock(run_dir, fd)
     remove_leftovers(run_dir)
     return lock
 
 
 @contextmanager
-def locked(run_dir: Path, enabled: bool = True) -> Iterator[None]:
-    """Hold the lock on `run_dir` for the block (unless not `enabled`, or this process holds it already:
-    then whoever took it releases it). Raises RunDirBusy."""
-    lock = acquire(run_dir) if enabled else None
-    try:
-        yield
-    finally:
-        if lock is not None:
-            lock.release()
-
-
-def release(run_dir: Path) -> None:
-    lock = _held.get(Path(run_dir).resolve())
-    if lock is not None:
-        lock.release()
+def locked(run_dir: Path) -> Iterator[RunLock]:
+    """Hold the lock on `run_dir` for the block, yielding it (to pass down); raises RunDirBusy."""
+    with acquire(run_dir) as lock:
+        yield lock
 
 
 def _describe(text: bytes) -> str:
@@ -117,9 +120,9 @@ def remove_leftovers(run_dir: Path) -> list[Path]:
 
 
 def _drop_in_child() -> None:
-    for lock in list(_held.values()):  # the parent keeps its lock; the child's copy must not extend it
-        os.close(lock.fd)
-    _held.clear()
+    for fd in _open_fds:  # the parent keeps its lock; the child's copy must not extend it
+        os.close(fd)
+    _open_fds.clear()
 
 
 os.register_at_fork(after_in_child=_drop_in_child)

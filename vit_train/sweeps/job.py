@@ -22,7 +22,7 @@ import yaml
 
 from vit_train.config.schema import Config
 from vit_train.errors import RunStopped, UserError
-from vit_train.outputs.rundir import RunDirBusy, locked
+from vit_train.outputs.rundir import RunDirBusy, RunLock, locked
 
 log = logging.getLogger("vit_train")
 
@@ -103,15 +103,15 @@ def run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path,
     process holds (rundir.py) is left untouched, not even given a results.json, and the job counts as failed.
     """
     try:
-        with locked(run_dir):  # before reading anything there: another process may be writing it
-            return _run_job(compose, run_dir, overrides, job, objective)
+        with locked(run_dir) as lock:  # before reading anything there: another process may be writing it
+            return _run_job(compose, run_dir, overrides, job, objective, lock)
     except RunDirBusy as e:
         log.error("job %d (%s) failed: %s", job, " ".join(overrides), e)
         return math.nan
 
 
 def _run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path, overrides: list[str], job: int,
-             objective: str) -> float:
+             objective: str, run_lock: RunLock) -> float:
     try:
         done = finished_job(run_dir, overrides)
         if done is not None:
@@ -137,7 +137,7 @@ def _run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path
         from vit_train.train.trainer import train
 
         try:
-            results = train(config, run_dir, overrides, resume_from)
+            results = train(config, run_dir, overrides, resume_from, lock=run_lock)
         finally:
             if lock is not None:
                 lock.close()

@@ -61,8 +61,8 @@ class Run:
     window: TrainWindow
     state: TrainState
     total_steps: int
-    started: float = field(default_factory=time.time)
-    earlier_seconds: float = 0.0  # wall time of earlier attempts, up to their last checkpoint
+    started: float  # time.time() when this attempt began (before its checkpoint was found)
+    earlier_seconds: float  # wall time of earlier attempts, up to their last checkpoint
     metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation's
     bar: Any = None  # the epoch's progress bar (batches.py)
 
@@ -72,8 +72,11 @@ class Run:
         return self.model if self.ctx.enabled else self.step_fn
 
 
-def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: dict | None = None) -> Run:
+def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: dict | None = None,
+              started: float | None = None) -> Run:
     """Data, model, optimiser, schedule, EMA, logger: all of the run, restored from `ckpt` when given.
+
+    `started` is when this attempt began (time.time(), default now), for the wall times.
 
     The order of the random draws (seed, data, model init, restore) is what exact resume relies on.
     """
@@ -127,4 +130,5 @@ def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: d
                data=data, model=model, step_fn=torch.compile(ddp, mode=t.compile_mode) if t.compile else ddp,
                objective=objective, mix=mix, ema=ema, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                skips=SkippedSteps(state, device, skips_on_device(optimizer, scaler), t.max_bad_steps),
-               logger=logger, visuals=visuals, window=window, state=state, total_steps=total_steps)
+               logger=logger, visuals=visuals, window=window, state=state, total_steps=total_steps,
+               started=time.time() if started is None else started, earlier_seconds=state.wall_seconds)

@@ -1,5 +1,9 @@
-"""What a run carries across a restart: the loop's position, the EMA, every RNG's state, and the
-checkpoint's contents."""
+"""What a run carries across a restart: the loop's position, the EMA, every RNG's state, the
+objective's state, the checkpoint's contents, and which config changes a resumed run may make
+(`check_compatible`, `check_data_position`; docs/resuming.md has the table).
+
+outputs/checkpoint.py only writes, reads and finds the files.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from vit_train.outputs.checkpoint import versions
 from vit_train.config.schema import Config
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.data.preprocess import eval_spec
+from vit_train.objectives import Objective, objective_state, section_owner
 from vit_train.objectives.score import better, checkpoint_best, winner
 
 log = logging.getLogger("vit_train")
@@ -90,8 +95,10 @@ def build_ema(model: nn.Module, decay: float | None, ckpt: dict | None) -> Avera
 
 
 def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: AveragedModel | None, state: TrainState,
-                     cfg: Config, overrides: Sequence[str], class_names: list[str]) -> dict[str, Any]:
-    """Everything a resumed run needs, as plain tensors and primitives (see docs/resuming.md, 'What is in a checkpoint')."""
+                     cfg: Config, overrides: Sequence[str], class_names: list[str],
+                     objective: Objective | None = None) -> dict[str, Any]:
+    """Everything a resumed run needs, as plain tensors and primitives (see docs/resuming.md, 'What is in a checkpoint');
+    `objective`'s own state (MAE's mask counter, the distillation teacher's identity) under "objective"."""
     return {
         "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict(), "ema": ema.state_dict() if ema is not None else None, **state.checkpoint_fields(),
@@ -99,16 +106,26 @@ def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: Averag
         "config": cfg.to_dict(), "overrides": list(overrides), "class_names": list(class_names),
         "preprocess": eval_spec(cfg),
         "versions": versions(),
+        "objective": objective_state(objective) if objective is not None else None,
     }
 
 
 def restore(ckpt: dict, model: nn.Module, optimizer, scaler) -> TrainState:
-    """Load weights, optimiser, scaler and RNG states; returns the loop's position."""
+    """Load weights, optimiser, scaler and RNG states; returns the loop's position.
+
+    The optimiser keeps its saved state (moments, step counts) but takes its hyperparameters
+    (weight_decay, betas, eps, momentum, fused) from this run's config, as built: torch's
+    `load_state_dict` would put the saved ones back and silently ignore `optim.weight_decay=...` on
+    resume. The lr is the schedule's (build_scheduler). Unchanged, they are the saved values.
+    """
+    configured = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     try:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
     except (RuntimeError, ValueError, KeyError) as e:
         raise CheckpointError(f"the checkpoint's weights do not fit this model: {str(e).splitlines()[0]}") from None
+    for group, hyper in zip(optimizer.param_groups, configured):
+        group.update(hyper)
     if ckpt.get("scaler"):
         scaler.load_state_dict(ckpt["scaler"])
     restore_rng(ckpt["rng"])
@@ -165,3 +182,81 @@ def restore_rng(state: dict[str, Any]) -> None:
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"the checkpoint's RNG states cannot be restored ({e}); the resumed run would not "
                               f"match the original") from None
+
+
+# Config keys whose change would make the checkpoint's state mean something else, each with why. A resumed
+# run may change any other key (docs/resuming.md, 'What may change on resume').
+SHAPE = "the weights have another shape"
+REFUSED_CHANGES = {
+    "model.arch": "the weights are another network's",
+    "model.img_size": "the position embeddings are for another image size",
+    "model.patch_size": SHAPE, "model.embed_dim": SHAPE, "model.depth": SHAPE, "model.num_heads": SHAPE,
+    "model.mlp_ratio": SHAPE, "model.qkv_bias": SHAPE, "model.reg_tokens": SHAPE, "model.init_values": SHAPE,
+    "model.qk_norm": SHAPE, "model.distilled": SHAPE,
+    "model.pool": "the head was trained on another pooled feature",
+    "model.pos_embed": "the position embeddings are learned in one and fixed in the other",
+    "model.trainable": "the optimiser's state holds other parameters",
+    "optim.name": "the optimiser's state (AdamW's two moments, SGD's momentum) does not carry over",
+    "optim.layer_decay": "the optimiser's parameter groups differ",
+    "data.name": "the classes and the head belong to another data set",
+    "objective.name": "the weights, the loss and the best score belong to another objective",
+    "mae.decoder_dim": "the decoder has another shape", "mae.decoder_depth": "the decoder has another shape",
+    "mae.decoder_heads": "the decoder has another shape",
+    "mae.norm_pix_loss": "the decoder was trained to predict other targets, and best_loss would compare both",
+    "mae.mask_ratio": "the val reconstruction loss that picks best.pt would measure another task",
+    "distill.teacher_arch": "the teacher is another network",
+    "distill.type": "the distillation head was trained on other targets",
+    "trainer.ema_decay": "the checkpoint's EMA weights would be dropped",  # only on -> off (see _refused)
+}
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            flat.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
+
+
+def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
+    """(key, saved value, current value) for every key that differs, `resume` aside."""
+    old, new = _flatten(saved), _flatten(current)
+    keys = sorted(set(old) | set(new))
+    return [(k, old.get(k), new.get(k)) for k in keys if k != "resume" and old.get(k) != new.get(k)]
+
+
+def _refused(key: str, new: Any, saved: dict[str, Any]) -> bool:
+    if key not in REFUSED_CHANGES or key not in saved:  # a key newer than the checkpoint: its default ran
+        return False
+    owner = section_owner(key.split(".")[0])  # mae.*, distill.*: their objective's own (objectives/)
+    if owner is not None and saved.get("objective.name") != owner:
+        return False  # another objective's keys: the run never read them
+    return key != "trainer.ema_decay" or new is None  # an EMA may start (from the weights) or change its decay
+
+
+def check_compatible(ckpt: dict, current: dict, path: Any = "<the checkpoint>") -> list[str]:
+    """Refuse, before any work, a resumed config that changes what the checkpoint's state means.
+
+    `ckpt` is the loaded checkpoint (its "config"), `current` the resumed run's config as plain data,
+    `path` the checkpoint's file, named in the message. Raises CheckpointError (one line: each refused
+    key with its saved and new value, and what to do instead). Returns the other changes as
+    "key: old -> new" lines, for the log.
+    """
+    changes = config_changes(ckpt["config"], current)
+    saved = _flatten(ckpt["config"])
+    refused = [(k, a, b) for k, a, b in changes if _refused(k, b, saved)]
+    if refused:
+        what = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in refused)
+        why = "; ".join(dict.fromkeys(REFUSED_CHANGES[k] for k, _, _ in refused))
+        keep = " ".join(f"{k}={_cli(a)}" for k, a, _ in refused)
+        raise CheckpointError(f"cannot resume {path} with a changed config ({what}): {why}; resume with the saved "
+                              f"settings (drop the override, or give {keep}), or start a new run from its weights: "
+                              f"vit-train model.pretrained={path} <your overrides> (see docs/resuming.md)")
+    return [f"{k}: {a!r} -> {b!r}" for k, a, b in changes if (k, a, b) not in refused]
+
+
+def _cli(value: Any) -> str:
+    """A value as a command-line override writes it."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)

@@ -22,16 +22,15 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from vit_train.runtime import distributed
 from vit_train.outputs import rundir
 from vit_train.train.batches import batches
-from vit_train.outputs.checkpoint import check_compatible, find_resume_checkpoint, run_checkpoints, save_run_checkpoint, short_of_space
+from vit_train.outputs.checkpoint import find_resume_checkpoint, run_checkpoints, save_run_checkpoint, short_of_space
 from vit_train.config.schema import Config
 from vit_train.errors import CheckpointError, RunStopped, UserError
 from vit_train.objectives import objective_of
 from vit_train.objectives.score import shown
 from vit_train.outputs.metrics import output_error, results_summary, write_results
-from vit_train.objectives import objective_state
 from vit_train.runtime.preemption import StopRequest
 from vit_train.train.run import Run, build_run
-from vit_train.train.state import checkpoint_state
+from vit_train.train.state import check_compatible, checkpoint_state
 from vit_train.train.step import diverged_message, train_step
 from vit_train.train.throughput import log_train
 
@@ -43,28 +42,32 @@ def due(step: int, every: int | None) -> bool:
 
 
 def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
-          resume_from: tuple[Path, dict] | None = None) -> dict[str, Any]:
+          resume_from: tuple[Path, dict] | None = None, lock: rundir.RunLock | None = None) -> dict[str, Any]:
     """Train as `cfg` says, writing checkpoints and logs under `run_dir`; returns the results summary.
 
-    `resume_from`: the (path, checkpoint) `cfg.resume` names, when the caller has already loaded it.
-    Holds the run directory's lock for the whole run (rundir.py; under torchrun rank 0 holds it for
-    every process; a caller that holds it already, as the command line does, keeps it).
-    Raises RunDirBusy when another process holds `run_dir`, before touching anything in it.
+    `resume_from`: the (path, checkpoint) `cfg.resume` names, when the caller has loaded it already
+    (the command line does, for its config): it is not loaded again. Otherwise `cfg.resume` (a path,
+    or `auto`: the newest checkpoint in `run_dir`) is loaded here.
+    `lock`: the run directory's lock (rundir.py) when the caller holds it (the command line, a sweep
+    job, torchrun's rank 0); it stays held. Without one, rank 0 takes it for the run and frees it.
+    Raises RunDirBusy when another process holds `run_dir`, and CheckpointError/ConfigError for a
+    resumed config that changes what the checkpoint means (state.check_compatible), both before
+    touching anything in it.
     Raises RunStopped when a stop signal or diverging losses end the run early (after writing
     results.json, and for a signal a checkpoint to resume from). Any other error once the run is
     built (a full disk, bad data) is written to train.log and to results.json (status `failed`,
     `error` the reason) before it is raised; train.log's handler is removed however the run ends.
     """
     run_dir = Path(run_dir)
-    with rundir.locked(run_dir, enabled=os.environ.get("RANK", "0") == "0"):
+    own_lock = lock is None and os.environ.get("RANK", "0") == "0"  # under torchrun rank 0 holds it for all
+    with rundir.locked(run_dir) if own_lock else contextlib.nullcontext():
         started = time.time()
         ckpt_path, ckpt = resume_from or find_resume_checkpoint(cfg.resume, run_dir) or (None, None)
         if ckpt is None and run_checkpoints(run_dir):
             raise CheckpointError(f"{run_dir} already holds checkpoints; continue that run with resume=auto (or "
                                   f"resume={run_dir}), or start this one in another directory (hydra.run.dir=...)")
-        changes = check_compatible(ckpt, cfg.to_dict()) if ckpt else []
-        run = build_run(cfg, run_dir, overrides, ckpt)
-        run.started, run.earlier_seconds = started, run.state.wall_seconds
+        changes = check_compatible(ckpt, cfg.to_dict(), ckpt_path) if ckpt else []
+        run = build_run(cfg, run_dir, overrides, ckpt, started)
         if cfg.resume == "auto" and ckpt is None and run.ctx.is_main:
             log.warning(resume_auto_found_nothing(run_dir))
         try:
@@ -157,8 +160,7 @@ def save(run: Run, best: bool = False) -> None:
         distributed.barrier()
         if run.ctx.is_main:
             ckpt = checkpoint_state(run.model, run.optimizer, run.scheduler, run.scaler, run.ema, run.state, run.cfg,
-                                    run.overrides, run.data.class_names)
-            ckpt["objective"] = objective_state(run.objective)
+                                    run.overrides, run.data.class_names, run.objective)
             save_run_checkpoint(ckpt, run.run_dir / "checkpoints", run.cfg.trainer.keep_last, best)
         distributed.barrier()
 
