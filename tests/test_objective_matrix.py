@@ -224,3 +224,20 @@ def test_the_command_line_refuses_in_one_line_before_writing_anything(tmp_path, 
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_checkpoint_without_best_score_resumes_with_its_best_top1_through_restore():
+    """An older checkpoint (best_top1 and best_loss, no best_score) read by the resume path itself."""
+    from vit_train.train.state import checkpoint_state, restore
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    state = TrainState(step=7)
+    state.record_eval("top1", {"model": 55.0})
+    ckpt = checkpoint_state(model, optimizer, scheduler, scaler, None, state, tiny_config(), [], ["a", "b"])
+    assert (ckpt["best_top1"], ckpt["best_loss"], ckpt["best_score"]) == (55.0, math.inf, 55.0)
+    old = {k: v for k, v in ckpt.items() if k not in ("best_score", "best_metric")}
+    restored = restore(old, model, optimizer, scaler)
+    assert (restored.best_metric, restored.best_score, restored.best_step) == ("top1", 55.0, 7)
