@@ -9,6 +9,7 @@ docs/distillation.md, docs/configs.md), not from the code's checks.
 
 from __future__ import annotations
 
+import functools
 import math
 import subprocess
 import sys
@@ -92,10 +93,11 @@ def config_for(objective: str, model: str, trainable: str, option: str, files: d
     return tiny_config(**sections)
 
 
-def batches(count: int = 2, size: int = 8):
+@functools.lru_cache(maxsize=None)
+def batches(count: int = 2, size: int = 8) -> tuple:
     images, labels = generate_shapes(count * size, 16, seed=3)
     images = (images.float() / 255 - 0.5) / 0.25
-    return [(images[i * size:(i + 1) * size], labels[i * size:(i + 1) * size]) for i in range(count)]
+    return tuple((images[i * size:(i + 1) * size], labels[i * size:(i + 1) * size]) for i in range(count))
 
 
 def two_steps(cfg, files: dict) -> tuple[torch.nn.Module, dict, set[str]]:
