@@ -11,6 +11,7 @@ import torch
 from helpers.files import logged, tb_events
 from helpers.images import write_images
 from vit_train.errors import ConfigError
+from vit_train.objectives import check_objective
 from vit_train.train.trainer import train
 
 MAE = {"name": "mae"}
@@ -86,7 +87,7 @@ def test_classification_without_class_folders_is_still_refused(tmp_path, make_co
 
 def test_batch_mixing_is_refused_for_pretraining(make_config):
     with pytest.raises(ConfigError, match="objective.name=mae .* aug.mixup_alpha"):
-        make_config(objective=MAE, aug={"mixup_alpha": 0.8})
+        check_objective(make_config(objective=MAE, aug={"mixup_alpha": 0.8}))
 
 
 def test_a_classification_run_starts_from_the_pretraining_run(tmp_path, make_config):
@@ -115,7 +116,7 @@ def test_vit_eval_on_a_pretraining_checkpoint_reports_its_loss_and_draws_reconst
 
 def test_mae_keys_without_the_mae_objective_get_the_no_effect_warning():
     from vit_train.config.schema import Config
-    from vit_train.config.unused_keys import ignored_keys
+    from vit_train.objectives import ignored_keys
 
     assert ignored_keys(Config.from_dict({"mae": {"mask_ratio": 0.5}})) == [
         "mae.mask_ratio=0.5 has no effect with objective=classify; it applies only to objective=mae"]
