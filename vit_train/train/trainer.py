@@ -119,11 +119,19 @@ def loop(run: Run) -> dict[str, Any]:
             raise RunStopped(f"stopped by {stop.name} at step {state.step}; {run_dir / 'checkpoints' / 'last.pt'} "
                              f"holds it; continue with: {command} resume={run_dir}", stop.exit_code)
         if not run.metrics:  # resumed a run that had already finished
-            log.info("the run already reached its last step (%d); raise trainer.epochs or trainer.max_steps to "
-                     "train longer", run.total_steps)
+            log.info("the run already reached its last step (%d); %s", run.total_steps, how_to_train_longer(run))
             evaluate(run)
             save(run, best=state.best_step == state.step)
     return finish(run, "completed")
+
+
+def how_to_train_longer(run: Run) -> str:
+    """What to raise so a finished run trains on: trainer.max_steps when that cap ended it, else trainer.epochs."""
+    t = run.cfg.trainer
+    if t.max_steps is not None and run.total_steps >= t.max_steps:
+        return (f"trainer.max_steps={t.max_steps} ended it: raise trainer.max_steps, or set trainer.max_steps=null "
+                f"to train all trainer.epochs ({t.epochs})")
+    return f"raise trainer.epochs (now {t.epochs}) to train longer"
 
 
 def resume_auto_found_nothing(run_dir: Path) -> str:
