@@ -38,3 +38,4 @@ def test_the_finished_run_names_what_ended_it_and_the_advice_trains_on(tmp_path,
         assert "raise trainer.epochs (now 1)" in lines[0] and "max_steps" not in lines[0]
     results, lines = resumed(tmp_path, caplog, **raised)  # the advice, followed
     assert lines == [] and results["steps"] == expected_steps
+

@@ -282,3 +282,19 @@ def test_onnx_export_matches_pytorch_at_another_batch_size(trained_run, tmp_path
     got = torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
     with torch.no_grad():
         torch.testing.assert_close(got, model(x), rtol=0, atol=1e-4)
+
+
+def test_an_exported_safetensors_file_has_the_mode_other_outputs_have(tmp_path):
+    """safetensors' writer makes the file owner-only (0600); vit-train's outputs follow the umask."""
+    import os
+
+    import torch
+
+    from vit_train.outputs.weights import save_safetensors
+
+    path = tmp_path / "w.safetensors"
+    save_safetensors({"w": torch.ones(2)}, path, {})
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert (tmp_path / "other").open("w") and (tmp_path / "other").stat().st_mode & 0o777 == 0o666 & ~umask

@@ -5,6 +5,7 @@ the one safetensors writer (vit-export)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,9 @@ def save_safetensors(weights: dict[str, torch.Tensor], path: Path, metadata: dic
 
     text = {"format": "vit-train", **{k: json.dumps(v) for k, v in metadata.items()}}
     save_file({k: v.contiguous() for k, v in weights.items()}, str(path), metadata=text)
+    umask = os.umask(0)  # safetensors creates the file owner-only; give it the mode every other output has
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
