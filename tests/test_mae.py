@@ -13,6 +13,7 @@ from helpers.images import write_images
 from vit_train.data.shapes import generate_shapes
 from vit_train.errors import ConfigError
 from vit_train.models.mae import MaskedAutoencoder, MaskSampler, build_autoencoder, mae_flops_per_image, num_visible, patch_targets, patchify, reconstruct, reconstruction_loss, unpatchify
+from vit_train.objectives import check_objective
 from vit_train.objectives.mae import MaeObjective
 from vit_train.models.vit import VisionTransformer
 
@@ -214,7 +215,7 @@ def test_state_dict_keeps_the_encoder_names_and_the_fixed_positions():
 ])
 def test_bad_mae_settings_are_refused_naming_the_key(make_config, mae, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        make_config(mae=mae)
+        check_objective(make_config(mae=mae, objective={"name": "mae"}))  # mae.* is the MAE objective's check
 
 
 @pytest.mark.slow  # ~5 s alone, ~45 s on a shared 2-core machine

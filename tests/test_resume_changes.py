@@ -111,8 +111,59 @@ def test_a_change_that_alters_what_the_checkpoint_means_is_refused_before_any_wo
     message = str(refused.value)
     assert "\n" not in message
     assert (named or f"{key}: {old!r} -> {value!r}") in message, message
-    assert "model.pretrained=" in message, message
+    assert advice_fits(key, message), message
     assert snapshot(run) == before
+
+
+# keys whose new value the checkpoint's weights do not fit even through model.pretrained (models/pretrained.py refuses
+# another patch_embed, width or MLP shape, a network that is no ViT, other LayerScale, QK-norm or registers): the advice
+# is a new run from scratch
+NO_FIT = {"model.arch", "model.embed_dim", "model.patch_size", "model.mlp_ratio", "model.init_values", "model.qk_norm",
+          "model.reg_tokens"}
+
+
+def advice_fits(key: str, message: str) -> bool:
+    """The refusal's alternative to resuming suits the kind of key: no model.pretrained for weights that
+    cannot load, the encoder-only note for mae.*, model.pretrained=<checkpoint> for the rest."""
+    if key in NO_FIT:
+        return "start a new run from scratch" in message and "do not fit the new architecture" in message
+    if key.startswith("mae."):
+        return ("vit-train objective=mae model.pretrained=" in message and "loads the encoder only" in message
+                and "decoder starts fresh" in message)
+    return "model.pretrained=" in message
+
+
+# (key, new value) the refusal advises model.pretrained for: a new run from the classify base's weights with it trains
+PRETRAINED_WORKS = [("model.img_size", 32), ("model.depth", 3), ("model.num_heads", 4), ("model.trainable", "head"),
+                    ("model.pool", "mean"), ("model.pos_embed", "sincos2d"), ("optim.name", "sgd")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key,value", PRETRAINED_WORKS, ids=[k for k, _ in PRETRAINED_WORKS])
+def test_the_advised_model_pretrained_run_starts(bases, tmp_path, key, value):
+    section, name = key.split(".")
+    ckpt = bases["classify"] / "checkpoints" / "last.pt"
+    plain = tiny(model={"pretrained": str(ckpt)}, trainer={"max_steps": 1})
+    plain.setdefault(section, {})[name] = value
+    assert train(Config.from_dict(plain), tmp_path / "new")["steps"] == 1
+
+
+NO_FIT_CHANGES = [("model.arch", "resnet18"), ("model.embed_dim", 48), ("model.patch_size", 8),
+                  ("model.mlp_ratio", 4.0), ("model.init_values", 1e-5), ("model.qk_norm", True),
+                  ("model.reg_tokens", 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key,value", NO_FIT_CHANGES, ids=[k for k, _ in NO_FIT_CHANGES])
+def test_model_pretrained_cannot_load_the_weights_after_a_no_fit_change(bases, tmp_path, key, value):
+    """Why the refusal does not advise model.pretrained for NO_FIT keys: that run is refused too."""
+    assert set(dict(NO_FIT_CHANGES)) == NO_FIT
+    section, name = key.split(".")
+    ckpt = bases["classify"] / "checkpoints" / "last.pt"
+    plain = tiny(model={"pretrained": str(ckpt)}, trainer={"max_steps": 1})
+    plain[section][name] = value
+    with pytest.raises(ConfigError, match="model.pretrained"):
+        train(Config.from_dict(plain), tmp_path / "new")
 
 
 def optimizer_groups(run: Path) -> list[dict]:
@@ -248,3 +299,40 @@ def test_the_command_line_resumes_with_a_safe_change(bases, tmp_path):
     assert result.returncode == 0, result.stderr
     assert {g["weight_decay"] for g in optimizer_groups(run)} == {0.0, 0.1}
     assert "changed since the checkpoint: optim.weight_decay: 0.05 -> 0.1" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def resnet_base(tmp_path_factory) -> Path:
+    """A ResNet-18 run on the same shapes set, stopped at step 3 (copy it)."""
+    run = tmp_path_factory.mktemp("resnet") / "run"
+    train(Config.from_dict(tiny(model={"arch": "resnet18", "name": "resnet18"})), run)
+    return run
+
+
+# ViT-only keys (config/unused_keys.py VIT_ONLY): a ResNet never reads them, so they do not change what its checkpoint
+# means; the run resumes and the no-effect warning names them
+VIT_ONLY_CHANGES = [("model.embed_dim", 48), ("model.depth", 3), ("model.num_heads", 4), ("model.mlp_ratio", 4.0),
+                    ("model.pool", "mean"), ("model.pos_embed", "sincos2d"), ("model.reg_tokens", 1),
+                    ("model.qk_norm", True), ("model.init_values", 1e-5), ("model.qkv_bias", False)]
+
+
+@pytest.mark.parametrize("key,value", [
+    pytest.param(k, v, id=k, marks=() if k in ("model.embed_dim", "model.pool") else pytest.mark.slow)
+    for k, v in VIT_ONLY_CHANGES])
+def test_a_vit_only_key_resumes_a_resnet_run_with_the_no_effect_warning(resnet_base, tmp_path, key, value):
+    from vit_train.objectives import ignored_keys
+
+    run = tmp_path / "run"
+    shutil.copytree(resnet_base, run)
+    cfg = resumed_config(run, {key: value, "trainer.max_steps": RESUMED_TO})
+    assert any(line.startswith(f"{key}=") and "has no effect with model.arch=resnet18" in line
+               for line in ignored_keys(cfg, [key])), ignored_keys(cfg, [key])
+    results = train(cfg, run)
+    assert results["status"] == "completed" and results["steps"] == RESUMED_TO
+
+
+def test_a_resnet_run_still_refuses_another_architecture(resnet_base, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(resnet_base, run)
+    with pytest.raises(CheckpointError, match="model.arch: 'resnet18' -> 'resnet50'"):
+        train(resumed_config(run, {"model.arch": "resnet50", "model.name": "resnet50"}), run)

@@ -64,7 +64,7 @@ def check_config(cfg) -> None:
                        ("model.drop_path", m.drop_path), ("aug.label_smoothing", cfg.aug.label_smoothing)):
         _require(0.0 <= value < 1.0, f"{key} must be in [0, 1), got {value}")
     _check_aug(cfg)
-    _check_mae_keys(cfg)  # what each objective accepts is its own check (vit_train/objectives)
+    # mae.* is checked by objectives/mae.py's check, only when objective=mae: a classify run never reads it
     _require(cfg.sweep.objective not in LOSSES or cfg.sweep.direction == "minimize",
              f"sweep.objective={cfg.sweep.objective} is a loss: lower is better, so add sweep.direction=minimize")
     _require(0.0 <= cfg.distill.alpha <= 1.0, f"distill.alpha must be in [0, 1], got {cfg.distill.alpha}")
@@ -85,17 +85,6 @@ def check_config(cfg) -> None:
     _require(cfg.schedule.name != "cosine" or 0 <= cfg.schedule.min_lr <= cfg.lr, f"schedule.min_lr ({cfg.schedule.min_lr}) must be "
              f"between 0 and optim.lr ({cfg.lr:g}{' after batch scaling' if cfg.optim.lr_base_batch else ''})")
 
-
-def _check_mae_keys(cfg) -> None:
-    e, m = cfg.mae, cfg.model
-    _require(0.0 < e.mask_ratio < 1.0, f"mae.mask_ratio must be in (0, 1), got {e.mask_ratio}")
-    patches = (m.img_size // m.patch_size) ** 2
-    _require(int(patches * (1 - e.mask_ratio)) >= 1, f"mae.mask_ratio={e.mask_ratio} leaves no visible "
-             f"patch of the {patches}; lower it")
-    _positive(("mae.decoder_dim", e.decoder_dim), ("mae.decoder_depth", e.decoder_depth),
-              ("mae.decoder_heads", e.decoder_heads))
-    _require(e.decoder_dim % e.decoder_heads == 0 and e.decoder_dim % 4 == 0, f"mae.decoder_dim "
-             f"({e.decoder_dim}) must be divisible by mae.decoder_heads ({e.decoder_heads}) and by 4")
 
 def fill_input_size(cfg) -> None:
     """Set model.img_size and model.patch_size (pixels) that are null to data.name's DATASET_DEFAULTS, in place."""

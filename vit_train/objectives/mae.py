@@ -59,7 +59,11 @@ class MaeObjective:
 
 
 def check(cfg: Config) -> None:
-    """Refuse (ConfigError, one line) what would not pre-train a ViT encoder."""
+    """Refuse (ConfigError, one line) what would not pre-train a ViT encoder, and impossible mae.* keys.
+
+    Only an MAE run reads mae.*, so only it checks them (a classify run with mae.mask_ratio=0.75 and
+    one patch per image is fine). `cfg` is a validated Config (img_size and patch_size filled, pixels).
+    """
     m, a, name = cfg.model, cfg.aug, f"objective={cfg.objective.name}"
     if m.arch != "vit":
         raise ConfigError(f"{name} masks the patches of a ViT encoder; model.arch={m.arch} has none: pre-train a ViT "
@@ -77,6 +81,24 @@ def check(cfg: Config) -> None:
     if a.mixup_alpha != 0 or a.cutmix_alpha != 0:
         raise ConfigError(f"objective.name={cfg.objective.name} reads no labels, so batch mixing has nothing to mix: "
                           f"set aug.mixup_alpha=0 and aug.cutmix_alpha=0 (got {a.mixup_alpha} and {a.cutmix_alpha})")
+    _check_keys(cfg)
+
+
+def _check_keys(cfg: Config) -> None:
+    e, m = cfg.mae, cfg.model
+    if not 0.0 < e.mask_ratio < 1.0:
+        raise ConfigError(f"mae.mask_ratio must be in (0, 1), got {e.mask_ratio}")
+    patches = (m.img_size // m.patch_size) ** 2
+    if int(patches * (1 - e.mask_ratio)) < 1:
+        raise ConfigError(f"mae.mask_ratio={e.mask_ratio} leaves no visible patch of the {patches} "
+                          f"(model.img_size={m.img_size}, model.patch_size={m.patch_size}); lower it")
+    for key, value in (("mae.decoder_dim", e.decoder_dim), ("mae.decoder_depth", e.decoder_depth),
+                       ("mae.decoder_heads", e.decoder_heads)):
+        if value <= 0:
+            raise ConfigError(f"{key} must be > 0, got {value}")
+    if e.decoder_dim % e.decoder_heads or e.decoder_dim % 4:
+        raise ConfigError(f"mae.decoder_dim ({e.decoder_dim}) must be divisible by mae.decoder_heads "
+                          f"({e.decoder_heads}) and by 4")
 
 
 def build_model(cfg: Config, num_classes: int) -> MaskedAutoencoder:

@@ -19,6 +19,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from vit_train.outputs.checkpoint import versions
 from vit_train.config.schema import Config
+from vit_train.config.unused_keys import VIT_ONLY
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.data.preprocess import eval_spec
 from vit_train.objectives import Objective, objective_state, section_owner
@@ -227,9 +228,18 @@ def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
     return [(k, old.get(k), new.get(k)) for k in keys if k != "resume" and old.get(k) != new.get(k)]
 
 
+# Refused keys whose new value model.pretrained cannot load the checkpoint's weights into either (models/pretrained.py
+# refuses a tensor of another shape but the heads, a network that is no ViT, and LayerScale, QK-norm or registers that
+# differ); a changed depth, num_heads, img_size (positions are resized), pool, ... loads what fits, the rest starts fresh.
+NO_FIT = ("model.arch", "model.embed_dim", "model.patch_size", "model.mlp_ratio", "model.init_values", "model.qk_norm",
+          "model.reg_tokens")
+
+
 def _refused(key: str, new: Any, saved: dict[str, Any]) -> bool:
     if key not in REFUSED_CHANGES or key not in saved:  # a key newer than the checkpoint: its default ran
         return False
+    if key.removeprefix("model.") in VIT_ONLY and saved.get("model.arch", "vit") != "vit":
+        return False  # a ResNet never read it: the no-effect warning (config/unused_keys.py) says so
     owner = section_owner(key.split(".")[0])  # mae.*, distill.*: their objective's own (objectives/)
     if owner is not None and saved.get("objective.name") != owner:
         return False  # another objective's keys: the run never read them
@@ -252,9 +262,22 @@ def check_compatible(ckpt: dict, current: dict, path: Any = "<the checkpoint>") 
         why = "; ".join(dict.fromkeys(REFUSED_CHANGES[k] for k, _, _ in refused))
         keep = " ".join(f"{k}={_cli(a)}" for k, a, _ in refused)
         raise CheckpointError(f"cannot resume {path} with a changed config ({what}): {why}; resume with the saved "
-                              f"settings (drop the override, or give {keep}), or start a new run from its weights: "
-                              f"vit-train model.pretrained={path} <your overrides> (see docs/resuming.md)")
+                              f"settings (drop the override, or give {keep}), {_instead(refused, path)} "
+                              f"(see docs/resuming.md)")
     return [f"{k}: {a!r} -> {b!r}" for k, a, b in changes if (k, a, b) not in refused]
+
+
+def _instead(refused: list[tuple[str, Any, Any]], path: Any) -> str:
+    """What else to do than resume, by the kind of the refused keys: a new run from the weights, when they can load."""
+    no_fit = [k for k, _, _ in refused if k in NO_FIT]
+    if no_fit:
+        return (f"or start a new run from scratch with the change ({', '.join(no_fit)}: the checkpoint's weights do "
+                f"not fit the new architecture, so model.pretrained={path} would not load them either)")
+    start = f"or start a new run from its weights: vit-train model.pretrained={path} <your overrides>"
+    if any(k.startswith("mae.") for k, _, _ in refused):
+        return (f"or start a new MAE run from its encoder: vit-train objective=mae model.pretrained={path} <your "
+                f"overrides> (model.pretrained loads the encoder only; the decoder starts fresh)")
+    return start
 
 
 def _cli(value: Any) -> str:
