@@ -15,6 +15,12 @@ A distilled DeiT (timm's `deit_*_distilled_*`: `dist_token`, `head_dist`, two pr
 loaded into a model without a distillation token: the class token, its position and `head` are
 loaded; the distillation token, its position and `head_dist` are dropped (reported as ignored).
 Into a distilled model (`model.distilled=true`) everything loads.
+
+The ViT options that add tensors must agree between the file and the model, both ways: LayerScale
+(`blocks.N.ls1/ls2.gamma`, model.init_values), QK-norm (`blocks.N.attn.q_norm/k_norm`, model.qk_norm)
+and registers (`reg_token`, model.reg_tokens). Otherwise the model would be another network than the
+one trained (its option tensors dropped, or left at their init): refused in one line naming the keys
+to set. The distillation token and head are head-like: dropped or freshly initialised, and reported.
 """
 
 from __future__ import annotations
@@ -129,15 +135,63 @@ def encoder_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return encoder
 
 
+LAYER_SCALE = re.compile(r"^blocks\.\d+\.ls[12]\.gamma$")
+QK_NORM = re.compile(r"^blocks\.\d+\.attn\.[qk]_norm\.")
+OFF = {"model.init_values": "null", "model.qk_norm": "false", "model.reg_tokens": "0"}
+
+
+def vit_options(weights: dict[str, torch.Tensor]) -> dict[str, tuple[str | None, str]]:
+    """The tensor-adding ViT options a state dict (timm's names) was built with: model.* key -> (its value
+    as the command line writes it, None when off; the tensors that show it)."""
+    reg = weights.get("reg_token")
+    return {"model.init_values": ("set" if any(LAYER_SCALE.match(k) for k in weights) else None,
+                                  "blocks.N.ls1.gamma, blocks.N.ls2.gamma"),
+            "model.qk_norm": ("true" if any(QK_NORM.match(k) for k in weights) else None,
+                              "blocks.N.attn.q_norm.*, blocks.N.attn.k_norm.*"),
+            "model.reg_tokens": (str(reg.shape[1]) if reg is not None and reg.shape[1] else None, "reg_token")}
+
+
+def check_options(weights: dict[str, torch.Tensor], own: dict[str, torch.Tensor], config: dict | None) -> None:
+    """Refuse (ConfigError, one line) weights whose LayerScale, QK-norm or register tokens differ from the
+    model's: dropping them or starting them at their init would train another network than the one the file
+    holds. `config`: the file's run config when it has one (vit-train checkpoints, vit-export), for the value
+    of model.init_values (any number works: the loaded gammas replace it)."""
+    if not any(k.startswith("blocks.") for k in own):  # not a ViT (a ResNet): none of these options exist
+        return
+    theirs, ours = vit_options(weights), vit_options(own)
+    trained = ((config or {}).get("model") or {}).get("init_values")
+    fix, said = [], []
+    for key, (value, tensors) in theirs.items():
+        if value == ours[key][0]:
+            continue
+        if value is None:  # the model would start these at their init inside a trained network
+            said.append(f"without {key} (no {tensors})")
+            fix.append(f"{key}={OFF[key]}")
+            continue
+        known = True
+        if key == "model.init_values":  # a timm file has no config: any number works, the file's gammas replace it
+            known = isinstance(trained, (int, float)) and trained != 0
+            value = f"{trained:g}" if known else "1e-5"
+        said.append(f"with {key}={value} (its {tensors})" if known else f"with {key} set (its {tensors})")
+        fix.append(f"{key}={value}")
+    if said:
+        raise ConfigError(f"model.pretrained was trained {' and '.join(said)}; set {' '.join(fix)} to load it "
+                          f"(the option-tensors must match, else the model is another network than the one trained)")
+
+
 def load_pretrained(model: VisionTransformer, path: str | Path) -> dict[str, list[str]]:
-    """Load what fits of the weights in `path` into `model`; returns (and logs) what happened to each key."""
+    """Load what fits of the weights in `path` into `model`; returns (and logs) what happened to each key.
+
+    Raises ConfigError (one line, nothing loaded) for a missing file, a shape that does not fit, weights of
+    no ViT, and option-tensors (LayerScale, QK-norm, registers) the file and the model do not share."""
     path = Path(path).expanduser()
     if path.is_dir():  # a run directory: where that run ended
         path = path / "checkpoints" / "last.pt" if (path / "checkpoints").is_dir() else path / "last.pt"
     if not path.is_file():
         raise ConfigError(f"model.pretrained={path} does not exist; give a vit-train run directory or checkpoint "
                           f"(.pt), a .safetensors file, or a timm, DeiT or torchvision ViT state dict (.pth)")
-    weights, source = timm_names(load_weights(path)[0])
+    weights, meta = load_weights(path)
+    weights, source = timm_names(weights)
     own = model.state_dict()
     fixed_pos = not isinstance(getattr(model, "pos_embed", None), torch.nn.Parameter)
     source_tokens, own_tokens = prefix_names(weights), prefix_names(dict(model.named_parameters()))
@@ -152,6 +206,8 @@ def load_pretrained(model: VisionTransformer, path: str | Path) -> dict[str, lis
         elif value.shape == own[key].shape:
             chosen[key] = value
             report["loaded"].append(key)
+        elif key == "reg_token":  # another register count: check_options names model.reg_tokens below
+            continue
         elif key.startswith(("head.", "head_dist.", "fc.")):  # the ViT's heads, a ResNet's classifier
             report["reinitialised"].append(f"{key} ({value.shape[0]} classes in the file, {own[key].shape[0]} here)")
         else:
@@ -165,10 +221,13 @@ def load_pretrained(model: VisionTransformer, path: str | Path) -> dict[str, lis
         names = ", ".join(list(weights)[:4])
         raise ConfigError(f"model.pretrained: no tensor in {path} fits this model: it holds {len(weights)} tensors "
                           f"named like {names}, not ViT weights from vit-train, timm, DeiT or torchvision")
+    check_options(weights, own, meta.get("config"))
     model.load_state_dict(chosen, strict=False)
-    log.info("pretrained weights from %s (%s names): %d tensors loaded; resized: %s; re-initialised: %s; ignored: %s",
+    distill = " (a distillation token and head: model.distilled=true keeps them)" \
+        if "dist_token" in report["ignored"] else ""
+    log.info("pretrained weights from %s (%s names): %d tensors loaded; resized: %s; re-initialised: %s; ignored: %s%s",
              path, source, len(report["loaded"]), ", ".join(report["resized"]) or "none",
-             ", ".join(report["reinitialised"]) or "none", ", ".join(report["ignored"]) or "none")
+             ", ".join(report["reinitialised"]) or "none", ", ".join(report["ignored"]) or "none", distill)
     return report
 
 

@@ -32,7 +32,9 @@ class RunLogger:
     run resumed re-evaluates its last step without logging it twice).
     """
 
-    def __init__(self, run_dir: Path, resume_step: int | None = None):
+    def __init__(self, run_dir: Path, resume_step: int | None = None, early: EarlyRecords | None = None):
+        """`early`: the records logged while the run was built (before train.log existed); they are
+        written first to train.log, in their order, and the buffer stops collecting."""
         self.run_dir = run_dir
         self.jsonl, self.events = run_dir / "metrics.jsonl", run_dir / "tb"
         with writing(self.jsonl):
@@ -47,6 +49,8 @@ class RunLogger:
             self.tb = SummaryWriter(str(self.events))
         self.file_handler = QuietFileHandler(run_dir / "train.log")
         self.file_handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s] %(message)s"))
+        if early is not None:  # handed over and detached at once: no record lost or written twice
+            early.hand_to(self.file_handler)
         log.addHandler(self.file_handler)
         if log.level == logging.NOTSET:
             log.setLevel(logging.INFO)
@@ -100,6 +104,36 @@ class RunLogger:
             log.warning("TensorBoard events after %s were lost: %s", self.events, write_failure(e, self.events, 0, None))
         log.removeHandler(self.file_handler)
         self.file_handler.close()
+
+
+class EarlyRecords(logging.Handler):
+    """Keeps the `vit_train` logger's records from the start of a run's build (what model.pretrained
+    loaded, the distillation teacher, ...) until train.log's handler exists (RunLogger), so train.log
+    has them too. The console prints them once, as it would anyway. A context manager: attached to the
+    logger on entry, detached on exit (the records, if not handed over, are dropped)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def hand_to(self, handler: logging.Handler) -> None:
+        """Stop collecting and pass the records so far, in order, to `handler` (which keeps their times)."""
+        log.removeHandler(self)
+        for record in self.records:
+            if record.levelno >= handler.level:
+                handler.handle(record)
+        self.records.clear()
+
+    def __enter__(self) -> EarlyRecords:
+        log.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        log.removeHandler(self)
+        self.records.clear()
 
 
 @contextmanager

@@ -24,7 +24,7 @@ from vit_train.runtime.cpu import set_cpu_threads
 from vit_train.data import Data, build_data
 from vit_train.data.mix import BatchMix
 from vit_train.runtime.device import autocast_dtype, pick_device
-from vit_train.outputs.metrics import NullLogger, RunLogger
+from vit_train.outputs.metrics import EarlyRecords, NullLogger, RunLogger
 from vit_train.objectives import Objective, build_objective, check_objective, restore_objective
 from vit_train.train.optim import build_optimizer, build_scheduler
 from vit_train.models.pretrained import load_pretrained
@@ -79,15 +79,26 @@ def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: d
     `started` is when this attempt began (time.time(), default now), for the wall times.
 
     The order of the random draws (seed, data, model init, restore) is what exact resume relies on.
+    What is logged while the run is built (the weights model.pretrained loaded, the teacher) reaches
+    train.log too, whose handler comes last: rank 0 keeps those records until then (EarlyRecords).
     """
+    with EarlyRecords() as early:
+        return _build_run(cfg, run_dir, overrides, ckpt, started, early)
+
+
+def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict | None, started: float | None,
+               early: EarlyRecords) -> Run:
     kind = check_objective(cfg)  # the objective refuses what it cannot train before any work (objectives/)
     t = cfg.trainer
     ctx = distributed.setup(t.device)  # several processes under torchrun; else rank 0 of 1
     distributed.check_batch(cfg.data.batch_size, t.accum_steps)
     if ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        if log.level == logging.NOTSET:  # as RunLogger sets it, but now: the build's INFO lines are kept
+            log.setLevel(logging.INFO)
     else:
         log.setLevel(logging.WARNING)  # rank 0 reports; the others only warn
+        log.removeHandler(early)  # and write no train.log
     device = pick_device(t.device, ctx.local_rank)
     set_cpu_threads(t.cpu_threads)
     torch.manual_seed(cfg.seed)
@@ -120,7 +131,7 @@ def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: d
     flops = kind.flops_per_image(cfg, classes)
     window = TrainWindow(device, flops, peak_tflops(device, amp_dtype, t.peak_tflops))
     # last: from here train.log has a handler, which train() removes however the run ends
-    logger = RunLogger(run_dir, resume_step=state.step if ckpt else None) if ctx.is_main else NullLogger()
+    logger = RunLogger(run_dir, resume_step=state.step if ckpt else None, early=early) if ctx.is_main else NullLogger()
     try:
         visuals = TrainingVisuals(logger.tb, t.viz_every, data) if t.viz_every and ctx.is_main else None
     except BaseException:  # matplotlib missing, unreadable val images
