@@ -103,7 +103,10 @@ def test_teacher_from_a_vit_train_checkpoint_and_its_safetensors_export(tmp_path
     from vit_train.outputs.weights import export_safetensors
     from vit_train.tools.inference import load_for_inference
 
-    train(make_config(model={"distilled": True}, trainer={"max_steps": 2, "ema_decay": 0.5}), tmp_path)
+    train(make_config(trainer={"max_steps": 2}), tmp_path / "first")  # objective=classify refuses model.distilled
+    first = tmp_path / "first" / "checkpoints" / "last.pt"
+    train(make_config(model={"distilled": True}, trainer={"max_steps": 2, "ema_decay": 0.5},
+                      objective={"name": "distill"}, distill={"teacher": str(first)}), tmp_path)
     last = tmp_path / "checkpoints" / "last.pt"
     reference, *_ = load_for_inference(last)  # EMA weights, as vit-eval takes them
     x = torch.randn(3, 3, 16, 16)

@@ -87,7 +87,8 @@ class Distill:
         """Refuse to resume with another teacher file than the checkpoint's run used."""
         if saved and saved.get("teacher_sha256") not in (None, self.checkpoint_info["teacher_sha256"]):
             raise CheckpointError(f"distill.teacher {self.checkpoint_info['teacher']} is not the file this run "
-                                  f"started with (SHA-256 differs); resume with the original teacher")
+                                  f"started with (SHA-256 differs); resume with the original teacher, or start a new "
+                                  f"run from these weights with model.pretrained=<the checkpoint>")
 
 
 def check(cfg: Config) -> None:
@@ -102,10 +103,11 @@ def build_loss(cfg: Config, model: nn.Module, num_classes: int) -> Distill:
     """The distill loss for `model` (on its device), with the teacher cfg.distill names."""
     device = next(model.parameters()).device
     with torch.random.fork_rng():  # building the teacher (its throw-away init) must not move the run's RNG: exact resume
-        teacher, described = load_teacher(cfg.distill, num_classes, cfg.model.img_size)
+        teacher, described = load_teacher(cfg.distill, num_classes, cfg.model.img_size, resuming=bool(cfg.resume))
         teacher = teacher.to(device).eval().requires_grad_(False)
         check_teacher_output(teacher, num_classes, cfg.model.img_size, device)
-    info = {"teacher": cfg.distill.teacher, "teacher_sha256": file_sha256(Path(cfg.distill.teacher)),
+    # the file itself (a run directory's best.pt), as a new run and a resumed one both read it
+    info = {"teacher": cfg.distill.teacher, "teacher_sha256": file_sha256(teacher_file(cfg.distill)),
             "teacher_model": described}
     two_heads = bool(getattr(model, "head_dist", None))
     log.info("distilling from %s (%s, %.1fM parameters): %s, alpha %g%s%s", cfg.distill.teacher, described,
@@ -124,19 +126,32 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def load_teacher(cfg: DistillConfig, num_classes: int, img_size: int) -> tuple[nn.Module, str]:
-    """(teacher on the CPU, a description): a vit-train checkpoint or a .safetensors file exported by
-    vit-train (rebuilt from the config inside; a ViT at another size gets its positions interpolated
-    to `img_size`), or `teacher_arch` (a torchvision classification model, else a timm model when timm
-    is installed) with a state-dict file."""
+def teacher_file(cfg: DistillConfig, resuming: bool = False) -> Path:
+    """The file `cfg.teacher` names: the file itself, or a run directory's best.pt (as vit-eval and
+    model.pretrained take it). ConfigError (one line) when there is none; for a relative path in a
+    resumed run, it says the path is relative to where the first run started."""
     path = Path(cfg.teacher).expanduser() if cfg.teacher else None
-    if path is not None and path.is_dir() and (path / "checkpoints").is_dir():
+    if path is not None and path.is_dir() and ((path / "checkpoints").is_dir() or path.name == "checkpoints"):
         from vit_train.outputs.checkpoint import checkpoint_file
 
-        path = checkpoint_file(path)  # a run directory: its best.pt, as vit-eval and model.pretrained take it
+        path = checkpoint_file(path)  # a run directory (or its checkpoints/): its best.pt, as vit-eval takes it
+    if path is not None and not path.is_file() and resuming and not path.is_absolute():
+        raise ConfigError(f"distill.teacher={cfg.teacher} is not a file from {Path.cwd()}: a relative teacher path is "
+                          f"relative to where the first run started; resume with distill.teacher=<its new path> (the "
+                          f"same file, the same SHA-256)")
     if path is None or not path.is_file():
         raise ConfigError(f"distill.teacher={cfg.teacher} is not a file; give a vit-train checkpoint (.pt), a "
                           f".safetensors file, or distill.teacher_arch=NAME with a state-dict file")
+    return path
+
+
+def load_teacher(cfg: DistillConfig, num_classes: int, img_size: int, resuming: bool = False) -> tuple[nn.Module, str]:
+    """(teacher on the CPU, a description): a vit-train classifier's checkpoint, run directory or
+    .safetensors file exported by vit-train (rebuilt from the config inside; a ViT at another size gets
+    its positions interpolated to `img_size`), or `teacher_arch` (a torchvision classification model,
+    else a timm model when timm is installed) with a state-dict file. ConfigError (one line) for a
+    missing file (`resuming`: see teacher_file) or one without a classifier head (e.g. MAE pre-training)."""
+    path = teacher_file(cfg, resuming)
     from vit_train.outputs.weights import load_weights
 
     weights, metadata = load_weights(path)
@@ -162,17 +177,32 @@ def vit_train_teacher(path: Path, weights: dict, saved: dict, class_names: list 
     is_vit = saved["model"].get("arch", "vit") == "vit"  # a ViT runs at the student's size, a CNN as it was trained
     teacher_cfg = Config.from_dict({**saved, "resume": None,
                                     "model": {**saved["model"], **({"img_size": img_size} if is_vit else {})}})
-    if class_names is not None and len(class_names) != num_classes:
-        raise ConfigError(f"distill.teacher {path.name} predicts {len(class_names)} classes, the data has "
-                          f"{num_classes}; distil from a teacher trained on these classes")
     if path.suffix != ".safetensors":  # a checkpoint: the weights that scored best, as vit-eval's weights=auto takes
         from vit_train.objectives.score import best_weights
 
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         weights = ema_weights(ckpt["ema"]) if best_weights(ckpt)[0] == "ema" else ckpt["model"]
     teacher = build_network(teacher_cfg.model, num_classes)
+    refuse_headless(path, weights, teacher, saved)
+    if class_names is not None and len(class_names) != num_classes:
+        raise ConfigError(f"distill.teacher {path.name} predicts {len(class_names)} classes, the data has "
+                          f"{num_classes}; distil from a teacher trained on these classes")
     teacher.load_state_dict(at_size(teacher, weights) if is_vit else weights)
     return teacher, f"vit-train {teacher_cfg.model.name}"
+
+
+def refuse_headless(path: Path, weights: dict, teacher: nn.Module, saved: dict) -> None:
+    """ConfigError (one line) when `weights` hold no classifier head for `teacher` (its head.* or fc.*
+    tensors): a masked-autoencoder pre-training checkpoint (encoder.*, decoder.*) or any other headless file."""
+    heads = [k for k in teacher.state_dict() if k.startswith(("head.", "fc."))]
+    if all(k in weights for k in heads):
+        return
+    if (saved.get("objective") or {}).get("name") == "mae" or any(k.startswith("decoder.") for k in weights):
+        raise ConfigError(f"distill.teacher={path} is a masked-autoencoder pre-training checkpoint (objective=mae); it "
+                          f"has no classifier to teach with. Fine-tune it first: vit-train model.pretrained=<its run "
+                          f"directory> (docs/mae.md), then distil from that run")
+    raise ConfigError(f"distill.teacher={path} holds no classifier head ({', '.join(heads) or 'head.*'} missing); a "
+                      f"teacher must be a trained classifier: fine-tune it first (model.pretrained=<it>)")
 
 
 def named_teacher(arch: str, weights: dict, num_classes: int, img_size: int, path: Path) -> nn.Module:
