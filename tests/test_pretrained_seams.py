@@ -117,3 +117,17 @@ def test_what_the_build_logs_is_in_train_log_once_and_before_the_config(tmp_path
     assert found[0] < next(i for i, text in enumerate(log_lines) if text.endswith("][INFO] config:"))
     assert not any(isinstance(h, logging.Handler) and type(h).__name__ == "EarlyRecords"
                    for h in logging.getLogger("vit_train").handlers)  # detached after the build
+
+
+@pytest.mark.slow  # a CLI process (imports torch and Hydra): ~8 s on 2 busy cores
+def test_the_command_line_refuses_other_options_in_one_line_with_exit_2(tmp_path, make_config):
+    from helpers.configs import TINY
+    from helpers.runs import vit_train
+
+    train(make_config(model={"qk_norm": True}, trainer={"max_steps": 1}), tmp_path / "source")
+    done = vit_train(*TINY, f"model.pretrained={tmp_path / 'source'}", f"hydra.run.dir={tmp_path / 'tuned'}",
+                     cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert (f"model.pretrained was trained with model.qk_norm=true (its {QK}); set model.qk_norm=true to load it"
+            in done.stderr)
+    assert not (tmp_path / "tuned" / "checkpoints").exists()
