@@ -14,7 +14,7 @@ from vit_train.viz.attention import attention_rollout, pooled_attention
 
 SMALL = dict(img_size=32, patch_size=8, num_classes=10, embed_dim=32, depth=2, num_heads=2)
 OPTIONS = [dict(reg_tokens=4), dict(init_values=1e-5), dict(qk_norm=True),
-           dict(reg_tokens=2, init_values=0.1, qk_norm=True)]
+           dict(reg_tokens=2, init_values=0.1, qk_norm=True), dict(qkv_bias=False)]
 LAYOUTS = list(itertools.product(["cls", "mean"], ["learned", "sincos2d"]))
 
 

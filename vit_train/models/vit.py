@@ -185,7 +185,8 @@ class VisionTransformer(nn.Module):
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
-                nn.init.zeros_(m.bias)
+                if m.bias is not None:  # model.qkv_bias=false: the qkv projection has none
+                    nn.init.zeros_(m.bias)
 
     @property
     def dist_index(self) -> int:
