@@ -142,8 +142,11 @@ def test_eval_at_another_img_size_interpolates_positions(tmp_path, make_config, 
     from vit_train.tools.inference import load_for_inference
 
     model_cfg = {"img_size": 16, "patch_size": 4, "pos_embed": pos_embed, "reg_tokens": 2, "distilled": True}
-    train(make_config(model=model_cfg, trainer={"max_steps": 2}), tmp_path)
-    last = tmp_path / "checkpoints" / "last.pt"
+    teacher = tmp_path / "teacher"  # a distillation token is trained by objective=distill, from a teacher
+    train(make_config(model={"img_size": 16, "patch_size": 4}, trainer={"max_steps": 1}), teacher)
+    train(make_config(model=model_cfg, trainer={"max_steps": 2}, objective={"name": "distill"},
+                      distill={"teacher": str(teacher / "checkpoints" / "last.pt")}), tmp_path / "run")
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
     model, cfg, ckpt, _ = load_for_inference(last, "model", {"model": {"img_size": 32}})
     assert cfg.model.img_size == 32 and model.patch_embed.grid_size == 8
     trained = ckpt["model"]["pos_embed"]  # (1, class + dist + 2 registers + 16 patches, D)

@@ -46,8 +46,6 @@ def expected_refusal(objective: str, model: str, trainable: str, option: str) ->
     """A fragment of the one-line refusal this combination must get, or None: it must train."""
     if model == "resnet18" and (trainable == "head" or option in ("layer_decay", "distilled")):
         return "is for ViTs"  # the config's own check: these are ViT options
-    if objective == "classify" and option == "distilled":  # a distillation token needs a teacher (docs/distillation.md)
-        return "model.distilled adds DeiT's distillation token"
     if objective == "mae":  # pre-trains a ViT encoder, without labels (docs/mae.md)
         if model == "resnet18":
             return "model.arch=resnet18 has none"

@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from vit_train.config.schema import Config
-from vit_train.errors import ConfigError
 from vit_train.models.flops import flops_per_image as classifier_flops
 from vit_train.models.pretrained import at_size
 from vit_train.models.vit import build_model as build_classifier
@@ -42,12 +41,9 @@ class Classify:
 
 
 def check(cfg: Config) -> None:
-    """Everything the config's own checks let through trains a classifier, except, for objective=classify
-    itself, `model.distilled` (ConfigError, one line): its distillation token and head would learn the
-    labels alone, which is objective=distill's job with a teacher (distill.py calls this check too)."""
-    if cfg.model.distilled and cfg.objective.name == NAME:
-        raise ConfigError("model.distilled adds DeiT's distillation token; it is for objective=distill with a "
-                          "distill.teacher: set model.distilled=false, or objective=distill distill.teacher=PATH")
+    """Everything the config's own checks let through trains a classifier: nothing to refuse. With
+    `model.distilled` both heads learn the labels and the prediction is their mean, as timm fine-tunes a
+    distilled DeiT on a new task (VisionTransformerDistilled without distilled training)."""
 
 
 def build_model(cfg: Config, num_classes: int) -> nn.Module:
