@@ -25,7 +25,7 @@ MAE = {"objective": {"name": "mae"}, "mae": {"decoder_dim": 16, "decoder_depth":
 def runs(tmp_path_factory):
     """{"mae": an MAE pre-training run, "classify": a classifier run, "mae.safetensors": MAE's export,
     "headless.pt": the classifier's checkpoint without its head.* tensors}, 2 steps each."""
-    from tests.helpers.configs import tiny_config
+    from helpers.configs import tiny_config
     from vit_train.outputs.weights import export_safetensors
 
     folder = tmp_path_factory.mktemp("teachers")
