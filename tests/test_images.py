@@ -15,7 +15,7 @@ from vit_train.data import build_data
 from vit_train.data.decode import open_rgb, read_uint8
 from vit_train.data.imagefolder import load_image_folders
 from vit_train.errors import DataError
-from vit_train.tools.inference import predict, read_image
+from vit_train.tools.predict import predict, read_image
 from vit_train.data.preprocess import eval_spec as preprocess_spec, eval_transform as preprocess
 from vit_train.models.vit import build_model
 

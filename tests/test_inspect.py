@@ -17,7 +17,9 @@ from vit_train.data import SHAPES_STATS
 from vit_train.errors import CheckpointError
 from vit_train.data.shapes import CLASS_NAMES, generate_shapes_with_masks
 from vit_train.outputs.checkpoint import load_checkpoint
-from vit_train.tools.inference import auto_weights, export, load_for_inference, predict
+from vit_train.tools.export import export
+from vit_train.tools.inference import auto_weights, load_for_inference
+from vit_train.tools.predict import predict
 from vit_train.models.vit import VisionTransformer
 from vit_train.models.pretrained import load_pretrained
 from vit_train.tools.report import evaluate_checkpoint
@@ -245,7 +247,7 @@ def test_the_onnx_exporters_messages_are_hidden_unless_verbose(monkeypatch, tmp_
     """The exporter talks through print, warnings and its loggers ("Replaced initializer ...", which
     the command's log handler would show): none of it reaches the user unless verbose=true."""
     pytest.importorskip("onnxscript")
-    from vit_train.tools import inference
+    from vit_train.tools import onnx_export
 
     def chatty_export(*args, **kwargs):
         print("[torch.onnx] Obtain model graph")
@@ -257,7 +259,7 @@ def test_the_onnx_exporters_messages_are_hidden_unless_verbose(monkeypatch, tmp_
     model = VisionTransformer(img_size=16, patch_size=8, num_classes=2, embed_dim=8, depth=1, num_heads=2)
     for verbose in (False, True):
         with pytest.raises(CheckpointError, match="the ONNX export failed"):
-            inference.export_onnx(model, 16, tmp_path / "m.onnx", verbose)
+            onnx_export.export_onnx(model, 16, tmp_path / "m.onnx", verbose)
         shown = capfd.readouterr()
         assert ("Replaced initializer" in shown.err) is verbose and ("Obtain model graph" in shown.out) is verbose, shown
 

@@ -124,7 +124,9 @@ def test_mae_keys_without_the_mae_objective_get_the_no_effect_warning():
 
 
 def test_predict_and_onnx_export_refuse_a_pretraining_checkpoint_in_one_line(tmp_path, make_config):
-    from vit_train.tools.inference import export_onnx, load_for_inference, predict
+    from vit_train.tools.inference import load_for_inference
+    from vit_train.tools.onnx_export import export_onnx
+    from vit_train.tools.predict import predict
 
     train(make_config(objective=MAE, mae=SMALL_DECODER, trainer={"max_steps": 1}), tmp_path)
     model, cfg, ckpt, _ = load_for_inference(tmp_path / "checkpoints" / "last.pt")

@@ -32,7 +32,8 @@ def test_small_images_get_a_3x3_stem_without_max_pool(arch, params):
 
 def test_a_resnet_trains_evaluates_and_exports(tmp_path, make_config):
     pytest.importorskip("onnxscript")
-    from vit_train.tools.inference import export, load_for_inference
+    from vit_train.tools.export import export
+    from vit_train.tools.inference import load_for_inference
     from vit_train.tools.report import evaluate_checkpoint
 
     cfg = make_config(model={"arch": "resnet18", "name": "resnet18"}, optim={"name": "sgd", "lr": 0.05},

@@ -125,7 +125,7 @@ def test_rollout_reads_the_rows_the_heads_read():
 def test_onnx_export_of_a_model_with_every_option_matches_pytorch(tmp_path):
     pytest.importorskip("onnxscript")
     pytest.importorskip("onnxruntime")
-    from vit_train.tools.inference import export_onnx
+    from vit_train.tools.onnx_export import export_onnx
 
     model = randomized(VisionTransformer(**SMALL, reg_tokens=2, init_values=0.5, qk_norm=True, distilled=True))
     result = export_onnx(model, 32, tmp_path / "model.onnx")

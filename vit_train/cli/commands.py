@@ -124,7 +124,8 @@ def eval_text(results: dict) -> str:
 
 def _predict(argv: list[str]) -> tuple[list, Callable[[list], str]]:
     opts, _ = parse_args(argv, {"ckpt": ..., "images": ..., "top_k": 5, "weights": "auto"})
-    from vit_train.tools.inference import load_for_inference, predict
+    from vit_train.tools.inference import load_for_inference
+    from vit_train.tools.predict import predict
 
     files = opts["images"] if isinstance(opts["images"], list) else [opts["images"]]
     model, cfg, ckpt, _ = load_for_inference(str(opts["ckpt"]), opts["weights"])
@@ -139,7 +140,8 @@ def _export(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
     if opts["format"] not in ("safetensors", "onnx"):
         raise ConfigError(f"format must be safetensors or onnx; got {opts['format']!r}")
     from vit_train.outputs.checkpoint import checkpoint_file
-    from vit_train.tools.inference import export, load_for_inference
+    from vit_train.tools.export import export
+    from vit_train.tools.inference import load_for_inference
 
     ckpt_path = checkpoint_file(str(opts["ckpt"]))
     model, cfg, ckpt, source = load_for_inference(ckpt_path, opts["weights"])

@@ -1,0 +1,67 @@
+"""A classifier as an ONNX graph, checked against PyTorch with onnxruntime when it is installed."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vit_train.errors import CheckpointError
+from vit_train.extras import available, require
+from vit_train.models.vit import VisionTransformer
+from vit_train.tools.predict import refuse_pretraining
+
+log = logging.getLogger("vit_train")
+
+
+@contextlib.contextmanager
+def _logging_off():
+    """No log records at all (every logger, every level) inside the block."""
+    logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def export_onnx(model: VisionTransformer, img_size: int, out: Path, verbose: bool = False) -> dict[str, Any]:
+    refuse_pretraining(model, "has no classifier to export to ONNX (format=safetensors writes its weights)")
+    require("onnx", "ONNX export")
+    require("onnxscript", "ONNX export")
+    example = torch.randn(2, 3, img_size, img_size)
+    batch = torch.export.Dim("batch", min=1)
+    chatter = io.StringIO()
+    with contextlib.ExitStack() as quiet:
+        if not verbose:  # "[torch.onnx] Obtain model graph ... ✅" and the like
+            quiet.enter_context(contextlib.redirect_stdout(chatter))
+            quiet.enter_context(contextlib.redirect_stderr(chatter))
+            quiet.enter_context(warnings.catch_warnings())
+            quiet.enter_context(_logging_off())  # "Replaced initializer ..." comes through logging, not stderr
+            warnings.simplefilter("ignore")
+        try:
+            torch.onnx.export(model, (example,), str(out), input_names=["images"], output_names=["logits"],
+                              dynamic_shapes={"x": {0: batch}}, dynamo=True, verbose=verbose)
+        except Exception as e:
+            detail = (chatter.getvalue().strip().splitlines() or [""])[-1]
+            raise CheckpointError(f"the ONNX export failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                                  f"{'; ' + detail if detail else ''}); rerun with verbose=true to see the exporter's "
+                                  f"messages") from None
+    if not available("onnxruntime"):
+        log.warning("onnxruntime is not installed, so the ONNX file was not checked against PyTorch")
+        return {"checked": False}
+    import onnxruntime
+
+    check = torch.randn(3, 3, img_size, img_size)  # another batch size than the example's
+    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(session.run(None, {"images": check.numpy()})[0])
+    with torch.no_grad():
+        diff = (got - model(check)).abs().max().item()
+    if diff > 1e-3:
+        raise CheckpointError(f"the ONNX model's outputs differ from PyTorch's by {diff:.2e}; {out} is not trustworthy")
+    return {"checked": True, "max_abs_diff": diff}
+
