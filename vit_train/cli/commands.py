@@ -2,7 +2,7 @@
 
     vit-eval ckpt=PATH [data=cifar10] [data.root=...] [model.img_size=N] [weights=auto|model|ema]
              [attention.images=8] [out=DIR] [--json]
-    vit-predict ckpt=PATH images=[a.jpg,b.png] [top_k=5] [weights=auto|model|ema] [--json]
+    vit-predict ckpt=PATH images=[a.jpg,FOLDER,'PATTERN'] [top_k=5] [weights=auto|model|ema] [--json]
     vit-export ckpt=PATH format=safetensors|onnx [out=PATH] [weights=auto|model|ema] [verbose=true]
 
 Bad input ends with one line on stderr and exit status 2, as for vit-train.

@@ -7,6 +7,8 @@ so one picture gives one tensor whatever the file's mode:
 - LA, RGBA, P with transparency (PA): the colour channels; the alpha channel is dropped, not
   composited over a background. This is what torchvision's `default_loader` and timm's loader do
   (`convert("RGB")`), so pictures look to the model as they do to models pre-trained with them.
+  Transparent pixels show the colour the file stores under them, which no viewer shows: the first
+  such image a process decodes is named in one log line with that colour (`say_transparency`).
 - I;16, I;16B, I;16L, I;16N (16-bit greyscale PNG/TIFF): scaled to 8 bits as round(v / 257), not
   clipped (Pillow's own conversion clips every value above 255 to white).
 - I (32-bit integers): 8-bit values when the largest value is <= 255, else 16-bit values as above
@@ -21,6 +23,7 @@ so one picture gives one tensor whatever the file's mode:
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 
@@ -33,6 +36,10 @@ SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
 # What Pillow raises for truncated, empty, foreign or oversized files. Its decompression-bomb guard
 # (Image.MAX_IMAGE_PIXELS) stays on and is made strict (see open_rgb): an oversized image counts as unreadable.
 IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+TRANSPARENT_MODES = ("LA", "RGBA", "PA")
+
+log = logging.getLogger("vit_train")
+_said_transparency = False  # this process has named an image with transparency (one line per process)
 
 
 def open_rgb(path: str | Path) -> Image.Image:
@@ -48,6 +55,8 @@ def open_rgb(path: str | Path) -> Image.Image:
         try:
             with Image.open(Path(path).expanduser()) as image:
                 image.load()
+                if not _said_transparency and has_transparency(image):
+                    say_transparency(path, image)
                 return to_rgb(image)
         except Image.DecompressionBombWarning as e:
             raise Image.DecompressionBombError(f"{e} (vit-train refuses images over this limit)") from None
@@ -62,6 +71,27 @@ def to_rgb(image: Image.Image) -> Image.Image:
     if image.mode == "P" and "transparency" in image.info:
         image = image.convert("RGBA")  # Pillow warns when a palette with transparency goes straight to RGB
     return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def has_transparency(image: Image.Image) -> bool:
+    """Whether `image` has an alpha channel or a transparent palette entry (what `to_rgb` drops)."""
+    return image.mode in TRANSPARENT_MODES or (image.mode in ("P", "L", "RGB") and "transparency" in image.info)
+
+
+def say_transparency(path: str | Path, image: Image.Image) -> None:
+    """One log line, once per process: `path` has transparency, which is dropped, and the mean colour
+    stored under its fully transparent pixels, which the model sees there instead of a background."""
+    global _said_transparency
+    _said_transparency = True
+    rgba = np.asarray(image.convert("RGBA"))  # (H, W, 4)
+    hidden = rgba[rgba[..., 3] == 0][:, :3]  # (pixels, 3)
+    under = (f"{100 * len(hidden) / (rgba.shape[0] * rgba.shape[1]):.0f}% of it is fully transparent and holds "
+             f"RGB {tuple(int(v) for v in np.rint(hidden.mean(axis=0)))} on average"
+             if len(hidden) else "it has no fully transparent pixel")
+    log.info("transparency: %s (mode %s) is read without its alpha channel, as torchvision and timm read it: the "
+             "model sees the colours stored under transparent pixels (%s), not a background; composite such images "
+             "over the background you mean before training or predicting (docs/data.md). Said once per process",
+             path, image.mode, under)
 
 
 def _to_uint8(values: np.ndarray, mode: str) -> np.ndarray:

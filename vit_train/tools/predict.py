@@ -1,18 +1,28 @@
-"""vit-predict: the top-k classes of image files, with the checkpoint's preprocessing and class names."""
+"""vit-predict: the top-k classes of image files, with the checkpoint's preprocessing and class names.
+
+`images` entries are files, folders (their image files, not their sub-folders') or glob patterns
+(`photos/*.jpg`, `photos/**/*.png` for a whole tree); see `image_files`.
+"""
 
 from __future__ import annotations
 
+import glob
 from pathlib import Path
 
 import torch
 from PIL import Image
+from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from vit_train.config.schema import Config
 from vit_train.data.decode import IMAGE_ERRORS, open_rgb
+from vit_train.data.imagefolder import path_is_image
 from vit_train.data.preprocess import eval_spec, eval_transform
 from vit_train.errors import ConfigError, DataError
 from vit_train.models.mae import MaskedAutoencoder
 from vit_train.models.vit import VisionTransformer
+
+BATCH = 64  # images per forward pass: a folder of thousands is not one batch
+GLOB_CHARACTERS = "*?["
 
 
 def read_image(path: str | Path) -> Image.Image:
@@ -25,20 +35,65 @@ def read_image(path: str | Path) -> Image.Image:
         raise DataError(f"{path} cannot be read as an image ({type(e).__name__}: {str(e)[:200]})") from None
 
 
+def image_files(entries: list[str]) -> list[str]:
+    """The image files `entries` name, in order: a file as given; a folder's image files (by extension,
+    names starting with '.' skipped), sorted by name, without its sub-folders'; a glob pattern's
+    matching image files, sorted (`**` spans folders: `photos/**/*.jpg`; `photos/*` skips notes.txt
+    and sub-folders). An entry that exists is taken literally, so a file named `photo [1].png` is
+    not read as a pattern.
+
+    Raises DataError (one line) for a pattern that matches no image file and a folder without image
+    files (a missing file is said when it is read: `read_image`).
+    """
+    files: list[str] = []
+    for entry in entries:
+        path = Path(entry).expanduser()
+        if path.is_dir():
+            files += _folder_images(path, entry)
+        elif path.exists() or not any(c in entry for c in GLOB_CHARACTERS):
+            files.append(entry)  # read_image says it if it does not exist
+        else:
+            found = [m for m in sorted(glob.glob(str(path), recursive=True)) if Path(m).is_file() and _is_image(Path(m))]
+            if not found:
+                raise DataError(f"images: the pattern {entry!r} matches no image file (image types: "
+                                f"{' '.join(IMG_EXTENSIONS)})")
+            files += found
+    return files
+
+
+def _is_image(path: Path) -> bool:
+    return not path.name.startswith(".") and path_is_image(path)
+
+
+def _folder_images(folder: Path, entry: str | None = None) -> list[str]:
+    """The image files directly in `folder`, sorted; with `entry` (a folder named as such), none is an error."""
+    found = sorted(str(p) for p in folder.iterdir() if p.is_file() and _is_image(p))
+    if not found and entry is not None:
+        raise DataError(f"images: the folder {entry} holds no image files (image types: {' '.join(IMG_EXTENSIONS)}; "
+                        f"sub-folders are not read: for a whole tree give a pattern, e.g. "
+                        f"'images=[\"{Path(entry) / '**' / '*.png'}\"]')")
+    return found
+
+
 @torch.no_grad()
-def predict(model: VisionTransformer, ckpt: dict, cfg: Config, files: list[str], top_k: int = 5) -> list[dict]:
-    """For each file, the `top_k` classes with their probabilities, most likely first."""
+def predict(model: VisionTransformer, ckpt: dict, cfg: Config, images: list[str], top_k: int = 5) -> list[dict]:
+    """For each image file `images` name (files, folders, glob patterns: `image_files`), the `top_k`
+    classes with their probabilities, most likely first: [{"file", "top": [{"class", "probability"}]}].
+    Raises ConfigError (no images given, an MAE checkpoint), DataError (a missing or unreadable file)."""
     refuse_pretraining(model, "predicts no classes")
-    if not files:
-        raise ConfigError("no images given: images=[a.jpg,b.png]")
+    if not images:
+        raise ConfigError("no images given: images=[a.jpg,b.png], a folder or a pattern such as 'images=[\"photos/*.jpg\"]'")
+    files = image_files([str(f) for f in images])
     transform = eval_transform(ckpt.get("preprocess") or eval_spec(cfg))
-    batch = torch.stack([transform(read_image(f)) for f in files])
-    probs = model(batch).float().softmax(dim=1)
-    top = probs.topk(min(top_k, probs.shape[1]), dim=1)
-    names = ckpt["class_names"]
-    return [{"file": str(f), "top": [{"class": names[i], "probability": p}
-                                     for p, i in zip(values.tolist(), indices.tolist())]}
-            for f, values, indices in zip(files, top.values, top.indices)]
+    names, results = ckpt["class_names"], []
+    for start in range(0, len(files), BATCH):
+        chunk = files[start:start + BATCH]
+        probs = model(torch.stack([transform(read_image(f)) for f in chunk])).float().softmax(dim=1)  # (B, classes)
+        top = probs.topk(min(top_k, probs.shape[1]), dim=1)
+        results += [{"file": f, "top": [{"class": names[i], "probability": p}
+                                        for p, i in zip(values.tolist(), indices.tolist())]}
+                    for f, values, indices in zip(chunk, top.values, top.indices)]
+    return results
 
 
 def refuse_pretraining(model: torch.nn.Module, what: str) -> None:
