@@ -1,5 +1,5 @@
 """Sweeps: a job's record and objective, sharing GPUs among parallel jobs (the summary of a sweep is
-sweep_summary.py).
+summary.py; each job's console lines are tagged in console.py).
 
 A sweep directory (hydra.sweep.dir) holds one run directory per job (`0/`, `1/`, ...), each with
 the usual layout and `.hydra/overrides.yaml`. `run_job` runs one job. No Hydra here: cli.py calls
@@ -23,6 +23,7 @@ import yaml
 from vit_train.config.schema import Config
 from vit_train.errors import RunStopped, UserError
 from vit_train.outputs.rundir import RunDirBusy, RunLock, locked
+from vit_train.sweeps.console import tagged_console
 
 log = logging.getLogger("vit_train")
 
@@ -101,13 +102,15 @@ def run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path,
     signal still stops the whole sweep (after the job's checkpoint): re-running the same command with
     the same hydra.sweep.dir skips completed jobs and resumes the others. A job directory that another
     process holds (rundir.py) is left untouched, not even given a results.json, and the job counts as failed.
+    Every line the job prints starts with `[job N] ` (console.py).
     """
-    try:
-        with locked(run_dir) as lock:  # before reading anything there: another process may be writing it
-            return _run_job(compose, run_dir, overrides, job, objective, lock)
-    except RunDirBusy as e:
-        log.error("job %d (%s) failed: %s", job, " ".join(overrides), e)
-        return math.nan
+    with tagged_console(job):
+        try:
+            with locked(run_dir) as lock:  # before reading anything there: another process may be writing it
+                return _run_job(compose, run_dir, overrides, job, objective, lock)
+        except RunDirBusy as e:
+            log.error("job %d (%s) failed: %s", job, " ".join(overrides), e)
+            return math.nan
 
 
 def _run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path, overrides: list[str], job: int,

@@ -9,6 +9,8 @@ import argparse
 import csv
 import io
 import math
+import re
+import shlex
 import shutil
 import sys
 import typing
@@ -25,12 +27,65 @@ COLUMNS = ("job", "status", "objective", "best_top1", "final_top1", "epochs", "i
            "overrides")
 
 
-def _number(text: str) -> Any:
+def override_value(text: str) -> Any:
+    """The value of one override's text (after its `=`) as Hydra reads it, as far as comparing and
+    showing it needs: a quoted string without its quotes, Hydra's escapes undone (`a\\ b` is `a b`,
+    as a job's .hydra/overrides.yaml records `'name=a b'`), int, float, bool and null as such, a list
+    or dict as its text without spaces around its separators."""
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1].replace("\\" + text[0], text[0])
+    if text[:1] in "[{":  # Hydra escapes an element's inner spaces and drops those around separators
+        return re.sub(r"\s*([,:\[\]{}])\s*", r"\1", text.replace("\\ ", " "))
+    text = re.sub(r"\\(.)", r"\1", text)
+    if text.lower() in ("true", "false", "null"):
+        return {"true": True, "false": False, "null": None}[text.lower()]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def split_override(override: str) -> tuple[str, Any]:
+    """(key, value) of one recorded override, e.g. `("optim.lr", 0.001)` for `optim.lr=0.001`."""
+    key, _, text = override.partition("=")
+    return key.strip(), override_value(text)
+
+
+def command_overrides(sweep_dir: Path) -> list[str] | None:
+    """The sweep command's own overrides (multirun.yaml's hydra.overrides.task: a swept key holds all
+    its values, `optim.lr=1e-3,5e-4`); None without a readable multirun.yaml."""
     try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    return value if isinstance(value, (int, float, bool, str)) else str(value)
+        task = ((yaml.safe_load((sweep_dir / "multirun.yaml").read_text()) or {}).get("hydra") or {})["overrides"]["task"]
+    except (OSError, yaml.YAMLError, AttributeError, KeyError, TypeError):
+        return None
+    return [str(o) for o in task] if isinstance(task, list) else None
+
+
+def swept_keys(jobs: list[list[str]], command: list[str] | None) -> set[str]:
+    """The override keys the sweep varied: those whose value differs between jobs (or that some job
+    lacks), and with the sweep's `command` also those that it does not fix to the job's value (an
+    Optuna parameter, a grid of one job). Values are compared parsed, never split on spaces."""
+    parsed = [dict(split_override(o) for o in job) for job in jobs]
+    keys = {key for job in parsed for key in job}
+    swept = {key for key in keys if len({repr(job[key]) if key in job else "absent" for job in parsed}) > 1}
+    if command is not None:
+        fixed = dict(split_override(o) for o in command)
+        swept |= {key for job in parsed for key, value in job.items() if key not in fixed or fixed[key] != value}
+    elif len(jobs) == 1:
+        swept = keys
+    return swept
+
+
+def short_override(override: str) -> str:
+    """An override as the Markdown table shows it: a float to 4 significant digits (an Optuna trial's
+    `optim.lr=0.0012345678901234567` is `optim.lr=0.001235`), `|` escaped for the table."""
+    key, value = split_override(override)
+    if isinstance(value, float) and "'" not in override and '"' not in override:
+        override = f"{key}={value:.4g}"
+    return override.replace("|", "\\|")
 
 
 def summarize(sweep_dir: Path, objective: str = "best_top1", direction: str = "maximize",
@@ -45,16 +100,17 @@ def summarize(sweep_dir: Path, objective: str = "best_top1", direction: str = "m
     if not jobs:
         raise UserError(f"{sweep_dir} holds no sweep jobs (folders with .hydra/overrides.yaml)")
     overrides = {job: job_overrides(job) for job in jobs}
-    rows = []
+    swept = swept_keys(list(overrides.values()), command_overrides(sweep_dir))
+    rows, shown = [], {}
     for job in jobs:
         results = read_results(job) or {"status": "unfinished"}
         rows.append({"job": job.name, "status": results.get("status"), "objective": objective_value(results, objective),
-                     **{k: results.get(k) for k in COLUMNS[3:-1]}, "overrides": " ".join(overrides[job])})
+                     **{k: results.get(k) for k in COLUMNS[3:-1]}, "overrides": shlex.join(overrides[job])})
+        shown[job.name] = " ".join(short_override(o) for o in overrides[job] if split_override(o)[0] in swept)
     sign = -1 if direction == "maximize" else 1
     rows.sort(key=lambda r: (math.isnan(r["objective"]), sign * r["objective"] if not math.isnan(r["objective"]) else 0))
     _write_csv(sweep_dir / "summary.csv", rows)
-    shared = set.intersection(*(set(o) for o in overrides.values()))  # the command's fixed part
-    table = _markdown(rows, objective, shared)
+    table = _markdown(rows, objective, shown)
     (sweep_dir / "summary.md").write_text(table)
     if out is not None:
         print(f"sweep {sweep_dir}: {len(rows)} jobs, sorted by {objective} ({direction})\n{table}", file=out)
@@ -84,19 +140,25 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text(buffer.getvalue())
 
 
-def _markdown(rows: list[dict[str, Any]], objective: str, shared: set[str]) -> str:
-    """The table, with only the overrides that differ between jobs (summary.csv has them all)."""
+def _markdown(rows: list[dict[str, Any]], objective: str, shown: dict[str, str]) -> str:
+    """The table, with only the swept overrides of each job (`shown`, by job; summary.csv has them
+    all). The objective is marked in its own column when it is one of the top-1 columns, not repeated."""
     def cell(value: Any, digits: int = 2) -> str:
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return "-"
         return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
-    lines = [f"| job | status | {objective} | best top-1 | final top-1 | epochs | images/s | wall s | overrides |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    columns = {"best_top1": "best top-1", "final_top1": "final top-1"}
+    own = objective not in columns  # a loss, top-5, EMA: a column of its own
+    heads = ["job", "status", *([objective] if own else []),
+             *(f"{name} (objective)" if key == objective else name for key, name in columns.items()),
+             "epochs", "images/s", "wall s", "overrides"]
+    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for r in rows:
-        lines.append(f"| {r['job']} | {r['status']} | {cell(r['objective'], 4)} | {cell(r['best_top1'])} | "
-                     f"{cell(r['final_top1'])} | {cell(r['epochs'])} | {cell(r['images_per_s'], 0)} | "
-                     f"{cell(r['wall_seconds'], 0)} | {' '.join(o for o in r['overrides'].split() if o not in shared)} |")
+        cells = [r["job"], r["status"], *([cell(r["objective"], 4)] if own else []), cell(r["best_top1"]),
+                 cell(r["final_top1"]), cell(r["epochs"]), cell(r["images_per_s"], 0), cell(r["wall_seconds"], 0),
+                 shown[r["job"]]]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -112,8 +174,8 @@ def _write_hparams(sweep_dir: Path, jobs: list[Path]) -> None:
             continue
         params = {}
         for override in job_overrides(job):
-            key, _, value = override.partition("=")
-            params[key.lstrip("+~")] = _number(value)
+            key, value = split_override(override)
+            params[key.lstrip("+~")] = value if isinstance(value, (int, float, bool, str)) else str(value)
         metrics = {f"hparams/{k}": float(results[k]) for k in ("best_top1", "final_top1", "final_loss", "best_loss", "images_per_s")
                    if isinstance(results.get(k), (int, float))}
         shutil.rmtree(job / "tb" / "hparams", ignore_errors=True)  # written anew on each summary
