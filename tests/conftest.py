@@ -5,6 +5,7 @@ no test imports another test module or this file."""
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -56,3 +57,12 @@ def _logging_as_before():
     handlers, level = root.handlers[:], root.level
     yield
     root.handlers[:], root.level = handlers, level
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_cpu_thread_unless_told():
+    """Torch's threads pinned for the session (OMP_NUM_THREADS=1 unless the environment sets it): the
+    default count depends on the CPUs other processes keep busy (runtime/cpu.py), and two runs a test
+    compares bit for bit must use the same count; one thread also keeps tests from oversubscribing a
+    small shared machine, and subprocesses (sweep jobs) inherit it."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -1,8 +1,12 @@
 """CPU threads per process: torch's intra-op threads from the share of the machine a process has.
 
 Torch's default is one thread per CPU in every process, so several processes on one machine
-(parallel sweep jobs, torchrun processes, two runs on a workstation) oversubscribe it: threads
-spin waiting for each other and a step can run many times slower than with one thread each.
+(parallel sweep jobs, torchrun processes, two runs on a workstation, other people's jobs)
+oversubscribe it: a thread that the OS has descheduled for another process holds up every parallel
+operation, its siblings spin waiting at the operation's end, and a step of a small model can run
+many times slower than with fewer threads (measured in docs/speed.md). So the default counts the
+CPUs this process may use (affinity mask, cgroup quota), divides them among this run's processes
+on the node, and leaves out the CPUs that other processes keep busy at start.
 """
 
 from __future__ import annotations
@@ -10,17 +14,24 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from pathlib import Path
+from typing import Callable, Iterable
 
 import torch
 
 log = logging.getLogger("vit_train")
 
+# A CPU counts as taken by other work when more than this share of it was busy while sampled: a
+# thread sharing a CPU with a process that runs most of the time stalls every operation's barrier.
+TAKEN = 0.5
+SAMPLE_SECONDS = 0.25  # how long the other processes' CPU use is sampled at start
+
 
 def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
     """CPUs this process may use: its affinity mask (taskset, SLURM's cpuset) capped by a cgroup v2
     CPU quota (docker --cpus, Kubernetes limits), which the OS's CPU count does not see."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = len(_affinity())
     try:
         quota, period = cgroup.read_text().split()[:2]
         if quota != "max":
@@ -30,20 +41,79 @@ def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
     return cpus
 
 
+def _affinity() -> set[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
+
+
+def cpu_ticks(cpus: Iterable[int], stat: Path = Path("/proc/stat")) -> tuple[int, int] | None:
+    """(busy, total) clock ticks since boot, summed over the CPUs numbered `cpus`, from Linux's
+    /proc/stat (busy: user, nice, system, irq, softirq and steal, the time a hypervisor gave the CPU
+    to another machine; total adds idle and iowait). None where the file is absent or unreadable
+    (not Linux) or lists none of the CPUs."""
+    wanted, busy, total = {f"cpu{n}" for n in cpus}, 0, 0
+    try:
+        for line in stat.read_text().splitlines():
+            fields = line.split()
+            if fields and fields[0] in wanted:
+                ticks = [int(v) for v in fields[1:9]] + [0] * (9 - len(fields))
+                user, nice, system, idle, iowait, irq, softirq, steal = ticks[:8]
+                busy += user + nice + system + irq + softirq + steal
+                total += user + nice + system + idle + iowait + irq + softirq + steal
+    except (OSError, ValueError):
+        return None
+    return (busy, total) if total else None
+
+
+def busy_cpus(cpus: set[int], seconds: float = SAMPLE_SECONDS,
+              ticks: Callable[[set[int]], tuple[int, int] | None] = cpu_ticks,
+              own_seconds: Callable[[], float] = lambda: sum(os.times()[:2]),
+              sleep: Callable[[float], None] = time.sleep, hz: int | None = None) -> float:
+    """How many of the CPUs `cpus` other processes keep busy (0.0 to len(cpus)), from a sample of
+    `seconds`: the busy clock ticks on those CPUs (`ticks`, `hz` a second) less this process's own
+    CPU time (all its threads), over the ticks that passed; 0.0 where it cannot be measured. A point
+    in time, not a forecast: work that starts later is not seen."""
+    hz = hz or (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+    own, before = own_seconds(), ticks(cpus)
+    sleep(seconds)
+    after, own = ticks(cpus), own_seconds() - own
+    if before is None or after is None or after[1] <= before[1]:
+        return 0.0
+    busy, total = after[0] - before[0] - own * hz, after[1] - before[1]
+    return min(float(len(cpus)), max(0.0, busy / total * len(cpus)))
+
+
+def share_of_cpus(usable: int, affinity: int, busy: float, processes: int) -> int:
+    """Threads for one of `processes` processes of a run: `usable` CPUs (affinity capped by the
+    quota) without those that other work keeps busy (`busy` CPUs of the `affinity` ones the sample
+    covered; a CPU counts as taken above TAKEN of it), divided among the processes, at least 1."""
+    taken = math.floor(busy + 1 - TAKEN)  # busy rounded, half a CPU up
+    free = min(usable, max(0, affinity - taken))
+    return max(1, free // max(1, processes))
+
+
 def cpu_threads(setting: int | None = None) -> tuple[int, str]:
     """(torch intra-op threads for this process, why).
 
     `trainer.cpu_threads` when set; else OMP_NUM_THREADS when the environment sets it (the user,
     torchrun, or joblib's workers in a `hydra/launcher=parallel` sweep, which get CPUs // n_jobs);
-    else this process's share: usable CPUs divided by the processes of this run on the node
-    (LOCAL_WORLD_SIZE), at least 1. (Loader workers run one thread each, as torch sets them.)
+    else this process's share: usable CPUs (affinity and quota) less those other processes keep
+    busy during a short sample at start (`busy_cpus`), divided by the processes of this run on the
+    node (LOCAL_WORLD_SIZE), at least 1. (Loader workers run one thread each, as torch sets them.)
     """
     if setting:
         return setting, "trainer.cpu_threads"
     if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
         return int(os.environ["OMP_NUM_THREADS"]), "OMP_NUM_THREADS"
     cpus, local = usable_cpus(), max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    return max(1, cpus // local), f"{cpus} CPUs / {local} process{'es' if local > 1 else ''} of this run"
+    affinity = _affinity()
+    busy = busy_cpus(affinity) if cpus > local else 0.0  # one thread each anyway: nothing to sample
+    why = f"{cpus} CPUs / {local} process{'es' if local > 1 else ''} of this run"
+    threads = share_of_cpus(cpus, len(affinity), busy, local)
+    if threads < max(1, cpus // local):
+        why += f"; {busy:.1f} CPUs busy with other processes at start"
+    return threads, why
 
 
 def set_cpu_threads(setting: int | None = None) -> int:
