@@ -303,7 +303,7 @@ def test_a_zero_byte_last_checkpoint_is_passed_over(tmp_path, reference_run, cap
     (folder / "step_00000016.pt").unlink()
     os.link(folder / "last.pt", folder / "step_00000016.pt")  # as the run keeps them: one file, two names
     train(tiny_config(**FAULT_SECTIONS, resume="auto"), run_dir)
-    assert "last.pt cannot be read" in caplog.text and "step_00000015.pt at epoch 1, step 15" in caplog.text
+    assert "last.pt cannot be read" in caplog.text and "step_00000015.pt at epoch 2, step 15" in caplog.text
     assert_same_run(run_dir, reference_run)
 
 

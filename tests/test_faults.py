@@ -100,7 +100,7 @@ def test_bit_rot_in_last_pt_is_reported_and_the_run_falls_back_to_the_newest_sou
     flip(last, last.stat().st_size // 2)  # step_16 too: the same file
     train(make_config(**sections, resume="auto"), tmp_path)
     assert "last.pt is damaged (the CRC-32 of its record" in caplog.text
-    assert "resumed from" in caplog.text and "step_00000015.pt at epoch 1, step 15" in caplog.text
+    assert "resumed from" in caplog.text and "step_00000015.pt at epoch 2, step 15" in caplog.text
     assert_same_run(tmp_path, reference)
 
 

@@ -58,7 +58,7 @@ def test_the_stop_line_gives_the_command_that_continues_the_run(tmp_path, make_c
     monkeypatch.undo()
     resumed = train(make_config(resume=str(run)), run)  # what `vit-train resume=<run dir>` runs
     assert resumed["status"] == "completed" and resumed["steps"] == 16
-    assert "resumed from" in (run / "train.log").read_text() and "at epoch 0, step 2" in (run / "train.log").read_text()
+    assert "resumed from" in (run / "train.log").read_text() and "at epoch 1, step 2" in (run / "train.log").read_text()
 
 
 def test_resume_auto_that_finds_nothing_says_where_it_looked_and_names_the_newest_run(tmp_path, make_config,

@@ -1,5 +1,9 @@
 """Progress: a tqdm bar on a terminal; plain periodic lines in a log (SLURM, CI, `> file`).
 
+An epoch's bar counts the steps the run will take in it, against the epochs it will reach
+(`epoch_span`: a trainer.max_steps cap ends the count where the run ends); epochs count from 1,
+in the bar and in the log's resume line alike.
+
 A bar redraws itself with carriage returns, which a file keeps: the log of a long run fills with
 megabytes of half-lines (Lightning #6647 and #8975 report it). When stderr is not a terminal,
 `progress_bar` returns a `LineProgress` instead: the same figures as one whole line at most every
@@ -61,6 +65,21 @@ def interactive(stream: IO[str] | None = None) -> bool:
     tqdm.auto draws a widget, though its isatty() is False)."""
     stream = stream if stream is not None else sys.stderr
     return bool(getattr(stream, "isatty", lambda: False)()) or type(stream).__module__.startswith("ipykernel")
+
+
+def epoch_span(epoch: int, done: int, left: int, run_left: int, steps_per_epoch: int) -> tuple[int, int]:
+    """What an epoch's bar counts against: (the steps of this epoch the run will have taken at the
+    bar's end, the number of the run's last epoch), both as the run will actually go.
+
+    `epoch`: the epoch (0-based; the bar shows `epoch + 1`); `done`: its steps taken already (a
+    resumed run); `left`: its steps still to come; `run_left`: the run's steps still to come (the
+    trainer.max_steps cap included); `steps_per_epoch`: the steps of each later epoch. A 20-step run
+    of 78-step epochs shows `epoch 1/1: 20/20`, not `epoch 1/10: 20/78`; a run of whole epochs
+    shows its trainer.epochs.
+    """
+    beyond = max(run_left - left, 0)
+    later = -(-beyond // steps_per_epoch) if steps_per_epoch else 0
+    return done + min(left, run_left), epoch + 1 + later
 
 
 def progress_bar(total: int, desc: str, enabled: bool, initial: int = 0) -> Any:

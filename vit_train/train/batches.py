@@ -18,7 +18,7 @@ import torch
 
 from vit_train.runtime import distributed
 from vit_train.runtime.preemption import StopRequest
-from vit_train.runtime.progress import progress_bar
+from vit_train.runtime.progress import epoch_span, progress_bar
 
 if TYPE_CHECKING:
     from vit_train.data import Data
@@ -70,8 +70,10 @@ def batches(run: Run, stop: StopRequest) -> Iterator[tuple[torch.Tensor, torch.T
         if not sampler.batches_left():  # all that was left of the epoch was left out
             end_epoch(state, data)
             continue
-        run.bar = progress_bar(state.batch_in_epoch + sampler.batches_left(), f"epoch {state.epoch + 1}/{t.epochs}",
-                               t.progress and run.ctx.is_main, initial=state.batch_in_epoch)
+        total, last = epoch_span(state.epoch, state.batch_in_epoch, sampler.batches_left(),
+                                 run.total_steps - state.step, data.steps_per_epoch)  # as far as the run will go
+        run.bar = progress_bar(total, f"epoch {state.epoch + 1}/{last}", t.progress and run.ctx.is_main,
+                               initial=state.batch_in_epoch)
         loader = iter(data.train_loader)
         run.window.start()
         try:

@@ -72,7 +72,7 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
             log.warning(resume_auto_found_nothing(run_dir))
         try:
             if ckpt:
-                log.info("resumed from %s at epoch %d, step %d", ckpt_path, run.state.epoch, run.state.step)
+                log.info("resumed from %s at epoch %d, step %d", ckpt_path, run.state.epoch + 1, run.state.step)
                 for change in changes:
                     log.warning("changed since the checkpoint: %s", change)
             else:
