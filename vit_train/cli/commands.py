@@ -153,8 +153,10 @@ def _export(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
 def export_text(result: dict) -> str:
     checked = ""
     if result["format"] == "onnx":
-        checked = (f"; outputs match PyTorch's (max abs diff {result['max_abs_diff']:.1e})" if result["checked"]
-                   else "; not checked (pip install onnxruntime)")
+        checked = ("; one file with the class names and preprocessing in its metadata" if not result["external_data"]
+                   else f", its weights in {result['path']}.data (over 1.5 GiB, too large for one file): copy both")
+        checked += (f"; outputs match PyTorch's (max abs diff {result['max_abs_diff']:.1e})" if result["checked"]
+                    else "; not checked (pip install onnxruntime)")
     return f"wrote {result['path']} ({result['format']}, {result['weights']} weights){checked}"
 
 

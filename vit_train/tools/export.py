@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from vit_train.config.schema import Config
+from vit_train.data.preprocess import eval_spec
 from vit_train.errors import ConfigError
 from vit_train.models.vit import VisionTransformer
 from vit_train.outputs.weights import export_safetensors
@@ -15,12 +17,26 @@ from vit_train.tools.onnx_export import export_onnx
 def export(model: VisionTransformer, cfg: Config, ckpt: dict, source: str, fmt: str, out: Path,
            verbose: bool = False) -> dict[str, Any]:
     """Write the weights as safetensors (config, class names, preprocessing in the metadata) or ONNX
-    (input 'images' with a dynamic batch axis, output 'logits'); returns what was written and checked.
-    The ONNX exporter's progress messages are shown only with `verbose`."""
+    (input 'images' with a dynamic batch axis, output 'logits', the same metadata as metadata_props:
+    `onnx_metadata`); returns what was written and checked. The ONNX exporter's progress messages are
+    shown only with `verbose`. Raises ConfigError (another format), CheckpointError."""
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "safetensors":
         export_safetensors(ckpt, out, source)
         return {"path": str(out), "format": fmt, "weights": source}
     if fmt != "onnx":
         raise ConfigError(f"format must be safetensors or onnx; got {fmt!r}")
-    return {"path": str(out), "format": fmt, "weights": source, **export_onnx(model, cfg.model.img_size, out, verbose)}
+    written = export_onnx(model, cfg.model.img_size, out, verbose, onnx_metadata(ckpt, cfg, source))
+    return {"path": str(out), "format": fmt, "weights": source, **written}
+
+
+def onnx_metadata(ckpt: dict, cfg: Config, source: str) -> dict[str, str]:
+    """What running an exported model needs, as ONNX metadata_props (strings; lists as JSON):
+    "class_names" (JSON list, index = logit), "img_size" (the input's side in pixels), "resize" (the
+    short side is resized to this before the centre crop of img_size), "mean" and "std" (JSON lists,
+    per RGB channel, of pixels scaled to [0, 1]), "weights" (model or ema), "config" (the run's
+    config, JSON) and "format": "vit-train"."""
+    spec = ckpt.get("preprocess") or eval_spec(cfg)
+    return {"format": "vit-train", "class_names": json.dumps(ckpt["class_names"], ensure_ascii=False),
+            "img_size": str(spec["size"]), "resize": str(spec["resize"]), "mean": json.dumps(spec["mean"]),
+            "std": json.dumps(spec["std"]), "weights": source, "config": json.dumps(ckpt["config"])}

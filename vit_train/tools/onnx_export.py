@@ -1,4 +1,11 @@
-"""A classifier as an ONNX graph, checked against PyTorch with onnxruntime when it is installed."""
+"""A classifier as one ONNX file: the graph, its weights and what using it needs (class names, the
+preprocessing) as the model's metadata_props; checked against PyTorch with onnxruntime when it is
+installed.
+
+The weights stay inside the .onnx file unless they are larger than torch's exporter allows in one
+protobuf message (1.5 GiB, under protobuf's 2 GB limit): then they go to `<name>.onnx.data` beside
+it, which onnxruntime finds by name (ViT-H/14 and larger in fp32).
+"""
 
 from __future__ import annotations
 
@@ -29,12 +36,23 @@ def _logging_off():
         logging.disable(logging.NOTSET)
 
 
-def export_onnx(model: VisionTransformer, img_size: int, out: Path, verbose: bool = False) -> dict[str, Any]:
+def export_onnx(model: VisionTransformer, img_size: int, out: Path, verbose: bool = False,
+                metadata: dict[str, str] | None = None) -> dict[str, Any]:
+    """Write `model` to `out`: input "images" (N, 3, img_size, img_size) float32, normalised, with a
+    dynamic batch axis; output "logits" (N, classes). `metadata` (str -> str) becomes the model's
+    metadata_props (onnxruntime: `session.get_modelmeta().custom_metadata_map`). A `<out>.data` file
+    left by an earlier export to the same path is removed when the weights fit in `out`.
+
+    Returns {"external_data": whether the weights went to `<out>.data`, "checked": whether onnxruntime
+    compared outputs with PyTorch's on a batch of 3, "max_abs_diff" when it did}. Raises ConfigError
+    (an MAE checkpoint), CheckpointError (the export failed, or the outputs differ by more than 1e-3).
+    """
     refuse_pretraining(model, "has no classifier to export to ONNX (format=safetensors writes its weights)")
     require("onnx", "ONNX export")
     require("onnxscript", "ONNX export")
     example = torch.randn(2, 3, img_size, img_size)
     batch = torch.export.Dim("batch", min=1)
+    data_file = out.with_name(out.name + ".data")
     chatter = io.StringIO()
     with contextlib.ExitStack() as quiet:
         if not verbose:  # "[torch.onnx] Obtain model graph ... ✅" and the like
@@ -44,16 +62,20 @@ def export_onnx(model: VisionTransformer, img_size: int, out: Path, verbose: boo
             quiet.enter_context(_logging_off())  # "Replaced initializer ..." comes through logging, not stderr
             warnings.simplefilter("ignore")
         try:
-            torch.onnx.export(model, (example,), str(out), input_names=["images"], output_names=["logits"],
-                              dynamic_shapes={"x": {0: batch}}, dynamo=True, verbose=verbose)
+            program = torch.onnx.export(model, (example,), input_names=["images"], output_names=["logits"],
+                                        dynamic_shapes={"x": {0: batch}}, dynamo=True, verbose=verbose)
+            program.model.metadata_props.update(metadata or {})
+            data_file.unlink(missing_ok=True)  # an earlier export's weights; written again below if still needed
+            program.save(str(out), external_data=False)  # external data only over the exporter's size limit
         except Exception as e:
             detail = (chatter.getvalue().strip().splitlines() or [""])[-1]
             raise CheckpointError(f"the ONNX export failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                                   f"{'; ' + detail if detail else ''}); rerun with verbose=true to see the exporter's "
                                   f"messages") from None
+    written = {"external_data": data_file.exists()}
     if not available("onnxruntime"):
         log.warning("onnxruntime is not installed, so the ONNX file was not checked against PyTorch")
-        return {"checked": False}
+        return {**written, "checked": False}
     import onnxruntime
 
     check = torch.randn(3, 3, img_size, img_size)  # another batch size than the example's
@@ -63,5 +85,5 @@ def export_onnx(model: VisionTransformer, img_size: int, out: Path, verbose: boo
         diff = (got - model(check)).abs().max().item()
     if diff > 1e-3:
         raise CheckpointError(f"the ONNX model's outputs differ from PyTorch's by {diff:.2e}; {out} is not trustworthy")
-    return {"checked": True, "max_abs_diff": diff}
+    return {**written, "checked": True, "max_abs_diff": diff}
 
