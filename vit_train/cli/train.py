@@ -34,6 +34,7 @@ from vit_train.config.checks import LOSSES
 from vit_train.errors import ConfigError, RunStopped, UserError, exit_with
 from vit_train.extras import require
 from vit_train.outputs.rundir import RunDirBusy
+from vit_train.runtime.logs import EarlyRecords
 from vit_train.config.unused_keys import override_keys
 
 GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer", "objective", "experiment", "hparams_search", "hydra")
@@ -196,6 +197,12 @@ def compose_config(cfg: DictConfig) -> tuple[Config, list[str], tuple[Path, dict
 @hydra.main(version_base="1.3", config_path=_config_dir(), config_name="train")
 def _train_app(cfg: DictConfig) -> float:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
+    with EarlyRecords():  # every line the console prints from here is written to train.log too, once it exists
+        return _run_or_job(cfg)
+
+
+def _run_or_job(cfg: DictConfig) -> float:
+    """One run (or one sweep job): compose, validate and train; a user error exits 2 in one line."""
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "RANK" not in os.environ:

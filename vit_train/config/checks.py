@@ -42,7 +42,7 @@ def check_config(cfg) -> None:
     _require(t.ema_decay is None or 0.0 < t.ema_decay < 1.0, f"trainer.ema_decay must be in (0, 1), got {t.ema_decay}")
     for key, value in (("data.eval_batch_size", d.eval_batch_size), ("trainer.max_steps", t.max_steps),
                        ("trainer.eval_every", t.eval_every), ("trainer.ckpt_every", t.ckpt_every), ("trainer.viz_every", t.viz_every),
-                       ("trainer.cpu_threads", t.cpu_threads),
+                       ("trainer.cpu_threads", t.cpu_threads), ("trainer.limit_val_batches", t.limit_val_batches),
                        ("sweep.devices", cfg.sweep.devices),
                        ("optim.clip_grad", cfg.optim.clip_grad), ("optim.lr_base_batch", cfg.optim.lr_base_batch)):
         if value is not None:

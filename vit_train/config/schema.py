@@ -111,6 +111,7 @@ class TrainerConfig:
     device: Literal["auto", "cuda", "cpu"] = "auto"  # auto: cuda when available
     cpu_threads: Optional[int] = None  # torch intra-op threads; null = this process's CPU share (docs/speed.md)
     eval_every: Optional[int] = None  # evaluate every N steps; null = at the end of each epoch
+    limit_val_batches: Optional[int] = None  # evaluate on the first N val batches only (a partial top-1, marked so); null = all
     ckpt_every: Optional[int] = None  # also write last.pt every N steps; null = each epoch only
     log_every: int = 50  # steps between train metric logs
     progress: bool = True  # progress on stderr: a tqdm bar on a terminal, whole lines in a log (docs/outputs.md)

@@ -19,6 +19,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from vit_train.errors import OutputError
 from vit_train.outputs.integrity import write_failure
+from vit_train.runtime.logs import EarlyRecords  # train/run.py's name for it
 
 log = logging.getLogger("vit_train")
 FREE_SPACE = "free some space, then continue with resume=auto"
@@ -104,36 +105,6 @@ class RunLogger:
             log.warning("TensorBoard events after %s were lost: %s", self.events, write_failure(e, self.events, 0, None))
         log.removeHandler(self.file_handler)
         self.file_handler.close()
-
-
-class EarlyRecords(logging.Handler):
-    """Keeps the `vit_train` logger's records from the start of a run's build (what model.pretrained
-    loaded, the distillation teacher, ...) until train.log's handler exists (RunLogger), so train.log
-    has them too. The console prints them once, as it would anyway. A context manager: attached to the
-    logger on entry, detached on exit (the records, if not handed over, are dropped)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def hand_to(self, handler: logging.Handler) -> None:
-        """Stop collecting and pass the records so far, in order, to `handler` (which keeps their times)."""
-        log.removeHandler(self)
-        for record in self.records:
-            if record.levelno >= handler.level:
-                handler.handle(record)
-        self.records.clear()
-
-    def __enter__(self) -> EarlyRecords:
-        log.addHandler(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        log.removeHandler(self)
-        self.records.clear()
 
 
 @contextmanager
@@ -257,6 +228,8 @@ def results_summary(status: str, state, metrics: dict[str, float], wall_seconds:
         "status": status, "best_top1": state.best_of("top1"),  # the one best score, under its metric's key
         "best_step": state.best_step, "best_source": state.best_source, "final_top1": metrics.get("top1"),
         "final_top5": metrics.get("top5"), "final_loss": metrics.get("loss"), "final_ema_top1": metrics.get("ema_top1"),
+        # trainer.limit_val_batches: the last evaluation covered only these val images (not the val set's top-1)
+        "val_partial": "val_images" in metrics, "val_images": metrics.get("val_images"),
         "best_loss": state.best_of("loss"),  # objective mae: lowest val reconstruction loss
         "epochs": state.epochs_done,
         "steps": state.step, "skipped_steps": state.skipped_steps,

@@ -24,10 +24,12 @@ from vit_train.outputs import rundir
 from vit_train.train.batches import batches
 from vit_train.outputs.checkpoint import find_resume_checkpoint, run_checkpoints, save_run_checkpoint, short_of_space
 from vit_train.config.schema import Config
+from vit_train.data.first_batches import FirstBatches
 from vit_train.errors import CheckpointError, RunStopped, UserError
 from vit_train.objectives import objective_of
 from vit_train.objectives.score import shown
 from vit_train.outputs.metrics import output_error, results_summary, write_results
+from vit_train.runtime.logs import EarlyRecords
 from vit_train.runtime.preemption import StopRequest
 from vit_train.train.run import Run, build_run
 from vit_train.train.state import check_compatible, checkpoint_state
@@ -60,7 +62,8 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
     """
     run_dir = Path(run_dir)
     own_lock = lock is None and os.environ.get("RANK", "0") == "0"  # under torchrun rank 0 holds it for all
-    with rundir.locked(run_dir) if own_lock else contextlib.nullcontext():
+    # EarlyRecords: what is logged before train.log exists (the lock, the checkpoint search, the build) goes there too
+    with EarlyRecords(), (rundir.locked(run_dir) if own_lock else contextlib.nullcontext()):
         started = time.time()
         ckpt_path, ckpt = resume_from or find_resume_checkpoint(cfg.resume, run_dir) or (None, None)
         if ckpt is None and run_checkpoints(run_dir):
@@ -177,23 +180,30 @@ def evaluate(run: Run) -> dict[str, float]:
     """Evaluates the model (and its EMA) on the val set as the run's objective scores it; best.pt follows
     whichever of the two scores better in the objective's direction (the raw model wins a tie)."""
     state, objective = run.state, objective_of(run.cfg)
-    progress, metric = run.cfg.trainer.progress and run.ctx.is_main, objective.METRIC
+    progress, metric, limit = run.cfg.trainer.progress and run.ctx.is_main, objective.METRIC, run.cfg.trainer.limit_val_batches
     with run.window.paused():
-        metrics = objective.evaluate(run.eval_fn, run.data.val_loader, run.device, run.amp_dtype, run.cfg, progress,
+        val = FirstBatches(run.data.val_loader, limit)  # trainer.limit_val_batches: a partial validation, said so
+        metrics = objective.evaluate(run.eval_fn, val, run.device, run.amp_dtype, run.cfg, progress,
                                      confusion=run.visuals is not None)
+        if val.partial:
+            metrics["val_images"] = int(distributed.sum_all(torch.tensor(float(val.images), device=run.device)).item())
         if run.visuals is not None:
             run.visuals.after_eval(run.model, state.step, metrics.pop("confusion", None))
         run.logger.scalars("val", state.step, metrics)
         scores, ema_metrics = {"model": metrics[metric]}, None
         if run.ema is not None:
-            ema_metrics = objective.evaluate(run.ema.module, run.data.val_loader, run.device, run.amp_dtype, run.cfg,
-                                             progress)
+            ema_metrics = objective.evaluate(run.ema.module, FirstBatches(run.data.val_loader, limit), run.device,
+                                             run.amp_dtype, run.cfg, progress)
+            if val.partial:
+                ema_metrics["val_images"] = metrics["val_images"]
             run.logger.scalars("val_ema", state.step, ema_metrics)
             metrics[f"ema_{metric}"] = scores["ema"] = ema_metrics[metric]
     state.record_eval(metric, scores)
     best = objective.score_text(state.best_score) if state.best_score is not None else "none"
-    log.info("step %d (epoch %.2f): %s (best %s, %s)", state.step, state.epochs_done,
-             objective.eval_text(metrics, ema_metrics), best, state.best_source)
+    log.info("step %d (epoch %.2f): %s (best %s, %s)%s", state.step, state.epochs_done,
+             objective.eval_text(metrics, ema_metrics), best, state.best_source,
+             f"; a partial validation: {metrics['val_images']} images, the first {val.limit} of {val.total} val "
+             f"batches (trainer.limit_val_batches={limit})" if val.partial else "")
     run.metrics = metrics
     return metrics
 
@@ -209,6 +219,8 @@ def finish(run: Run, status: str) -> dict[str, Any]:
         write_results(run.run_dir, results)
     best = "not evaluated" if state.best_score is None else \
         f"best {shown(state.best_metric, state.best_score)} (step {state.best_step})"
+    if results["val_partial"]:
+        best += f" on a partial validation ({results['val_images']} images, trainer.limit_val_batches)"
     log.info("%s: %s, %d steps (%d skipped), %.0f images/s, %.0f s; outputs in %s", status, best, state.step,
              state.skipped_steps, results["images_per_s"] or 0, results["wall_seconds"], run.run_dir)
     return results
