@@ -57,7 +57,7 @@ def test_log_messages_reads_records_and_their_further_lines(tmp_path):
 def test_every_line_the_command_printed_is_in_train_log_in_order(tmp_path, mae_run):
     """MAE fine-tuning from the command line, with a key the objective ignores (the command line's own
     warning, logged before the run directory is used): stdout is the log; train.log has all of it."""
-    result = vit_train(*TINY, "trainer.max_steps=2", f"model.pretrained={mae_run}", "mae.mask_ratio=0.5",
+    result = vit_train(*TINY, "trainer.max_steps=1", f"model.pretrained={mae_run}", "mae.mask_ratio=0.5",
                        "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     console = result.stdout.splitlines()
