@@ -105,21 +105,28 @@ def _eval(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
 
 
 def eval_text(results: dict) -> str:
+    """vit-eval's text: what was evaluated (checkpoint, step, weights, data, image size, overrides), the
+    metrics (top-5 only with more than 5 classes: with fewer it is 100% by definition), per-class
+    top-1 and the files written."""
     weights = {"ema": "EMA weights", "model": "model weights"}[results["weights"]]
+    size = results.get("img_size")
+    changed = results.get("overrides") or {}
+    what = (f"{results['checkpoint']} (step {results['step']}, {weights}) on {results['data']} val"
+            + (f" at {size}x{size}" if size else "")
+            + (f" ({', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else ""))
     written = f"\n\nwritten to {results['out_dir']}: metrics.json" + "".join(f", {Path(f).name}" for f in results["figures"])
     if "per_class" not in results:  # an objective without classes (mae): its reconstruction loss
-        return (f"{results['checkpoint']} (step {results['step']}, {weights}) on {results['data']} val: masked-"
-                f"autoencoder reconstruction loss {results['loss']:.4f} (masked patches, fixed masks){written}")
+        return (f"{what}: masked-autoencoder reconstruction loss {results['loss']:.4f} (masked patches, fixed masks)"
+                f"{written}")
     width = max(len(name) for name in results["per_class"])
     counts = [sum(row) for row in results["confusion"]]
-    lines = [f"{results['checkpoint']} (step {results['step']}, {weights}) on {results['data']} val, "
-             f"{results['images']} images",
-             f"top-1 {results['top1']:.2f}%   top-5 {results['top5']:.2f}%   loss {results['loss']:.4f}\n",
+    top5 = f"   top-5 {results['top5']:.2f}%" if len(results["per_class"]) > 5 else ""
+    lines = [f"{what}, {results['images']} images",
+             f"top-1 {results['top1']:.2f}%{top5}   loss {results['loss']:.4f}\n",
              f"{'class':<{width}}  top-1    images"]
     lines += [f"{name:<{width}}  {'-' if acc is None else f'{acc:5.1f}%'}  {count:>7}"
               for (name, acc), count in zip(results["per_class"].items(), counts)]
-    return "\n".join(lines) + (f"\n\nwritten to {results['out_dir']}: metrics.json" +
-                               "".join(f", {Path(f).name}" for f in results["figures"]))
+    return "\n".join(lines) + written
 
 
 def _predict(argv: list[str]) -> tuple[list, Callable[[list], str]]:

@@ -81,10 +81,13 @@ def inference_model(cfg: Config, trained_img_size: int, num_classes: int, weight
     return model
 
 
-def eval_text(metrics: dict[str, float], ema: dict[str, float] | None) -> str:
-    """An evaluation in the log line: loss, top-1, top-5 (and the EMA's top-1)."""
+def eval_text(metrics: dict[str, float], ema: dict[str, float] | None, classes: int | None = None) -> str:
+    """An evaluation in the log line: loss, top-1, top-5 (and the EMA's top-1). With `classes` (the
+    number of classes) of 5 or fewer, top-5 is left out: every image is then in its top 5, so it is
+    100% whatever the model does (metrics keep "top5", top-min(5, classes) accuracy)."""
     ema_text = f", EMA top-1 {ema['top1']:.2f}%" if ema is not None else ""
-    return f"val loss {metrics['loss']:.4f}, top-1 {metrics['top1']:.2f}%, top-5 {metrics['top5']:.2f}%{ema_text}"
+    top5 = f", top-5 {metrics['top5']:.2f}%" if classes is None or classes > 5 else ""
+    return f"val loss {metrics['loss']:.4f}, top-1 {metrics['top1']:.2f}%{top5}{ema_text}"
 
 
 def score_text(score: float) -> str:

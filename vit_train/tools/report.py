@@ -1,40 +1,106 @@
-"""What vit-eval reports: metrics, per-class accuracy, the confusion matrix and figures."""
+"""What vit-eval reports: metrics, per-class accuracy, the confusion matrix and figures, written as
+one evaluation's files.
+
+Where they go (`eval_dir`): the run's `eval/` for an evaluation of the run's own val set at the size
+it was trained at, `eval/<what changed>/` (e.g. `eval/model.img_size=48/`) for any other, or `out=`.
+The folder holds one evaluation: the files an earlier evaluation wrote there (its metrics.json names
+them) are removed before the new ones are written, metrics.json last, so a PNG beside a metrics.json
+is always that evaluation's, and metrics.json says what was evaluated.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from vit_train.outputs.checkpoint import check_classes
-from vit_train.config.schema import run_dir_of
+from vit_train.config.schema import Config, run_dir_of
 from vit_train.data import build_data
 from vit_train.extras import available
-from vit_train.runtime.device import autocast_dtype, pick_device
-from vit_train.objectives import objective_of
-from vit_train.outputs.checkpoint import checkpoint_file
-from vit_train.tools.inference import Weights, load_for_inference
-from vit_train.outputs.metrics import write_atomic
 from vit_train.models.mae import MaskedAutoencoder
+from vit_train.objectives import objective_of
+from vit_train.outputs.checkpoint import check_classes, checkpoint_file
+from vit_train.outputs.metrics import write_atomic
+from vit_train.runtime.device import autocast_dtype, pick_device
+from vit_train.tools.inference import Weights, load_for_inference
 from vit_train.viz.figures import first_images, model_figures, reconstruction_figures, save_figure
 
 log = logging.getLogger("vit_train")
 
+# Keys that change how the images are loaded, not which images or at what size: they do not name a folder.
+SAME_EVALUATION = ("data.batch_size", "data.eval_batch_size", "data.num_workers", "data.pipeline", "data.download",
+                   "data.bad_images", "data.max_bad_fraction", "data.train_size", "data.repeated_aug")
+NAMED_SECTIONS = ("model", "data", "trainer")  # what vit-eval may change; of trainer, only the precision names a folder
+
 
 def per_class_accuracy(confusion: torch.Tensor, class_names: list[str]) -> dict[str, float | None]:
+    """{class name: top-1 (%) of its images, None without images} from a (classes, classes) confusion
+    matrix (rows: true class)."""
     counts = confusion.sum(dim=1)
     return {name: 100 * confusion[i, i].item() / counts[i].item() if counts[i] else None
             for i, name in enumerate(class_names)}
 
 
+def changed_keys(saved: dict, cfg: Config) -> dict[str, Any]:
+    """{"section.key": value} of the model/data/trainer keys in which `cfg` differs from the checkpoint's
+    `saved` config (both read through the schema, so a key added since the run was saved is no change)."""
+    before = Config.from_dict({**saved, "resume": None}).to_dict()
+    after = cfg.to_dict()
+    return {f"{section}.{key}": value for section in NAMED_SECTIONS for key, value in after[section].items()
+            if before[section].get(key) != value}
+
+
+def eval_dir(ckpt_path: Path, changed: dict[str, Any]) -> Path:
+    """The run's eval/ folder, or eval/<changes>/ when what is evaluated changed: each changed key that
+    names one (not SAME_EVALUATION's, of trainer.* only trainer.precision) as key=value, joined by ','.
+    A value with characters other than letters, digits and ._+- (a path) keeps its last part, those
+    characters as '_', and the name gets 8 hex digits of the exact values, so two roots never share it."""
+    named = {k: v for k, v in changed.items()
+             if k not in SAME_EVALUATION and (not k.startswith("trainer.") or k == "trainer.precision")}
+    base = run_dir_of(str(ckpt_path)) / "eval"
+    if not named:
+        return base
+    exact = ",".join(f"{k}={v}" for k, v in named.items())
+    readable = ",".join(f"{k}={_readable(v)}" for k, v in named.items())
+    if readable != exact or len(readable) > 100:
+        readable = f"{readable[:100]}-{hashlib.sha256(exact.encode()).hexdigest()[:8]}"
+    return base / readable
+
+
+def _readable(value: Any) -> str:
+    text = str(value)
+    if "/" in text:
+        text = Path(text).name or text
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", text)
+
+
+def clear_previous(out: Path) -> None:
+    """Remove the files of the evaluation written to `out` before (its metrics.json and the files it
+    lists), and nothing else: `out=` may be a folder that holds other things."""
+    previous = out / "metrics.json"
+    try:
+        listed = json.loads(previous.read_text()).get("figures", [])
+    except (OSError, ValueError, AttributeError):
+        return
+    for name in listed:
+        stale = out / Path(str(name)).name
+        if stale.is_file():
+            stale.unlink()
+    previous.unlink(missing_ok=True)
+
+
 def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights: Weights = "auto",
                         attention_images: int = 8, out_dir: str | Path | None = None,
                         progress: bool = True) -> dict[str, Any]:
-    """Evaluate a checkpoint on its val set (or another with the same classes); write metrics.json and
-    the figures to `out_dir` (default: the run's eval/ folder); returns the metrics."""
+    """Evaluate a checkpoint on its val set (or another with the same classes, or at another
+    model.img_size: `overrides`, a nested dict); write metrics.json and the figures to `out_dir`
+    (default: `eval_dir`), replacing the evaluation written there before (`clear_previous`); returns
+    the metrics, with what was evaluated (checkpoint, step, weights, img_size, overrides)."""
     path = checkpoint_file(path)
     model, cfg, ckpt, source = load_for_inference(path, weights, overrides)
     objective = objective_of(cfg)
@@ -45,40 +111,45 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights
     # the run's own evaluation (objectives/): a classifier's with its confusion matrix, MAE's reconstruction loss
     metrics = objective.evaluate(model, data.val_loader, device, autocast_dtype(cfg.trainer.precision, device), cfg,
                                  progress, confusion=True)
+    changed = changed_keys(ckpt["config"], cfg)
+    out = Path(out_dir) if out_dir else eval_dir(path, changed)
+    what = {"checkpoint": str(path), "step": ckpt.get("step"), "weights": source, "data": cfg.data.name,
+            "data_root": cfg.data.root, "img_size": cfg.model.img_size,
+            "trained_img_size": ckpt["config"]["model"]["img_size"], "overrides": changed}
     if "confusion" not in metrics:
-        return report_pretraining(model, cfg, ckpt, source, data, metrics, path, attention_images, out_dir)
+        return report_pretraining(model, cfg, data, {**what, "objective": objective.NAME, **metrics}, attention_images,
+                                  out)
     confusion = metrics.pop("confusion")
-    out = Path(out_dir) if out_dir else run_dir_of(str(path)) / "eval"
-    out.mkdir(parents=True, exist_ok=True)
-    results = {"checkpoint": str(path), "step": ckpt["step"], "weights": source, "data": cfg.data.name,
-               "images": int(confusion.sum()), **metrics,
-               "per_class": per_class_accuracy(confusion, data.class_names), "confusion": confusion.tolist(),
-               "figures": []}
+    results = {**what, "images": int(confusion.sum()), **metrics,
+               "per_class": per_class_accuracy(confusion, data.class_names), "confusion": confusion.tolist()}
+    figures = {}
     if attention_images > 0 and not available("matplotlib"):
         log.warning("figures skipped: they need matplotlib (pip install 'vit-train[viz]')")
     elif attention_images > 0:
         images, labels = first_images(data.val_loader, attention_images)
         figures = model_figures(model, images, labels, data.class_names, data.stats, confusion)
-        results["figures"] = [str(save_figure(fig, out / f"{name}.png")) for name, fig in figures.items()]
-    write_atomic(out / "metrics.json", json.dumps(results, indent=2) + "\n")
-    results["out_dir"] = str(out)
-    return results
+    return write_evaluation(out, results, figures)
 
 
-def report_pretraining(model: MaskedAutoencoder, cfg, ckpt: dict, source: str, data, metrics: dict[str, float],
-                       path: Path, images: int, out_dir: str | Path | None) -> dict[str, Any]:
-    """vit-eval on a masked-autoencoder checkpoint: its `metrics` (the val reconstruction loss with the
+def report_pretraining(model: MaskedAutoencoder, cfg: Config, data, results: dict[str, Any], images: int,
+                       out: Path) -> dict[str, Any]:
+    """vit-eval on a masked-autoencoder checkpoint: its `results` (the val reconstruction loss with the
     training run's fixed val masks), and the original / masked / reconstruction figure of the first
-    `images` val images."""
-    out = Path(out_dir) if out_dir else run_dir_of(str(path)) / "eval"
-    out.mkdir(parents=True, exist_ok=True)
-    results = {"checkpoint": str(path), "step": ckpt["step"], "weights": source, "data": cfg.data.name,
-               "objective": objective_of(cfg).NAME, **metrics, "figures": []}
+    `images` val images, written to `out`."""
+    figures = {}
     if images > 0 and not available("matplotlib"):
         log.warning("figures skipped: they need matplotlib (pip install 'vit-train[viz]')")
     elif images > 0:
         figures = reconstruction_figures(model, first_images(data.val_loader, images)[0], data.stats)
-        results["figures"] = [str(save_figure(fig, out / f"{name}.png")) for name, fig in figures.items()]
+    return write_evaluation(out, results, figures)
+
+
+def write_evaluation(out: Path, results: dict[str, Any], figures: dict) -> dict[str, Any]:
+    """`figures` ({name: matplotlib figure}) as `out`/<name>.png and `results` as `out`/metrics.json,
+    written last, once the earlier evaluation's files are removed; returns the results with "figures"
+    (the PNGs' paths) and "out_dir"."""
+    out.mkdir(parents=True, exist_ok=True)
+    clear_previous(out)
+    results = {**results, "figures": [str(save_figure(fig, out / f"{name}.png")) for name, fig in figures.items()]}
     write_atomic(out / "metrics.json", json.dumps(results, indent=2) + "\n")
-    results["out_dir"] = str(out)
-    return results
+    return {**results, "out_dir": str(out)}

@@ -1,0 +1,112 @@
+"""vit-eval's files: one evaluation per folder (eval/ for the run's own val set at its trained size,
+eval/<what changed>/ for another), an earlier evaluation's files removed before the new ones are
+written, metrics.json saying what was evaluated; top-5 shown only when it can be below 100%."""
+
+import json
+import sys
+
+import pytest
+
+from helpers.configs import tiny_config
+from vit_train.cli.commands import eval_main, eval_text
+from vit_train.objectives import classify
+from vit_train.tools.report import eval_dir, evaluate_checkpoint
+from vit_train.train.trainer import train
+
+pytest.importorskip("matplotlib")
+
+
+def vit_eval(monkeypatch, capsys, *args) -> str:
+    """vit-eval ARGS in this process (a subprocess costs seconds of imports); its stdout."""
+    monkeypatch.setattr(sys, "argv", ["vit-eval", *args])
+    eval_main()
+    return capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A 2-step micro ViT on shapes (16x16, patch 4, learned positions), its own run directory."""
+    run = tmp_path_factory.mktemp("run")
+    train(tiny_config(trainer={"max_steps": 2}), run)
+    return run
+
+
+def test_an_override_gets_its_own_folder_and_the_first_evaluation_stays(run_dir):
+    last = run_dir / "checkpoints" / "last.pt"
+    plain = evaluate_checkpoint(last, weights="model", attention_images=1, progress=False)
+    assert plain["out_dir"] == str(run_dir / "eval")
+    before = (run_dir / "eval" / "metrics.json").read_bytes()
+    saved = json.loads(before)
+    assert {k: saved[k] for k in ("checkpoint", "step", "weights", "img_size", "trained_img_size", "overrides")} == {
+        "checkpoint": str(last), "step": 2, "weights": "model", "img_size": 16, "trained_img_size": 16, "overrides": {}}
+    assert saved["data"] == "shapes" and saved["data_root"] is None
+
+    bigger = evaluate_checkpoint(last, {"model": {"img_size": 24}}, weights="model", attention_images=1,
+                                 progress=False)
+    folder = run_dir / "eval" / "model.img_size=24"
+    assert bigger["out_dir"] == str(folder)
+    saved = json.loads((folder / "metrics.json").read_text())
+    assert (saved["img_size"], saved["trained_img_size"], saved["overrides"]) == (24, 16, {"model.img_size": 24})
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["metrics.json", *(p.split("/")[-1] for p in saved["figures"])])
+    assert (run_dir / "eval" / "metrics.json").read_bytes() == before  # the first evaluation is untouched
+
+
+def test_an_evaluation_replaces_the_earlier_ones_files_and_nothing_else(run_dir, tmp_path):
+    last = run_dir / "checkpoints" / "last.pt"
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    first = evaluate_checkpoint(last, attention_images=2, out_dir=out, progress=False)
+    assert len(first["figures"]) >= 4 and all((out / f.split("/")[-1]).is_file() for f in first["figures"])
+    evaluate_checkpoint(last, attention_images=0, out_dir=out, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "notes.txt"]  # no PNG of the first one
+    assert json.loads((out / "metrics.json").read_text())["figures"] == []
+
+
+def test_the_folder_is_named_by_what_changes_the_evaluation(tmp_path):
+    ckpt = tmp_path / "run" / "checkpoints" / "best.pt"
+    base = tmp_path / "run" / "eval"
+    assert eval_dir(ckpt, {}) == base
+    # how the images are loaded, the device, the progress bar: the same evaluation
+    assert eval_dir(ckpt, {"data.batch_size": 7, "data.num_workers": 2, "trainer.device": "cpu",
+                           "trainer.progress": False}) == base
+    assert eval_dir(ckpt, {"model.img_size": 48, "data.batch_size": 7}) == base / "model.img_size=48"
+    assert eval_dir(ckpt, {"trainer.precision": "bf16"}) == base / "trainer.precision=bf16"
+    one = eval_dir(ckpt, {"data.name": "imagefolder", "data.root": "/data/a/my set"})
+    other = eval_dir(ckpt, {"data.name": "imagefolder", "data.root": "/data/b/my set"})
+    assert one.parent == base and one.name.startswith("data.name=imagefolder,data.root=my_set-")
+    assert len(one.name.rsplit("-", 1)[1]) == 8 and one != other  # the same last part, two roots: two folders
+    long = eval_dir(ckpt, {f"data.k{i}": "v" * 20 for i in range(8)})
+    assert long.parent == base and len(long.name) == 100 + 9
+
+
+def test_vit_eval_says_what_it_evaluated_and_where_it_wrote(run_dir, monkeypatch, capsys):
+    shown = vit_eval(monkeypatch, capsys, f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", "model.img_size=20",
+                     "attention.images=0", "progress=false")
+    assert shown.splitlines()[0].endswith("on shapes val at 20x20 (model.img_size=20), 128 images")
+    assert "top-5 " in shown  # shapes: 10 classes
+    assert shown.rstrip().endswith(f"written to {run_dir / 'eval' / 'model.img_size=20'}: metrics.json")
+
+
+@pytest.mark.parametrize("classes, shown", [(3, False), (5, False), (6, True), (10, True), (None, True)])
+def test_top5_is_shown_only_with_more_than_5_classes(classes, shown):
+    metrics = {"loss": 0.5, "top1": 90.0, "top5": 100.0}
+    line = classify.eval_text(metrics, None, classes)
+    assert ("top-5" in line) == shown
+    assert line.startswith("val loss 0.5000, top-1 90.00%")
+    results = {"checkpoint": "x.pt", "step": 1, "weights": "model", "data": "imagefolder", "img_size": 16,
+               "images": 9, **metrics, "per_class": {f"c{i}": 90.0 for i in range(classes or 10)},
+               "confusion": [[1] * (classes or 10)] * (classes or 10), "figures": [], "out_dir": "eval"}
+    text = eval_text(results)
+    assert ("top-5" in text) == shown and "top-1 90.00%" in text
+
+
+def test_vit_eval_on_three_classes_keeps_the_top5_key_and_does_not_print_it(image_folder, tmp_path, monkeypatch,
+                                                                           capsys):
+    cfg = tiny_config(model={"img_size": 16, "patch_size": 4}, aug={"name": "none"},
+                      data={"name": "imagefolder", "root": str(image_folder), "batch_size": 4}, trainer={"max_steps": 1})
+    train(cfg, tmp_path / "run")
+    shown = vit_eval(monkeypatch, capsys, f"ckpt={tmp_path / 'run'}", "attention.images=0", "progress=false")
+    assert "top-5" not in shown and "top-1 " in shown
+    saved = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text())
+    assert saved["top5"] == 100.0 and len(saved["per_class"]) == 3
