@@ -28,6 +28,7 @@ class FirstBatches:
 
     def __iter__(self) -> Iterator[Any]:
         self.images = 0
-        for batch in itertools.islice(self.loader, self.limit):  # a loader's workers stop with its iterator
+        # the whole loader runs to its end, as before; a cut one's workers stop with its iterator
+        for batch in itertools.islice(self.loader, self.limit) if self.partial else self.loader:
             self.images += len(batch[1])
             yield batch
