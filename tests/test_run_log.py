@@ -2,10 +2,8 @@
 command line's warnings, the CPU threads, what model.pretrained loaded, an MAE checkpoint's dropped
 decoder), reaches train.log, in the console's order; and docs/python.md's one-liner shows a run
 started from Python the same lines. The oracle compares the captured console with the file, not
-the lines' wording (others change it), so it holds for any line a later change adds.
-
-(Hydra users meet the same gap: records logged before a job's file handler exists are on the
-console only; the run buffers them until train.log is open.)"""
+the lines' wording (others change it), so it holds for any line a later change adds. Records logged
+before train.log's handler exists are kept (runtime/logs.py, EarlyRecords) and written there first."""
 
 from __future__ import annotations
 
