@@ -8,6 +8,7 @@ no display), so they render headless; matplotlib is the optional extra `[viz]`.
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import torch
@@ -15,11 +16,14 @@ import torch.nn.functional as F
 
 from vit_train.viz.attention import attention_rollout, pooled_attention, position_similarity
 from vit_train.extras import require
+from vit_train.viz.fonts import fonts_for, quiet_missing_glyphs
 from vit_train.models.mae import EVAL_SEED, MaskedAutoencoder, MaskSampler, reconstruct
 from vit_train.models.vit import VisionTransformer
 
 CELL = 1.6  # inches per image tile
 DPI = 100  # so a tile is 160 x 160 pixels
+MARGIN = 0.08  # inches above the figure's title and between it and the tiles' titles
+TITLE_PT, TILE_TITLE_PT = 9, 8  # font sizes; a line takes 1.25 times its size, a tile's title 6 pt more (its pad)
 
 
 def denormalize(images: torch.Tensor, stats: tuple) -> torch.Tensor:
@@ -38,16 +42,26 @@ def upsample(maps: torch.Tensor, grid: int, size: int) -> torch.Tensor:
 
 # --- figures --------------------------------------------------------------------------------------
 
-def _new_figure(rows: int, cols: int):
+def _new_figure(rows: int, cols: int, title: str = "", tile_lines: int = 1):
+    """A figure of rows x cols image tiles (CELL inches each, axes off) with room, in inches (so it
+    holds for any number of rows), for `title` above the tiles (wrapped to the figure's width) and
+    for tiles' titles of up to `tile_lines` lines above each row: no title prints over another."""
     require("matplotlib", "figures")
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(cols * CELL, rows * CELL), dpi=DPI)
+    width, height = cols * CELL, rows * CELL
+    lines = textwrap.wrap(title, max(20, int(width * 72 / (0.55 * TITLE_PT)))) if title else []
+    tile_titles = (tile_lines * TILE_TITLE_PT * 1.25 + 6) / 72 if tile_lines else 0
+    header = MARGIN + (len(lines) * TITLE_PT * 1.25 / 72 + MARGIN if lines else 0) + tile_titles
+    gap, bottom = tile_titles + 0.05, 0.01 * height  # between rows: room for the next row's titles
+    tile = max((height - header - bottom - (rows - 1) * gap) / rows, 0.1 * CELL)
+    fig = Figure(figsize=(width, height), dpi=DPI)
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat:
         ax.set_axis_off()
-    header = 0.45 / (rows * CELL)  # room for the title and the first row's two-line titles
-    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1 - header, wspace=0.05, hspace=0.35)
+    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1 - header / height, wspace=0.05, hspace=gap / tile)
+    if lines:
+        fig.suptitle("\n".join(lines), fontsize=TITLE_PT, y=1 - MARGIN / height, va="top")
     return fig, axes
 
 
@@ -56,7 +70,7 @@ def _show(ax, image: torch.Tensor, title: str = "", heat: torch.Tensor | None = 
     if heat is not None:
         ax.imshow(heat.cpu().numpy(), cmap="inferno", alpha=0.6)
     if title:
-        ax.set_title(title, fontsize=8)
+        ax.set_title(title, fontsize=TILE_TITLE_PT)
 
 
 def attention_figure(images: torch.Tensor, rollout: torch.Tensor, layers: torch.Tensor, labels: list[str],
@@ -65,27 +79,28 @@ def attention_figure(images: torch.Tensor, rollout: torch.Tensor, layers: torch.
 
     images (B, 3, S, S) in [0, 1]; rollout (B, N); layers (B, L, N).
     """
-    count, depth = len(images), layers.shape[1]
-    grid, size = math.isqrt(rollout.shape[-1]), images.shape[-1]
-    fig, axes = _new_figure(count, depth + 2)
-    who = "mean over tokens (mean pooling)" if mean_pool else "class token"
-    fig.suptitle(f"attention of the {who}: rollout over all layers, then each layer (mean over heads)", fontsize=9)
-    for i in range(count):
-        _show(axes[i, 0], images[i], labels[i])
-        _show(axes[i, 1], images[i], "rollout" if i == 0 else "", upsample(rollout[i], grid, size))
-        for layer in range(depth):
-            heat = upsample(layers[i, layer], grid, size)
-            _show(axes[i, layer + 2], images[i], f"layer {layer + 1}" if i == 0 else "", heat)
-    return fig
+    with fonts_for(labels):
+        count, depth = len(images), layers.shape[1]
+        grid, size = math.isqrt(rollout.shape[-1]), images.shape[-1]
+        who = "mean over tokens (mean pooling)" if mean_pool else "class token"
+        lines = max((label.count("\n") + 1 for label in labels[:1]), default=1)  # the first row's titles
+        fig, axes = _new_figure(count, depth + 2, f"attention of the {who}: rollout over all layers, then each layer "
+                                f"(mean over heads)", tile_lines=lines)
+        for i in range(count):
+            _show(axes[i, 0], images[i], labels[i])
+            _show(axes[i, 1], images[i], "rollout" if i == 0 else "", upsample(rollout[i], grid, size))
+            for layer in range(depth):
+                heat = upsample(layers[i, layer], grid, size)
+                _show(axes[i, layer + 2], images[i], f"layer {layer + 1}" if i == 0 else "", heat)
+        return fig
 
 
 def heads_figure(image: torch.Tensor, attention: torch.Tensor, mean_pool: bool):
     """Layers x heads grid of one image's pooled attention; attention (L, H, N)."""
     depth, heads = attention.shape[:2]
     grid, size = math.isqrt(attention.shape[-1]), image.shape[-1]
-    fig, axes = _new_figure(depth, heads)
-    fig.suptitle(f"{'mean-token' if mean_pool else 'class-token'} attention per layer (rows) and head (columns)",
-                 fontsize=9)
+    fig, axes = _new_figure(depth, heads, f"{'mean-token' if mean_pool else 'class-token'} attention per layer (rows) "
+                            f"and head (columns)")
     for layer in range(depth):
         for head in range(heads):
             _show(axes[layer, head], image, f"L{layer + 1} H{head + 1}", upsample(attention[layer, head], grid, size))
@@ -94,27 +109,28 @@ def heads_figure(image: torch.Tensor, attention: torch.Tensor, mean_pool: bool):
 
 def confusion_figure(confusion: torch.Tensor, class_names: list[str]):
     """Row-normalised confusion matrix (rows: true class, columns: predicted), counts written in."""
-    classes = len(class_names)
-    side = max(4, min(16, 0.45 * classes + 2)) / CELL
-    fig, axes = _new_figure(1, 1)
-    fig.set_size_inches(side * CELL, side * CELL)
-    ax = axes[0, 0]
-    ax.set_axis_on()
-    rates = confusion.float() / confusion.sum(dim=1, keepdim=True).clamp(min=1)
-    ax.imshow(rates.numpy(), cmap="Blues", vmin=0, vmax=1)
-    if classes <= 30:
-        ax.set_xticks(range(classes), class_names, rotation=90, fontsize=7)
-        ax.set_yticks(range(classes), class_names, fontsize=7)
-        for t in range(classes):
-            for p in range(classes):
-                if confusion[t, p]:
-                    ax.text(p, t, str(int(confusion[t, p])), ha="center", va="center", fontsize=6,
-                            color="white" if rates[t, p] > 0.5 else "black")
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
-    fig.subplots_adjust(left=0.2, right=0.98, bottom=0.2, top=0.92)
-    ax.set_title(f"confusion matrix: {int(confusion.trace())} of {int(confusion.sum())} correct", fontsize=9)
-    return fig
+    with fonts_for(class_names):
+        classes = len(class_names)
+        side = max(4, min(16, 0.45 * classes + 2)) / CELL
+        fig, axes = _new_figure(1, 1)
+        fig.set_size_inches(side * CELL, side * CELL)
+        ax = axes[0, 0]
+        ax.set_axis_on()
+        rates = confusion.float() / confusion.sum(dim=1, keepdim=True).clamp(min=1)
+        ax.imshow(rates.numpy(), cmap="Blues", vmin=0, vmax=1)
+        if classes <= 30:
+            ax.set_xticks(range(classes), class_names, rotation=90, fontsize=7)
+            ax.set_yticks(range(classes), class_names, fontsize=7)
+            for t in range(classes):
+                for p in range(classes):
+                    if confusion[t, p]:
+                        ax.text(p, t, str(int(confusion[t, p])), ha="center", va="center", fontsize=6,
+                                color="white" if rates[t, p] > 0.5 else "black")
+        ax.set_xlabel("predicted")
+        ax.set_ylabel("true")
+        fig.subplots_adjust(left=0.2, right=0.98, bottom=0.2, top=0.92)
+        ax.set_title(f"confusion matrix: {int(confusion.trace())} of {int(confusion.sum())} correct", fontsize=9)
+        return fig
 
 
 def position_figure(similarity: torch.Tensor):
@@ -140,7 +156,7 @@ def filters_figure(weight: torch.Tensor, limit: int = 64):
     fig, axes = _new_figure(side, side)
     fig.set_size_inches(side * 0.6, side * 0.6 + 0.3)
     fig.subplots_adjust(top=1 - 0.3 / (side * 0.6 + 0.3))
-    fig.suptitle("patch embedding filters (first layer)", fontsize=9)
+    fig.suptitle("patch embedding filters (first layer)", fontsize=TITLE_PT)
     for i, f in enumerate(w):
         _show(axes[i // side, i % side], f)
     return fig
@@ -148,18 +164,19 @@ def filters_figure(weight: torch.Tensor, limit: int = 64):
 
 def images_figure(images: torch.Tensor, titles: list[str], columns: int = 8):
     """A grid of [0, 1] images with titles (e.g. training images after augmentation)."""
-    rows = math.ceil(len(images) / columns)
-    fig, axes = _new_figure(rows, min(columns, len(images)))
-    for i, image in enumerate(images):
-        _show(axes[i // columns, i % columns], image, titles[i])
-    return fig
+    with fonts_for(titles):
+        rows = math.ceil(len(images) / columns)
+        lines = max((t.count("\n") + 1 for t in titles[:columns]), default=1)  # the first row's titles
+        fig, axes = _new_figure(rows, min(columns, len(images)), tile_lines=lines)
+        for i, image in enumerate(images):
+            _show(axes[i // columns, i % columns], image, titles[i])
+        return fig
 
 
 def reconstruction_figure(original: torch.Tensor, masked: torch.Tensor, reconstruction: torch.Tensor,
                           mask_ratio: float):
     """MAE: one row per image: the original, what the encoder sees, the reconstruction; all (B, 3, S, S) in [0, 1]."""
-    fig, axes = _new_figure(len(original), 3)
-    fig.suptitle(f"masked autoencoder, {100 * mask_ratio:.0f}% of the patches masked", fontsize=9)
+    fig, axes = _new_figure(len(original), 3, f"masked autoencoder, {100 * mask_ratio:.0f}% of the patches masked")
     for i in range(len(original)):
         first = i == 0
         _show(axes[i, 0], original[i], "original" if first else "")
@@ -185,7 +202,8 @@ def reconstruction_figures(model: MaskedAutoencoder, images: torch.Tensor, stats
 
 def save_figure(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
+    with quiet_missing_glyphs():  # fonts_for has said it once
+        fig.savefig(path, dpi=DPI)
     return path
 
 
@@ -254,8 +272,9 @@ class TrainingVisuals:
             figures = reconstruction_figures(model, self.images, self.data.stats)
         else:
             figures = model_figures(model, self.images, self.labels, self.data.class_names, self.data.stats, confusion)
-        for name, fig in figures.items():
-            self.tb.add_figure(f"figures/{name}", fig, step)
+        with quiet_missing_glyphs():  # fonts_for has said it once
+            for name, fig in figures.items():
+                self.tb.add_figure(f"figures/{name}", fig, step)
 
     def training_batch(self, images: torch.Tensor, targets: torch.Tensor, step: int, count: int = 16) -> None:
         """The first batch after augmentation (and MixUp/CutMix): titles give the target's main class and share."""
@@ -267,4 +286,5 @@ class TrainingVisuals:
             share, index = targets[:count].max(dim=1)
             titles = [f"{names[i]} {s:.2f}" for s, i in zip(share.tolist(), index.tolist())]
         fig = images_figure(denormalize(images[:count].cpu(), self.data.stats), titles)
-        self.tb.add_figure("figures/training_images", fig, step)
+        with quiet_missing_glyphs():
+            self.tb.add_figure("figures/training_images", fig, step)
