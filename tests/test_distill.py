@@ -154,8 +154,8 @@ def test_teacher_problems_are_one_line_errors(tmp_path):
     weights = tmp_path / "w.pth"
     torch.save(torchvision.models.resnet18(num_classes=10).state_dict(), weights)
     cases = [
-        (DistillConfig(teacher=str(tmp_path / "missing.pt")), "is not a file"),
-        (DistillConfig(teacher=None), "is not a file"),
+        (DistillConfig(teacher=str(tmp_path / "missing.pt")), "missing.pt does not exist; give a vit-train run"),
+        (DistillConfig(teacher=None), "distill.teacher is not set"),
         (DistillConfig(teacher=str(weights)), "name the network with distill.teacher_arch"),
         (DistillConfig(teacher=str(weights), teacher_arch="resnet_9000"), "neither a torchvision"),
         (DistillConfig(teacher=str(weights), teacher_arch="resnet50"), "does not fit resnet50"),

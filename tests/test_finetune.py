@@ -5,7 +5,8 @@ import torch
 
 from vit_train.errors import ConfigError
 from vit_train.models.vit import VisionTransformer
-from vit_train.models.pretrained import load_pretrained, resize_pos_embed
+from vit_train.models.pretrained import resize_pos_embed
+from vit_train.objectives.weights_in import load_pretrained
 from vit_train.train.trainer import train
 
 timm = pytest.importorskip("timm")
@@ -44,7 +45,7 @@ def test_other_grid_and_class_count_resize_positions_and_reinit_the_head(tmp_pat
     torch.manual_seed(0)
     model = VisionTransformer(img_size=32, num_classes=5, **SHAPE)  # 8x8 patches, 5 classes
     fresh_head = model.head.weight.detach().clone()
-    report = load_pretrained(model, tmp_path / "w.pth")
+    report = load_pretrained(model, tmp_path / "w.pth", reset_head=True)  # 10 classes -> 5: a new head, as asked
     assert report["resized"] == ["pos_embed (1, 17, 32) -> (1, 65, 32)"]
     assert [r.split(" ")[0] for r in report["reinitialised"]] == ["head.weight", "head.bias"]
     assert "10 classes in the file, 5 here" in report["reinitialised"][0]
@@ -75,7 +76,7 @@ def test_fixed_sincos_positions_are_kept_and_extra_keys_ignored(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"embed_dim": 64, "num_heads": 2}, "has shape .* in w.pth but .* in this model; set the model's embed_dim"),
+    ({"embed_dim": 64, "num_heads": 2}, r"holds another network: model.embed_dim=32 \(here 64\); set model.embed_dim=32"),
 ])
 def test_weights_of_another_width_are_refused_naming_the_key(tmp_path, change, message):
     torch.save(timm_model().state_dict(), tmp_path / "w.pth")

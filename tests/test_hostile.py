@@ -21,7 +21,7 @@ from vit_train.data.decode import open_rgb
 from vit_train.errors import CheckpointError, DataError
 from vit_train.outputs.integrity import load_failure
 from vit_train.models.vit import build_model
-from vit_train.models.pretrained import load_pretrained
+from vit_train.objectives.weights_in import load_pretrained
 from vit_train.train.trainer import train
 
 

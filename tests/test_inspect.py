@@ -21,7 +21,7 @@ from vit_train.tools.export import export
 from vit_train.tools.inference import auto_weights, load_for_inference
 from vit_train.tools.predict import predict
 from vit_train.models.vit import VisionTransformer
-from vit_train.models.pretrained import load_pretrained
+from vit_train.objectives.weights_in import load_pretrained
 from vit_train.tools.report import evaluate_checkpoint
 from vit_train.train.trainer import train
 from vit_train.viz.attention import attention_rollout, pooled_attention
@@ -121,7 +121,7 @@ def test_vit_eval_and_export_take_a_run_directory(trained_run, tmp_path):
     (["ckpt=x.pt", "atention.images=3"], "unknown option 'atention.images'"),
     (["ckpt=x.pt", "data.rot=/x"], "did you mean 'data.root'"),
     (["ckpt=x.pt", "data=mnist"], "no data option 'mnist'"),
-    (["ckpt=missing.pt"], "checkpoint missing.pt does not exist"),
+    (["ckpt=missing.pt"], "ckpt=missing.pt does not exist"),
 ])
 def test_vit_eval_bad_arguments_are_one_line_and_exit_2(args, message):
     done = command("eval", *args)

@@ -253,7 +253,7 @@ def test_a_classifier_starts_from_the_mae_encoder_with_a_new_head(tmp_path, capl
     """model.pretrained on an MAE checkpoint (or its run directory): the encoder's tensors are loaded, the
     decoder dropped, the head new; fixed sin-cos positions of the pre-training become the learned
     positions' start (as facebookresearch/mae fine-tunes; xplip/pixel#8)."""
-    from vit_train.models.pretrained import load_pretrained
+    from vit_train.objectives.weights_in import load_pretrained
 
     mae = small_mae(pos_embed="sincos2d")
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
@@ -313,7 +313,7 @@ def test_unlabelled_folders_that_cannot_work_are_explained(tmp_path):
 def test_facebookresearch_mae_checkpoints_load_their_encoder(tmp_path):
     """The official MAE files hold flat keys plus mask_token and decoder_* (quanlin-wu/dmae#3, Oneflow-Inc/libai#258:
     a strict load fails on them and on the missing head): the encoder loads, the rest is ignored, the head is new."""
-    from vit_train.models.pretrained import load_pretrained
+    from vit_train.objectives.weights_in import load_pretrained
 
     mae = small_mae()
     flat = {k.removeprefix("encoder."): v for k, v in mae.state_dict().items() if k.startswith("encoder.")}

@@ -21,7 +21,7 @@ from helpers.configs import tiny_config
 from vit_train.data.mix import BatchMix
 from vit_train.data.shapes import generate_shapes
 from vit_train.errors import ConfigError
-from vit_train.models.pretrained import load_pretrained
+from vit_train.objectives.weights_in import load_pretrained
 from vit_train.objectives import OBJECTIVES, check_objective
 from vit_train.objectives.score import best_weights
 from vit_train.train.optim import build_optimizer

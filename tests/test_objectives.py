@@ -40,7 +40,7 @@ def test_the_loop_trains_on_the_objectives_loss_and_logs_no_top1_without_logits(
 
     train(make_config(**cfg), plain)
     NoTop1.autocast = []
-    monkeypatch.setattr("vit_train.train.run.build_objective", lambda cfg, model, classes: NoTop1())
+    monkeypatch.setattr("vit_train.train.run.build_objective", lambda cfg, model, classes, *names: NoTop1())
     train(make_config(**cfg), tmp_path / "no_top1")
     assert NoTop1.autocast == [precision == "bf16"] * 8  # 4 steps of 2 micro-batches, under the loop's autocast
     ours, theirs = logged(tmp_path / "no_top1", "train"), logged(plain, "train")
@@ -71,7 +71,7 @@ class Counting(Classify):
 
 
 def test_an_objectives_state_is_checkpointed_and_restored_on_resume(tmp_path, make_config, monkeypatch):
-    monkeypatch.setattr("vit_train.train.run.build_objective", lambda cfg, model, classes: Counting())
+    monkeypatch.setattr("vit_train.train.run.build_objective", lambda cfg, model, classes, *names: Counting())
     sections = dict(trainer={"max_steps": 4, "ckpt_every": 1, "keep_last": 10})
     from vit_train.train.trainer import train
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from vit_train.errors import ConfigError
-from vit_train.models.pretrained import load_pretrained
+from vit_train.objectives.weights_in import load_pretrained
 from vit_train.models.vit import VisionTransformer
 from vit_train.train.trainer import train
 

@@ -12,7 +12,7 @@ from torch.optim.swa_utils import AveragedModel
 
 from vit_train.errors import ConfigError
 from vit_train.models.vit import VisionTransformer
-from vit_train.models.pretrained import load_pretrained
+from vit_train.objectives.weights_in import load_pretrained
 
 SHAPE = dict(patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
 
@@ -48,7 +48,7 @@ def test_torchvision_weights_give_the_same_logits_and_resize(tmp_path):
     load_pretrained(same, tmp_path / "tv.pth")
     torch.testing.assert_close(logits(same, 16), logits(reference, 16), rtol=0, atol=1e-5)
     model = VisionTransformer(img_size=32, num_classes=5, **SHAPE)
-    report = load_pretrained(model, tmp_path / "tv.pth")
+    report = load_pretrained(model, tmp_path / "tv.pth", reset_head=True)  # 10 classes -> 5: a new head, as asked
     assert report["resized"] == ["pos_embed (1, 17, 32) -> (1, 65, 32)"]
     assert [r.split(" ")[0] for r in report["reinitialised"]] == ["head.weight", "head.bias"]
     assert torch.equal(model.blocks[1].attn.qkv.weight, reference.encoder.layers[1].self_attention.in_proj_weight)

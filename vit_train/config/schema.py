@@ -35,6 +35,7 @@ class ModelConfig:
     attn_dropout: float = 0.0  # dropout on attention weights
     drop_path: float = 0.0  # stochastic depth of the last block; rises linearly from 0 over depth
     pretrained: Optional[str] = None  # weights to start from: a vit-train checkpoint, .safetensors or timm .pth
+    reset_head: bool = False  # model.pretrained: a new classifier head (fine-tuning to other classes); else the head must fit
     reg_tokens: int = 0  # register tokens (Darcet et al. 2024), timm's reg_token; 0 = none
     init_values: Optional[float] = None  # LayerScale's initial gamma (CaiT; timm's ls1/ls2), e.g. 1e-5; null = off
     qk_norm: bool = False  # LayerNorm on each head's queries and keys (timm's attn.q_norm/k_norm)

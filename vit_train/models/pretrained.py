@@ -1,5 +1,5 @@
-"""Start from saved weights (`model.pretrained`): a vit-train checkpoint or run directory (its
-checkpoints/last.pt), safetensors, a timm or DeiT state dict (plain or distilled), or torchvision's
+"""Start from saved weights (`model.pretrained`, opened by the door in objectives/weights_in.py): a
+vit-train checkpoint or run directory, safetensors, a timm or DeiT state dict (plain or distilled), or torchvision's
 ViT (`vit_b_16`, `vit_l_16`, ...). From a masked-autoencoder run (objective mae) the encoder is taken
 (`encoder.` prefix stripped) and its decoder dropped; the head is new.
 
@@ -32,14 +32,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from vit_train.outputs.weights import load_weights
+from vit_train.outputs.weights import strip_wrappers
 from vit_train.errors import ConfigError
 from vit_train.models.vit import VisionTransformer
 
 log = logging.getLogger("vit_train")
 
-WRAPPERS = ("module", "_orig_mod")  # DDP / DataParallel / AveragedModel, torch.compile
 ANCHOR = "patch_embed.proj.weight"  # every ViT state dict with timm's names has it
 # torchvision.models.VisionTransformer -> timm (torchvision/models/vision_transformer.py)
 TORCHVISION = [(re.compile(p), r) for p, r in (
@@ -59,9 +59,7 @@ TORCHVISION = [(re.compile(p), r) for p, r in (
 
 def timm_names(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], str]:
     """`weights` under timm's names, and which naming they came in ("timm" or "torchvision")."""
-    weights = {".".join(p for p in k.split(".") if p not in WRAPPERS): v for k, v in weights.items()
-               if k.split(".")[-1] != "n_averaged"}
-    weights = encoder_weights(weights)
+    weights = encoder_weights(strip_wrappers(weights))
     if "conv_proj.weight" not in weights and not any(k == ANCHOR for k in weights):
         outer = next((k[: -len(ANCHOR)] for k in weights if k.endswith("." + ANCHOR)), None) or next(
             (k[: -len("conv_proj.weight")] for k in weights if k.endswith(".conv_proj.weight")), None)
@@ -137,6 +135,7 @@ def encoder_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 LAYER_SCALE = re.compile(r"^blocks\.\d+\.ls[12]\.gamma$")
 QK_NORM = re.compile(r"^blocks\.\d+\.attn\.[qk]_norm\.")
+HEADS = ("head.", "head_dist.", "fc.")  # the ViT's heads, a ResNet's classifier
 OFF = {"model.init_values": "null", "model.qk_norm": "false", "model.reg_tokens": "0"}
 
 
@@ -179,19 +178,17 @@ def check_options(weights: dict[str, torch.Tensor], own: dict[str, torch.Tensor]
                           f"(the option-tensors must match, else the model is another network than the one trained)")
 
 
-def load_pretrained(model: VisionTransformer, path: str | Path) -> dict[str, list[str]]:
-    """Load what fits of the weights in `path` into `model`; returns (and logs) what happened to each key.
+def fit_pretrained(model: nn.Module, weights: dict[str, torch.Tensor], source: str, config: dict | None,
+                   label: str, new_head: bool = False) -> dict[str, list[str]]:
+    """Load what fits of `weights` (timm's names: `timm_names`; `source` is the naming they came in) into
+    `model`; returns (and logs) what happened to each key. `config`: the file's run config when it has
+    one; `label`: the file, for messages; `new_head`: re-initialise the classifier heads (head, head_dist,
+    a ResNet's fc) even where they fit, as fine-tuning to new classes does. Which weights come in, and
+    whether the architecture and the classes agree, is the door's (objectives/weights_in.py).
 
-    Raises ConfigError (one line, nothing loaded) for a missing file, a shape that does not fit, weights of
-    no ViT, and option-tensors (LayerScale, QK-norm, registers) the file and the model do not share."""
-    path = Path(path).expanduser()
-    if path.is_dir():  # a run directory: where that run ended
-        path = path / "checkpoints" / "last.pt" if (path / "checkpoints").is_dir() else path / "last.pt"
-    if not path.is_file():
-        raise ConfigError(f"model.pretrained={path} does not exist; give a vit-train run directory or checkpoint "
-                          f"(.pt), a .safetensors file, or a timm, DeiT or torchvision ViT state dict (.pth)")
-    weights, meta = load_weights(path)
-    weights, source = timm_names(weights)
+    Raises ConfigError (one line, nothing loaded) for a shape that does not fit, weights of no ViT, and
+    option-tensors (LayerScale, QK-norm, registers) the file and the model do not share."""
+    path = Path(label)
     own = model.state_dict()
     fixed_pos = not isinstance(getattr(model, "pos_embed", None), torch.nn.Parameter)
     source_tokens, own_tokens = prefix_names(weights), prefix_names(dict(model.named_parameters()))
@@ -203,12 +200,16 @@ def load_pretrained(model: VisionTransformer, path: str | Path) -> dict[str, lis
         elif key == "pos_embed" and (value.shape != own[key].shape or source_tokens != own_tokens):
             chosen[key] = map_pos_embed(value, source_tokens, own_tokens, model.patch_embed.grid_size)
             report["resized"].append(f"pos_embed {tuple(value.shape)} -> {tuple(own[key].shape)}")
+        elif new_head and key.startswith(HEADS):
+            fits = value.shape == own[key].shape
+            report["reinitialised"].append(f"{key} (model.reset_head=true)" if fits else
+                                           f"{key} ({value.shape[0]} classes in the file, {own[key].shape[0]} here)")
         elif value.shape == own[key].shape:
             chosen[key] = value
             report["loaded"].append(key)
         elif key == "reg_token":  # another register count: check_options names model.reg_tokens below
             continue
-        elif key.startswith(("head.", "head_dist.", "fc.")):  # the ViT's heads, a ResNet's classifier
+        elif key.startswith(HEADS):  # the ViT's heads, a ResNet's classifier
             report["reinitialised"].append(f"{key} ({value.shape[0]} classes in the file, {own[key].shape[0]} here)")
         else:
             raise ConfigError(f"model.pretrained: {key} has shape {tuple(value.shape)} in {path.name} but "
@@ -221,7 +222,7 @@ def load_pretrained(model: VisionTransformer, path: str | Path) -> dict[str, lis
         names = ", ".join(list(weights)[:4])
         raise ConfigError(f"model.pretrained: no tensor in {path} fits this model: it holds {len(weights)} tensors "
                           f"named like {names}, not ViT weights from vit-train, timm, DeiT or torchvision")
-    check_options(weights, own, meta.get("config"))
+    check_options(weights, own, config)
     model.load_state_dict(chosen, strict=False)
     distill = " (a distillation token and head: model.distilled=true keeps them)" \
         if "dist_token" in report["ignored"] else ""

@@ -10,7 +10,7 @@ the table of them, and no module outside this package tells objectives apart by 
     build_model(cfg, num_classes)            the model it trains (mae: the autoencoder around the ViT)
     pretrained_target(model)                 the module `model.pretrained` loads into (mae: the encoder)
     flops_per_image(cfg, num_classes)        training FLOPs of one image (for TFLOP/s and MFU)
-    build_loss(cfg, model, num_classes)      the loss the loop calls, see below
+    build_loss(cfg, model, num_classes, class_names)  the loss the loop calls, see below
     evaluate(model, loader, device, amp_dtype, cfg, progress, confusion) -> metrics (floats; "confusion")
     METRIC, HIGHER_IS_BETTER                 the metrics key it is scored by, and its direction: best.pt,
                                              results.json's best, weights=auto (score.py)
@@ -81,9 +81,10 @@ def check_objective(cfg: Config) -> ModuleType:
     return objective
 
 
-def build_objective(cfg: Config, model: nn.Module, num_classes: int) -> Objective:
-    """The loss of the objective `cfg.objective.name` names, for `model` (plain, unwrapped), `num_classes` classes."""
-    return objective_of(cfg).build_loss(cfg, model, num_classes)
+def build_objective(cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None) -> Objective:
+    """The loss of the objective `cfg.objective.name` names, for `model` (plain, unwrapped), `num_classes` classes
+    (`class_names`, the data's in label order, when known: a teacher's are compared with them)."""
+    return objective_of(cfg).build_loss(cfg, model, num_classes, class_names)
 
 
 def objective_state(objective: Objective) -> dict[str, Any] | None:

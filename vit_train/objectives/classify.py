@@ -61,7 +61,7 @@ def flops_per_image(cfg: Config, num_classes: int) -> float:
     return classifier_flops(cfg.model, num_classes)
 
 
-def build_loss(cfg: Config, model: nn.Module, num_classes: int) -> Classify:
+def build_loss(cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None) -> Classify:
     """The loss the loop calls: (module, images, targets) -> (loss, logits)."""
     return Classify(cfg.aug.label_smoothing)
 

@@ -97,18 +97,20 @@ def check(cfg: Config) -> None:
     if not cfg.distill.teacher:
         raise ConfigError(f"objective={cfg.objective.name} needs distill.teacher=PATH: a vit-train checkpoint or "
                           f".safetensors, or a state-dict file with distill.teacher_arch=NAME")
+    teacher_file(cfg.distill, resuming=bool(cfg.resume))  # a teacher that is not there: refused before any work
 
 
-def build_loss(cfg: Config, model: nn.Module, num_classes: int) -> Distill:
-    """The distill loss for `model` (on its device), with the teacher cfg.distill names."""
+def build_loss(cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None) -> Distill:
+    """The distill loss for `model` (on its device), with the teacher cfg.distill names; `class_names`
+    (the data's) are compared with the teacher's when its file records them."""
     device = next(model.parameters()).device
     with torch.random.fork_rng():  # building the teacher (its throw-away init) must not move the run's RNG: exact resume
-        teacher, described = load_teacher(cfg.distill, num_classes, cfg.model.img_size, resuming=bool(cfg.resume))
+        teacher, described, path = load_teacher(cfg.distill, num_classes, cfg.model.img_size, resuming=bool(cfg.resume),
+                                                class_names=class_names, with_path=True)
         teacher = teacher.to(device).eval().requires_grad_(False)
         check_teacher_output(teacher, num_classes, cfg.model.img_size, device)
     # the file itself (a run directory's best.pt), as a new run and a resumed one both read it
-    info = {"teacher": cfg.distill.teacher, "teacher_sha256": file_sha256(teacher_file(cfg.distill)),
-            "teacher_model": described}
+    info = {"teacher": cfg.distill.teacher, "teacher_sha256": file_sha256(path), "teacher_model": described}
     two_heads = bool(getattr(model, "head_dist", None))
     log.info("distilling from %s (%s, %.1fM parameters): %s, alpha %g%s%s", cfg.distill.teacher, described,
              sum(p.numel() for p in teacher.parameters()) / 1e6, cfg.distill.type, cfg.distill.alpha,
@@ -127,61 +129,71 @@ def file_sha256(path: Path) -> str:
 
 
 def teacher_file(cfg: DistillConfig, resuming: bool = False) -> Path:
-    """The file `cfg.teacher` names: the file itself, or a run directory's best.pt (as vit-eval and
-    model.pretrained take it). ConfigError (one line) when there is none; for a relative path in a
-    resumed run, it says the path is relative to where the first run started."""
-    path = Path(cfg.teacher).expanduser() if cfg.teacher else None
-    if path is not None and path.is_dir() and ((path / "checkpoints").is_dir() or path.name == "checkpoints"):
-        from vit_train.outputs.checkpoint import checkpoint_file
+    """The file `cfg.teacher` names, by the rule of every door for weights (objectives/weights_in.py
+    `resolve`: a file, or a run directory's best.pt). ConfigError (one line) when there is none; for a
+    relative path in a resumed run, it says the path is relative to where the first run started."""
+    from vit_train.objectives.weights_in import resolve
 
-        path = checkpoint_file(path)  # a run directory (or its checkpoints/): its best.pt, as vit-eval takes it
-    if path is not None and not path.is_file() and resuming and not path.is_absolute():
+    if not cfg.teacher:
+        raise ConfigError("distill.teacher is not set; give a vit-train checkpoint (.pt) or run directory, a "
+                          ".safetensors file, or distill.teacher_arch=NAME with a state-dict file")
+    path = Path(cfg.teacher).expanduser()
+    if not path.exists() and resuming and not path.is_absolute():
         raise ConfigError(f"distill.teacher={cfg.teacher} is not a file from {Path.cwd()}: a relative teacher path is "
                           f"relative to where the first run started; resume with distill.teacher=<its new path> (the "
                           f"same file, the same SHA-256)")
-    if path is None or not path.is_file():
-        raise ConfigError(f"distill.teacher={cfg.teacher} is not a file; give a vit-train checkpoint (.pt), a "
-                          f".safetensors file, or distill.teacher_arch=NAME with a state-dict file")
-    return path
+    return resolve(cfg.teacher, "distill.teacher")
 
 
-def load_teacher(cfg: DistillConfig, num_classes: int, img_size: int, resuming: bool = False) -> tuple[nn.Module, str]:
-    """(teacher on the CPU, a description): a vit-train classifier's checkpoint, run directory or
-    .safetensors file exported by vit-train (rebuilt from the config inside; a ViT at another size gets
-    its positions interpolated to `img_size`), or `teacher_arch` (a torchvision classification model,
-    else a timm model when timm is installed) with a state-dict file. ConfigError (one line) for a
-    missing file (`resuming`: see teacher_file) or one without a classifier head (e.g. MAE pre-training)."""
+def load_teacher(cfg: DistillConfig, num_classes: int, img_size: int, resuming: bool = False,
+                 class_names: list[str] | None = None, with_path: bool = False):
+    """(teacher on the CPU, a description[, the file read]): through the door for weights
+    (objectives/weights_in.py: a vit-train checkpoint or run directory, whose better-scoring weights are
+    taken and logged, or a .safetensors exported by vit-train; rebuilt from the config it carries, a ViT
+    at another size getting its positions interpolated to `img_size`), or `teacher_arch` (a torchvision
+    classification model, else a timm model when timm is installed) with a state-dict file. ConfigError
+    (one line) for a missing file (`resuming`: see teacher_file), one without a classifier head (e.g. MAE
+    pre-training), or a teacher whose recorded classes are not `class_names` (names and order)."""
+    from vit_train.objectives.weights_in import check_classes, open_weights
+
     path = teacher_file(cfg, resuming)
-    from vit_train.outputs.weights import load_weights
-
-    weights, metadata = load_weights(path)
-    saved = metadata.get("config")
-    if isinstance(saved, dict) and "model" in saved:
+    incoming = open_weights(cfg.teacher, "distill.teacher")  # the file teacher_file found, logged as the user wrote it
+    if incoming.config is not None and "model" in incoming.config:
         if cfg.teacher_arch is not None:
             raise ConfigError(f"distill.teacher={path.name} is a vit-train checkpoint, which names its own network "
-                              f"({saved['model'].get('name', saved['model'].get('arch'))}): drop "
+                              f"({incoming.config['model'].get('name', incoming.config['model'].get('arch'))}): drop "
                               f"distill.teacher_arch={cfg.teacher_arch}")
-        return vit_train_teacher(path, weights, saved, metadata.get("class_names"), num_classes, img_size)
-    if cfg.teacher_arch is None:
+        if class_names is not None:
+            check_classes(incoming, class_names, "distil from a teacher trained on these classes, in this order")
+        teacher, described = vit_train_teacher(incoming, num_classes, img_size)
+    elif cfg.teacher_arch is None:
         raise ConfigError(f"distill.teacher={path} holds plain weights without a vit-train config; name the network "
                           f"with distill.teacher_arch (e.g. resnet50, or a timm model name)")
-    return named_teacher(cfg.teacher_arch, weights, num_classes, img_size, path), cfg.teacher_arch
+    else:
+        teacher, described = named_teacher(cfg.teacher_arch, incoming.weights, num_classes, img_size, path), \
+            cfg.teacher_arch
+    return (teacher, described, path) if with_path else (teacher, described)
 
 
-def vit_train_teacher(path: Path, weights: dict, saved: dict, class_names: list | None, num_classes: int,
-                      img_size: int) -> tuple[nn.Module, str]:
+def vit_train_teacher(incoming, num_classes: int, img_size: int) -> tuple[nn.Module, str]:
+    """The network a vit-train file names, with the weights the door took; a ViT at the student's image size."""
     from vit_train.models.pretrained import at_size
-    from vit_train.outputs.weights import ema_weights
     from vit_train.models.vit import build_model as build_network
 
+    saved, path, class_names = incoming.config, incoming.path, incoming.class_names
     is_vit = saved["model"].get("arch", "vit") == "vit"  # a ViT runs at the student's size, a CNN as it was trained
-    teacher_cfg = Config.from_dict({**saved, "resume": None,
-                                    "model": {**saved["model"], **({"img_size": img_size} if is_vit else {})}})
-    if path.suffix != ".safetensors":  # a checkpoint: the weights that scored best, as vit-eval's weights=auto takes
-        from vit_train.objectives.score import best_weights
-
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        weights = ema_weights(ckpt["ema"]) if best_weights(ckpt)[0] == "ema" else ckpt["model"]
+    try:
+        teacher_cfg = Config.from_dict({**saved, "resume": None,
+                                        "model": {**saved["model"], **({"img_size": img_size} if is_vit else {})}})
+    except ConfigError as e:
+        patch = saved["model"].get("patch_size")
+        if not is_vit or not patch or img_size % patch == 0:
+            raise ConfigError(f"distill.teacher={incoming.given}: its saved config does not hold ({e})") from None
+        raise ConfigError(f"distill.teacher={incoming.given} is a ViT with {saved['model'].get('patch_size')}-pixel "
+                          f"patches, which do not tile the student's {img_size}x{img_size} images (model.img_size="
+                          f"{img_size}); give the student an image size divisible by "
+                          f"{saved['model'].get('patch_size')}, or distil from another teacher") from None
+    weights = incoming.weights
     teacher = build_network(teacher_cfg.model, num_classes)
     refuse_headless(path, weights, teacher, saved)
     if class_names is not None and len(class_names) != num_classes:

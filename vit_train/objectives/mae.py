@@ -116,7 +116,7 @@ def flops_per_image(cfg: Config, num_classes: int) -> float:
     return mae_flops_per_image(cfg)
 
 
-def build_loss(cfg: Config, model: nn.Module, num_classes: int) -> MaeObjective:
+def build_loss(cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None) -> MaeObjective:
     """The loss the loop calls: (module, images, targets) -> (reconstruction loss, None)."""
     return MaeObjective(cfg)
 

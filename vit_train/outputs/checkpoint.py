@@ -20,6 +20,7 @@ import torchvision
 
 from vit_train import __version__
 from vit_train.errors import CheckpointError
+from vit_train.outputs.identity import class_difference
 from vit_train.outputs.integrity import archive_damage, checkpoint_size, load_failure, mount_point, tensor_digest, write_failure
 
 log = logging.getLogger("vit_train")
@@ -208,10 +209,12 @@ def find_resume_checkpoint(resume: str | None, run_dir: Path, mmap: bool = False
 def check_classes(ckpt: dict, class_names: list[str]) -> None:
     """Refuse data whose classes differ from the checkpoint's (known only once the data is loaded; a resumed
     run and vit-eval's report both check): CheckpointError, one line."""
-    if list(class_names) != list(ckpt["class_names"]):
+    difference = class_difference(list(ckpt["class_names"]), list(class_names), "saved", "in the data now")
+    if difference is not None:
         raise CheckpointError(f"the checkpoint does not fit this data (classes: {len(ckpt['class_names'])} saved, "
-                              f"{len(class_names)} in the data now); use the data it was trained on, or start a new "
-                              f"run from its weights (model.pretrained=<the checkpoint>)")
+                              f"{len(class_names)} in the data now: {difference.split(' (')[0]}); use "
+                              f"the data it was trained on, or start a new run from its weights "
+                              f"(model.pretrained=<the checkpoint> model.reset_head=true)")
 
 
 def versions() -> dict[str, str]:

@@ -225,7 +225,8 @@ def results_summary(status: str, state, metrics: dict[str, float], wall_seconds:
     `state` is the run's TrainState. `wall_seconds` is this attempt's, `all_attempts` adds the
     earlier attempts' (each up to its last checkpoint); `error` says why a `failed` run stopped."""
     return {
-        "status": status, "best_top1": state.best_of("top1"),  # the one best score, under its metric's key
+        "status": status, "run_id": state.run_id,  # made at the run's start, kept across resumes
+        "best_top1": state.best_of("top1"),  # the one best score, under its metric's key
         "best_step": state.best_step, "best_source": state.best_source, "final_top1": metrics.get("top1"),
         "final_top5": metrics.get("top5"), "final_loss": metrics.get("loss"), "final_ema_top1": metrics.get("ema_top1"),
         # trainer.limit_val_batches: the last evaluation covered only these val images (not the val set's top-1)

@@ -25,11 +25,23 @@ def ema_weights(ema_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def export_safetensors(ckpt: dict[str, Any], path: Path, source: str = "model") -> None:
     """A checkpoint's weights, the model's or (`source="ema"`) the EMA's, as safetensors, with what
-    using them needs as metadata: the config, the class names, the preprocessing and the source."""
+    using them needs as metadata: the config, the class names, the preprocessing, the source and the
+    identity record (run id, architecture, class names; which weights, their step and val score)."""
     weights = ema_weights(ckpt["ema"]) if source == "ema" else ckpt["model"]
     spec = ckpt.get("preprocess") or eval_spec(Config.from_dict({**ckpt["config"], "resume": None}))
+    identity = {**ckpt["identity"], "weights": source, "step": ckpt.get("step"), "score": eval_score(ckpt, source)} \
+        if ckpt.get("identity") else None  # checkpoints written before the record: the door rebuilds it
     save_safetensors(weights, path, {"config": ckpt["config"], "class_names": ckpt["class_names"], "preprocess": spec,
-                                     "weights": source})
+                                     "weights": source, **({"identity": identity} if identity else {})})
+
+
+def eval_score(ckpt: dict[str, Any], source: str) -> dict[str, Any] | None:
+    """{"metric", "value", "step"} of the weights `source` ("model" or "ema") at a checkpoint's last
+    evaluation (`last_eval`), None when it records none."""
+    last = ckpt.get("last_eval") or {}
+    if source in last:
+        return {"metric": last.get("metric") or "top1", "value": last[source], "step": last.get("step")}
+    return None
 
 
 def save_safetensors(weights: dict[str, torch.Tensor], path: Path, metadata: dict[str, Any]) -> None:
@@ -45,8 +57,27 @@ def save_safetensors(weights: dict[str, torch.Tensor], path: Path, metadata: dic
     os.chmod(path, 0o666 & ~umask)
 
 
+WRAPPERS = ("module", "_orig_mod")  # DDP / DataParallel / AveragedModel, torch.compile
+
+
+def strip_wrappers(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`weights` without the names wrappers add: `module.` (DDP, DataParallel, AveragedModel) and
+    `_orig_mod.` (torch.compile), at any depth and in any order; an AveragedModel's `n_averaged` dropped."""
+    return {".".join(p for p in k.split(".") if p not in WRAPPERS): v for k, v in weights.items()
+            if k.split(".")[-1] != "n_averaged"}
+
+
 def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(state dict, metadata) from a .safetensors file, a vit-train checkpoint or a plain state dict."""
+    weights, metadata, _ = read_weights(path)
+    return weights, metadata
+
+
+def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any] | None]:
+    """(state dict, metadata, the whole checkpoint or None) from a .safetensors file (metadata: what
+    vit-export wrote, JSON-decoded), a vit-train checkpoint (its model's weights; metadata: config and
+    class names; the checkpoint itself, for its EMA and scores), a DeiT {"model": ...} or Lightning
+    {"state_dict": ...} file, or a plain state dict. Raises CheckpointError (one line) for anything else."""
     path = Path(path)
     if path.suffix == ".safetensors":
         require("safetensors", "the safetensors format", error=CheckpointError)
@@ -58,7 +89,7 @@ def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
                 metadata = f.metadata() or {}
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{path} is not a readable safetensors file ({e})") from None
-        return weights, {k: _json_or_text(v) for k, v in metadata.items()}
+        return weights, {k: _json_or_text(v) for k, v in metadata.items()}, None
     damage = archive_damage(path)
     if damage:
         raise CheckpointError(f"{path} is damaged ({damage}); get a sound copy of it")
@@ -68,9 +99,11 @@ def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         raise CheckpointError(f"{path} cannot be read ({_load_failure(e)})") from None
     for key in ("model", "state_dict"):  # vit-train and DeiT checkpoints; Lightning-style files
         if isinstance(data, dict) and isinstance(data.get(key), dict):
-            return data[key], {"config": data.get("config"), "class_names": data.get("class_names")}
+            vit_train = isinstance(data.get("config"), dict) and key == "model"
+            return data[key], {"config": data.get("config"), "class_names": data.get("class_names")}, \
+                data if vit_train else None
     if isinstance(data, dict) and all(isinstance(v, torch.Tensor) for v in data.values()):
-        return data, {}
+        return data, {}, None
     raise CheckpointError(f"{path} holds neither a vit-train checkpoint nor a state dict of tensors: it holds "
                           f"{_describe(data)}")
 

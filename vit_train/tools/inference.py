@@ -12,12 +12,12 @@ from typing import Literal
 
 import torch
 
-from vit_train.outputs.checkpoint import checkpoint_file, load_checkpoint
 from vit_train.config.schema import Config
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.models.vit import VisionTransformer
 from vit_train.objectives import objective_of
 from vit_train.objectives.score import best_weights
+from vit_train.objectives.weights_in import open_weights
 from vit_train.outputs.weights import ema_weights
 
 log = logging.getLogger("vit_train")
@@ -34,33 +34,38 @@ def auto_weights(ckpt: dict) -> tuple[str, str]:
 
 def load_for_inference(path: str | Path, weights: Weights = "auto",
                        overrides: dict | None = None) -> tuple[VisionTransformer, Config, dict, str]:
-    """(model in eval mode on the CPU, config, checkpoint, "model" or "ema") from a vit-train checkpoint.
+    """(model in eval mode on the CPU, config, checkpoint, "model" or "ema") from vit-train weights.
 
-    `path` is a .pt file or a run directory (its best.pt). weights=auto takes the weights that scored
-    best for this checkpoint (`auto_weights`) and logs which and why. `overrides` (plain nested dict)
-    are merged into the saved config, e.g. another data root; the model's shape cannot change, but
-    model.img_size can: learned positions are then interpolated as for fine-tuning (bicubic).
-    Raises ConfigError, CheckpointError.
+    `path` goes through the door for weights (objectives/weights_in.py): a .pt checkpoint, a run
+    directory (its best.pt) or a .safetensors file written by vit-export; weights=auto takes the weights
+    that scored best for a checkpoint (`auto_weights`) and logs which and why. `overrides` (plain nested
+    dict) are merged into the saved config, e.g. another data root; the model's shape cannot change, but
+    model.img_size can: learned positions are then interpolated as for fine-tuning (bicubic). The
+    checkpoint returned is the file's, or for a .safetensors file one made of its metadata (config, class
+    names, preprocessing, the weights under "model" or "ema").
+    Raises ConfigError, CheckpointError (one line): a plain state dict names no network to rebuild.
     """
-    ckpt = load_checkpoint(checkpoint_file(path))
+    incoming = open_weights(path, "ckpt", weights, said_as=f"weights={weights}")
+    if incoming.config is None or not incoming.class_names:
+        raise ConfigError(f"ckpt={path} is a state dict without a vit-train config: it names no network to rebuild; "
+                          f"give a vit-train checkpoint, run directory or vit-export .safetensors, or train from "
+                          f"these weights (vit-train model.pretrained=<it>)")
+    ckpt = incoming.checkpoint or {"config": incoming.config, "class_names": incoming.class_names, "ema": None,
+                                   "model": incoming.weights, "step": (incoming.identity or {}).get("step"),
+                                   "preprocess": (incoming.metadata or {}).get("preprocess"),
+                                   "identity": incoming.identity}
+    if incoming.checkpoint is None and incoming.source == "ema":  # an export of EMA weights: they are the model here
+        ckpt = {**ckpt, "ema": {f"module.{k}": v for k, v in incoming.weights.items()}}
     plain = _merge(ckpt["config"], overrides or {})
     changed = [f"model.{k}" for k in plain["model"]
                if plain["model"][k] != ckpt["config"]["model"].get(k) and k != "img_size"]
     if changed:
         raise ConfigError(f"{', '.join(changed)} cannot change for a trained checkpoint (model.img_size can)")
     cfg = Config.from_dict({**plain, "resume": None})
-    if weights not in ("auto", "model", "ema"):
-        raise ConfigError(f"weights must be auto, model or ema; got {weights!r}")
-    if weights == "ema" and not ckpt.get("ema"):
-        raise CheckpointError(f"{path} has no EMA weights (the run had trainer.ema_decay=null); use weights=model")
-    source = weights
-    if weights == "auto":
-        source, why = auto_weights(ckpt)
-        log.info("weights=auto: the %s weights, as %s (weights=model or weights=ema to choose)",
-                 "EMA" if source == "ema" else "model's", why)
+    source = incoming.source if incoming.source in ("model", "ema") else "model"
     trained_size = ckpt["config"]["model"]["img_size"]
     resized = cfg.model.img_size != trained_size
-    state = ema_weights(ckpt["ema"]) if source == "ema" else ckpt["model"]
+    state = incoming.weights
     # the model its objective trained (a classifier; MAE: the autoencoder, at its own size only)
     model = objective_of(cfg).inference_model(cfg, trained_size, len(ckpt["class_names"]), state)
     if resized:

@@ -26,8 +26,9 @@ from vit_train.data.mix import BatchMix
 from vit_train.runtime.device import autocast_dtype, pick_device
 from vit_train.outputs.metrics import EarlyRecords, NullLogger, RunLogger
 from vit_train.objectives import Objective, build_objective, check_objective, restore_objective
+from vit_train.objectives.weights_in import load_pretrained
+from vit_train.outputs.identity import new_run_id
 from vit_train.train.optim import build_optimizer, build_scheduler
-from vit_train.models.pretrained import load_pretrained
 from vit_train.train.state import TrainState, build_ema, check_data_position, restore
 from vit_train.train.skips import SkippedSteps, skips_on_device
 from vit_train.train.throughput import TrainWindow, peak_tflops
@@ -105,15 +106,18 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
     data = build_data(cfg, device, ctx.rank, ctx.world_size, labels=kind.READS_LABELS)
     model = kind.build_model(cfg, len(data.class_names))  # MAE: the autoencoder around the ViT (docs/mae.md)
     if cfg.model.pretrained and not ckpt:
-        load_pretrained(kind.pretrained_target(model), cfg.model.pretrained)
+        load_pretrained(kind.pretrained_target(model), cfg.model.pretrained, data.class_names, cfg.model.reset_head)
     model.to(device)
     optimizer = build_optimizer(model, cfg.optim, device, lr=cfg.lr)
     amp_dtype = autocast_dtype(t.precision, device)
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
-    state = TrainState()
+    state = TrainState(run_id=new_run_id())  # os.urandom: no RNG of the run moves
     if ckpt:
         check_classes(ckpt, data.class_names)
         state = restore(ckpt, model, optimizer, scaler)
+        if not state.run_id:  # a checkpoint written before run ids were kept
+            state.run_id = new_run_id()
+            log.info("the checkpoint records no run id; this run is run %s from here on", state.run_id[:8])
         check_data_position(state, ckpt["config"], cfg, data.train_sampler.size)
     # the epochs left, the current one from where it stands (its steps follow a changed data.batch_size)
     steps_left = data.train_sampler.steps_left(state.sample_in_epoch, state.epoch_end, t.epochs - state.epoch)
@@ -125,7 +129,7 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
                                 lr=cfg.lr)
     ddp = distributed.wrap(model)  # DistributedDataParallel with several processes, else the model itself
     classes = len(data.class_names)
-    objective = build_objective(cfg, model, classes)
+    objective = build_objective(cfg, model, classes, data.class_names)
     restore_objective(objective, ckpt)
     mix = BatchMix(cfg.aug, classes, cfg.seed) if BatchMix.wanted(cfg.aug) else None
     flops = kind.flops_per_image(cfg, classes)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import InitVar, asdict, dataclass
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -20,6 +21,8 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from vit_train.outputs.checkpoint import versions
 from vit_train.config.schema import Config
 from vit_train.config.unused_keys import VIT_ONLY
+from vit_train.models.architecture import identity
+from vit_train.outputs.identity import recorded_run_ids, run_id_of
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.data.preprocess import eval_spec
 from vit_train.objectives import Objective, objective_state, section_owner
@@ -46,6 +49,7 @@ class TrainState:
     images_seen: int = 0  # training images processed, and the seconds they took: for images/s
     train_seconds: float = 0.0
     wall_seconds: float = 0.0  # wall time of every attempt of the run, up to this checkpoint
+    run_id: str = ""  # made when the run starts fresh, kept across resumes (outputs/identity.py); "" = not yet
     # checkpoints written before best_score kept these two: read into best_score (__post_init__)
     best_top1: InitVar[Optional[float]] = None
     best_loss: InitVar[Optional[float]] = None
@@ -105,6 +109,7 @@ def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: Averag
         "scaler": scaler.state_dict(), "ema": ema.state_dict() if ema is not None else None, **state.checkpoint_fields(),
         "rng": rng_state(),
         "config": cfg.to_dict(), "overrides": list(overrides), "class_names": list(class_names),
+        "identity": identity(cfg.to_dict(), class_names, state.run_id),  # what the weights are, for every door
         "preprocess": eval_spec(cfg),
         "versions": versions(),
         "objective": objective_state(objective) if objective is not None else None,
@@ -131,6 +136,22 @@ def restore(ckpt: dict, model: nn.Module, optimizer, scaler) -> TrainState:
         scaler.load_state_dict(ckpt["scaler"])
     restore_rng(ckpt["rng"])
     return TrainState(**{k: ckpt[k] for k in TrainState.__dataclass_fields__ if k in ckpt})
+
+
+def check_own_run(path: Path, ckpt: dict, run_dir: Path) -> None:
+    """Refuse (CheckpointError, one line, nothing touched) to resume `ckpt` (read from `path`) in a run
+    directory whose other records (results.json, its other checkpoints) name another run: another run's
+    last.pt copied in would otherwise continue that run here and overwrite this one's checkpoints.
+    Checkpoints written before run ids were kept are not checked."""
+    theirs = run_id_of(ckpt)
+    if not theirs:
+        return
+    for where, other in recorded_run_ids(run_dir, besides=path).items():
+        if other != theirs:
+            raise CheckpointError(f"{path} is a checkpoint of run {theirs[:8]}, but {run_dir} is run {other[:8]}'s "
+                                  f"({where}): another run's checkpoint was put here; move it out, or continue that "
+                                  f"run in its own directory or a new one (resume=<its checkpoint> "
+                                  f"hydra.run.dir=<a new directory>)")
 
 
 def check_data_position(state: TrainState, saved: dict, cfg: Config, train_images: int) -> None:

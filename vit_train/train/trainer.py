@@ -32,7 +32,7 @@ from vit_train.outputs.metrics import output_error, results_summary, write_resul
 from vit_train.runtime.logs import EarlyRecords
 from vit_train.runtime.preemption import StopRequest
 from vit_train.train.run import Run, build_run
-from vit_train.train.state import check_compatible, checkpoint_state
+from vit_train.train.state import check_compatible, check_own_run, checkpoint_state
 from vit_train.train.step import diverged_message, train_step
 from vit_train.train.throughput import log_train
 
@@ -69,6 +69,8 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
         if ckpt is None and run_checkpoints(run_dir):
             raise CheckpointError(f"{run_dir} already holds checkpoints; continue that run with resume=auto (or "
                                   f"resume={run_dir}), or start this one in another directory (hydra.run.dir=...)")
+        if ckpt:
+            check_own_run(Path(ckpt_path), ckpt, run_dir)
         changes = check_compatible(ckpt, cfg.to_dict(), ckpt_path) if ckpt else []
         run = build_run(cfg, run_dir, overrides, ckpt, started)
         if cfg.resume == "auto" and ckpt is None and run.ctx.is_main:

@@ -1,0 +1,319 @@
+"""Weights that cross from one run into another (objectives/weights_in.py, the one door): every door
+(model.pretrained, distill.teacher, vit-eval/predict/export's ckpt) takes every input kind (a
+checkpoint, a run directory, its checkpoints/ folder, vit-export's safetensors of the model's or the
+EMA's weights, plain and wrapper-prefixed state dicts in both orders, DeiT and Lightning files) by the
+same rule, with the weights it says it took (torch.equal); architecture and class mismatches stop in
+one line naming the field or the first differing class; another run's last.pt in a run directory is
+recognised as such. The EMA and the model differ on purpose, and which one scored better is forced
+both ways, so a door that took the wrong set cannot pass."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+import torch
+
+from helpers.configs import tiny_config
+from vit_train.config.schema import DistillConfig
+from vit_train.data.shapes import CLASS_NAMES
+from vit_train.errors import CheckpointError, ConfigError
+from vit_train.models.vit import VisionTransformer
+from vit_train.objectives.distill import load_teacher
+from vit_train.objectives.weights_in import load_pretrained, open_weights
+from vit_train.outputs.weights import ema_weights, export_safetensors
+from vit_train.tools.inference import load_for_inference
+from vit_train.train.trainer import train
+
+FEW = {"train_size": 64, "val_size": 32, "batch_size": 16}
+SHAPE = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
+CLASSES = list(CLASS_NAMES)  # the shapes data set's
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A real 2-step classifier run with an EMA, and copies of its last.pt whose last evaluation says the
+    model won (22.5% vs 8.0%) or the EMA won, with EMA weights made to differ from the model's."""
+    folder = tmp_path_factory.mktemp("identity")
+    train(tiny_config(data=FEW, trainer={"max_steps": 2, "ema_decay": 0.5}), folder / "run")
+    ckpt = torch.load(folder / "run" / "checkpoints" / "last.pt", weights_only=True)
+    ckpt["ema"] = {k: (v + 1.0 if v.is_floating_point() and k.startswith("module.") else v)
+                   for k, v in ckpt["ema"].items()}
+    for name, scores in (("model_won", {"model": 22.5, "ema": 8.0}), ("ema_won", {"model": 8.0, "ema": 22.5})):
+        run = folder / name
+        (run / "checkpoints").mkdir(parents=True)
+        torch.save({**ckpt, "last_eval": {"step": ckpt["step"], "metric": "top1", **scores}},
+                   run / "checkpoints" / "best.pt")
+    return folder, ckpt
+
+
+def written(folder, ckpt, kind):
+    """The file or directory of input `kind` holding the `model_won` run's weights, and those weights."""
+    run, model = folder / "model_won", ckpt["model"]
+    ema = ema_weights(ckpt["ema"])
+    best = torch.load(run / "checkpoints" / "best.pt", weights_only=True)
+    plain = {
+        "checkpoint": (run / "checkpoints" / "best.pt", model),
+        "run-dir": (run, model),
+        "checkpoints-folder": (run / "checkpoints", model),
+        "plain": ({k: v for k, v in model.items()}, model),
+        "module.": ({f"module.{k}": v for k, v in model.items()}, model),
+        "_orig_mod.": ({f"_orig_mod.{k}": v for k, v in model.items()}, model),
+        "module._orig_mod.": ({f"module._orig_mod.{k}": v for k, v in model.items()}, model),
+        "_orig_mod.module.": ({f"_orig_mod.module.{k}": v for k, v in model.items()}, model),
+        "deit": ({"model": model}, model),
+        "lightning": ({"state_dict": {f"model.{k}": v for k, v in model.items()}}, model),
+    }
+    if kind == "safetensors-model":
+        pytest.importorskip("safetensors")
+        path = folder / "model.safetensors"
+        export_safetensors(best, path, "model")
+        return path, model
+    if kind == "safetensors-ema":
+        pytest.importorskip("safetensors")
+        path = folder / "ema.safetensors"
+        export_safetensors(best, path, "ema")
+        return path, ema
+    target, weights = plain[kind]
+    if isinstance(target, dict):
+        path = folder / f"{kind}.pth"
+        torch.save(target, path)
+        return path, weights
+    return target, weights
+
+
+KINDS = ["checkpoint", "run-dir", "checkpoints-folder", "safetensors-model", "safetensors-ema", "plain", "module.",
+         "_orig_mod.", "module._orig_mod.", "_orig_mod.module.", "deit", "lightning"]
+RECORDED = {"checkpoint", "run-dir", "checkpoints-folder", "safetensors-model", "safetensors-ema"}  # carry identity
+
+
+def same(state: dict, expected: dict) -> bool:
+    return all(torch.equal(state[k], v) for k, v in expected.items() if k in state) and \
+        all(k in state for k in expected)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_model_pretrained_takes_every_input_kind(runs, kind):
+    folder, ckpt = runs
+    path, expected = written(folder, ckpt, kind)
+    model = VisionTransformer(num_classes=10, **SHAPE)
+    load_pretrained(model, path, CLASSES)
+    assert same(model.state_dict(), expected)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_distill_teacher_takes_every_input_kind_or_refuses_in_one_line(runs, kind):
+    folder, ckpt = runs
+    path, expected = written(folder, ckpt, kind)
+    if kind not in RECORDED:  # a plain state dict names no network: the teacher needs distill.teacher_arch
+        with pytest.raises(ConfigError, match="holds plain weights without a vit-train config; name the network"):
+            load_teacher(DistillConfig(teacher=str(path)), 10, 16, class_names=CLASSES)
+        return
+    teacher, _ = load_teacher(DistillConfig(teacher=str(path)), 10, 16, class_names=CLASSES)
+    assert same(teacher.state_dict(), expected)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_vit_eval_takes_every_recorded_input_kind_and_refuses_plain_ones_in_one_line(runs, kind):
+    folder, ckpt = runs
+    path, expected = written(folder, ckpt, kind)
+    if kind not in RECORDED:
+        with pytest.raises(ConfigError, match="state dict without a vit-train config: it names no network"):
+            load_for_inference(path)
+        return
+    model, _, loaded, source = load_for_inference(path)
+    assert same(model.state_dict(), expected)
+    assert source == ("ema" if kind == "safetensors-ema" else "model") and loaded["class_names"] == CLASSES
+
+
+@pytest.mark.parametrize("won", ["model_won", "ema_won"])
+@pytest.mark.parametrize("door", ["pretrained", "teacher", "eval"])
+def test_every_door_takes_the_better_scoring_weights_and_says_so(runs, caplog, door, won):
+    """The report's case: a teacher whose EMA scored 8.0% against its model's 22.5% was distilled from
+    the EMA. Each door takes the set that scored better, by one rule, and its log line says which."""
+    folder, ckpt = runs
+    expected = ckpt["model"] if won == "model_won" else ema_weights(ckpt["ema"])
+    with caplog.at_level(logging.INFO, logger="vit_train"):
+        if door == "pretrained":
+            model = VisionTransformer(num_classes=10, **SHAPE)
+            load_pretrained(model, folder / won, CLASSES)
+        elif door == "teacher":
+            model, _ = load_teacher(DistillConfig(teacher=str(folder / won)), 10, 16, class_names=CLASSES)
+        else:
+            model = load_for_inference(folder / won)[0]
+    assert same(model.state_dict(), expected)
+    said = "the EMA weights" if won == "ema_won" else "the model's weights"
+    line = next(r.getMessage() for r in caplog.records if said in r.getMessage())
+    assert "top-1 22.50%" in line and "8.00%" in line, line  # why: both scores
+
+
+ARCHITECTURE = [  # (the student's change, the field named, whether a plain file's shapes reveal it)
+    ({"num_heads": 4}, "model.num_heads=2 (here 4)", False),
+    ({"depth": 3}, "model.depth=2 (here 3)", True),
+    ({"embed_dim": 64, "num_heads": 2}, "model.embed_dim=32 (here 64)", True),
+    ({"patch_size": 8}, "model.patch_size=4 (here 8)", True),
+    ({"mlp_ratio": 4.0}, "model.mlp_ratio=2 (here 4)", True),
+    ({"pool": "mean"}, "model.pool=cls (here mean)", True),
+    ({"qkv_bias": False}, "model.qkv_bias=true (here false)", True),
+    ({"pos_embed": "sincos2d"}, "model.pos_embed=learned (here sincos2d)", False),
+]
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "run-dir", "safetensors-model", "plain", "module._orig_mod."])
+@pytest.mark.parametrize("change, named, revealed", ARCHITECTURE, ids=[str(c[0]) for c in ARCHITECTURE])
+def test_another_architecture_stops_pretrained_naming_the_field(runs, kind, change, named, revealed):
+    """Another num_heads loaded as 'ignored: none' and computed another function; another depth loaded
+    partially. A recorded architecture is compared field by field; a plain file on what its shapes show
+    (not the head count, not sin-cos positions: docs/finetuning.md)."""
+    folder, ckpt = runs
+    path, _ = written(folder, ckpt, kind)
+    model = VisionTransformer(num_classes=10, **{**SHAPE, **change})
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    if kind not in RECORDED and not revealed:
+        load_pretrained(model, path, CLASSES)  # cannot be seen in the tensors: loads (documented)
+        return
+    with pytest.raises(ConfigError) as refused:
+        load_pretrained(model, path, CLASSES)
+    text = str(refused.value)
+    assert named in text and "\n" not in text and f"set {named.split(' (')[0]}" in text, text
+    assert same(model.state_dict(), before)  # nothing loaded
+
+
+@pytest.mark.parametrize("classes, first", [
+    (["bar"] + CLASSES[1:], "class 0 is 'circle' there and 'bar' here"),
+    ([CLASSES[1], CLASSES[0]] + CLASSES[2:], "class 0 is 'circle' there and 'square' here; 'square' is class 1 there"),
+    (CLASSES[:9] + ["zebra"], "class 9 is 'frame' there and 'zebra' here"),
+], ids=["renamed", "permuted", "last-differs"])
+@pytest.mark.parametrize("kind", ["checkpoint", "run-dir", "safetensors-model"])
+def test_other_classes_stop_the_teacher_and_pretrained_naming_the_first_difference(runs, kind, classes, first):
+    """A teacher trained on [bar, circle, square] and a student's data [circle, square, stripe] was
+    accepted and the student distilled permuted labels. Both doors compare the recorded class names."""
+    folder, ckpt = runs
+    path, _ = written(folder, ckpt, kind)
+    with pytest.raises(ConfigError) as refused:
+        load_teacher(DistillConfig(teacher=str(path)), 10, 16, class_names=classes)
+    assert first in str(refused.value) and "distil from a teacher trained on these classes" in str(refused.value)
+    model = VisionTransformer(num_classes=10, **SHAPE)
+    with pytest.raises(ConfigError) as refused:
+        load_pretrained(model, path, classes)
+    assert first in str(refused.value) and "model.reset_head=true" in str(refused.value)
+    fresh = model.head.weight.clone()
+    report = load_pretrained(model, path, classes, reset_head=True)  # the user says so: a new head
+    assert torch.equal(model.head.weight, fresh) and "head.weight (model.reset_head=true)" in report["reinitialised"]
+    assert torch.equal(model.blocks[0].attn.qkv.weight, ckpt["model"]["blocks.0.attn.qkv.weight"])
+
+
+@pytest.mark.parametrize("kind", ["plain", "deit", "lightning"])
+def test_a_file_without_class_names_needs_reset_head_for_another_class_count(runs, kind):
+    folder, ckpt = runs
+    path, _ = written(folder, ckpt, kind)
+    with pytest.raises(ConfigError, match="has a head for 10 classes and the data has 5; add model.reset_head=true"):
+        load_pretrained(VisionTransformer(num_classes=5, **SHAPE), path, CLASSES[:5])
+    report = load_pretrained(VisionTransformer(num_classes=5, **SHAPE), path, CLASSES[:5], reset_head=True)
+    assert "head.weight (10 classes in the file, 5 here)" in report["reinitialised"]
+
+
+@pytest.mark.parametrize("given, message", [
+    ("missing.pt", "distill.teacher={} does not exist; give a vit-train run directory"),
+    ("empty-dir", "distill.teacher={} is a directory but no vit-train run directory (it has no checkpoints/)"),
+])
+def test_a_teacher_path_that_is_no_weights_is_one_line_before_any_work(tmp_path, given, message):
+    """distill.teacher=<a directory> was an IsADirectoryError traceback that left an empty run directory."""
+    (tmp_path / "empty-dir").mkdir()
+    cfg = tiny_config(objective={"name": "distill"}, data=FEW, distill={"teacher": str(tmp_path / given)},
+                      trainer={"max_steps": 1})
+    with pytest.raises(ConfigError) as refused:
+        train(cfg, tmp_path / "student")
+    assert message.format(tmp_path / given) in str(refused.value)
+    assert not (tmp_path / "student").exists() or not any((tmp_path / "student").rglob("*.pt"))
+
+
+def test_a_teacher_whose_patches_do_not_tile_the_student_names_the_teacher_key(runs):
+    folder, _ = runs
+    with pytest.raises(ConfigError) as refused:
+        load_teacher(DistillConfig(teacher=str(folder / "model_won")), 10, 18, class_names=CLASSES)
+    text = str(refused.value)
+    assert text.startswith(f"distill.teacher={folder / 'model_won'} is a ViT with 4-pixel patches") and \
+        "model.img_size=18" in text, text
+
+
+def test_weights_ema_from_a_model_export_is_refused_in_one_line(runs):
+    folder, ckpt = runs
+    path, _ = written(folder, ckpt, "safetensors-model")
+    with pytest.raises(CheckpointError, match="holds only the model weights, not the ema's"):
+        open_weights(path, "ckpt", "ema")
+
+
+def test_another_runs_last_pt_put_in_a_run_directory_is_recognised(tmp_path):
+    """A checkpoint of run B copied over run A's last.pt: resume=auto would continue B in A's directory
+    and overwrite A's checkpoints. The run ids differ: refused in one line, every file of A unchanged."""
+    from helpers.files import file_bytes
+
+    cfg = tiny_config(data=FEW, trainer={"max_steps": 2, "epochs": 1, "keep_last": 2})
+    train(cfg, tmp_path / "a")
+    train(cfg, tmp_path / "b")
+    a, b = (torch.load(tmp_path / r / "checkpoints" / "last.pt", weights_only=True) for r in "ab")
+    assert a["run_id"] and b["run_id"] and a["run_id"] != b["run_id"]
+    assert a["identity"]["run_id"] == a["run_id"] and a["identity"]["class_names"] == CLASSES
+    (tmp_path / "a" / "checkpoints" / "last.pt").unlink()
+    shutil.copyfile(tmp_path / "b" / "checkpoints" / "last.pt", tmp_path / "a" / "checkpoints" / "last.pt")
+    before = {k: v for k, v in file_bytes(tmp_path / "a").items() if k.name != ".lock"}  # who holds the lock: rewritten
+    resumed = tiny_config(data=FEW, trainer={"max_steps": 4, "epochs": 2, "keep_last": 2}, resume="auto")
+    with pytest.raises(CheckpointError) as refused:
+        train(resumed, tmp_path / "a")
+    text = str(refused.value)
+    assert f"is a checkpoint of run {b['run_id'][:8]}" in text and f"is run {a['run_id'][:8]}'s" in text, text
+    assert {k: v for k, v in file_bytes(tmp_path / "a").items() if k.name != ".lock"} == before
+
+
+def test_the_run_id_is_kept_across_a_resume_and_written_to_results(tmp_path):
+    import json
+
+    train(tiny_config(data=FEW, trainer={"max_steps": 2, "epochs": 2}), tmp_path / "r")
+    first = torch.load(tmp_path / "r" / "checkpoints" / "last.pt", weights_only=True)["run_id"]
+    train(tiny_config(data=FEW, trainer={"max_steps": 4, "epochs": 2}, resume="auto"), tmp_path / "r")
+    assert torch.load(tmp_path / "r" / "checkpoints" / "last.pt", weights_only=True)["run_id"] == first
+    assert json.loads((tmp_path / "r" / "results.json").read_text())["run_id"] == first
+
+
+def test_a_safetensors_export_carries_the_identity_of_the_weights_it_holds(runs):
+    pytest.importorskip("safetensors")
+    from vit_train.outputs.weights import load_weights
+
+    folder, ckpt = runs
+    for kind, source, value in (("safetensors-model", "model", 22.5), ("safetensors-ema", "ema", 8.0)):
+        path, _ = written(folder, ckpt, kind)
+        record = load_weights(path)[1]["identity"]
+        assert record["run_id"] == ckpt["run_id"] and record["class_names"] == CLASSES
+        assert record["weights"] == source and record["step"] == ckpt["step"]
+        assert record["score"] == {"metric": "top1", "value": value, "step": ckpt["step"]}
+        assert record["architecture"]["model.num_heads"] == 2 and record["architecture"]["model.depth"] == 2
+
+
+@pytest.mark.parametrize("prog", ["eval", "predict", "export"])
+def test_the_commands_refuse_a_plain_state_dict_in_one_line(runs, tmp_path, prog):
+    from helpers.runs import command
+
+    folder, ckpt = runs
+    path, _ = written(folder, ckpt, "module._orig_mod.")
+    extra = {"eval": [], "predict": ["images=[x.png]"], "export": [f"out={tmp_path / 'm.safetensors'}"]}[prog]
+    done = command(prog, f"ckpt={path}", *extra)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "is a state dict without a vit-train config: it names no network to rebuild" in done.stderr
+
+
+def test_numbered_classes_sorted_as_text_by_one_run_and_as_numbers_by_the_other_are_caught(runs, tmp_path):
+    """places365#22, vision#714, deit#130: folders 0..N sorted as strings ('0', '1', '10', '11', '2', ...)
+    by one tool and naturally by another: the same names in another order, so every label is permuted."""
+    folder, ckpt = runs
+    as_text = sorted(str(i) for i in (*range(8), 10, 11))
+    as_numbers = [str(i) for i in (*range(8), 10, 11)]
+    record = {**ckpt["identity"], "class_names": as_text}
+    torch.save({**ckpt, "class_names": as_text, "identity": record}, tmp_path / "numbered.pt")
+    expected = "class 2 is '10' there and '2' here; '2' is class 4 there"
+    for load in (lambda: load_teacher(DistillConfig(teacher=str(tmp_path / "numbered.pt")), 10, 16, class_names=as_numbers),
+                 lambda: load_pretrained(VisionTransformer(num_classes=10, **SHAPE), tmp_path / "numbered.pt", as_numbers)):
+        with pytest.raises(ConfigError) as refused:
+            load()
+        assert expected in str(refused.value), refused.value
