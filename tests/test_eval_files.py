@@ -67,6 +67,7 @@ def test_the_folder_is_named_by_what_changes_the_evaluation(tmp_path):
     ckpt = tmp_path / "run" / "checkpoints" / "best.pt"
     base = tmp_path / "run" / "eval"
     assert eval_dir(ckpt, {}) == base
+    assert eval_dir(tmp_path / "run" / "export" / "best.safetensors", {}) == base  # what vit-export wrote
     # how the images are loaded, the device, the progress bar: the same evaluation
     assert eval_dir(ckpt, {"data.batch_size": 7, "data.num_workers": 2, "trainer.device": "cpu",
                            "trainer.progress": False}) == base

@@ -56,13 +56,15 @@ def changed_keys(saved: dict, cfg: Config) -> dict[str, Any]:
 
 
 def eval_dir(ckpt_path: Path, changed: dict[str, Any]) -> Path:
-    """The run's eval/ folder, or eval/<changes>/ when what is evaluated changed: each changed key that
+    """The run's eval/ folder (of the run `ckpt_path` belongs to: a checkpoint, or a file in the run's
+    export/), or eval/<changes>/ when what is evaluated changed: each changed key that
     names one (not SAME_EVALUATION's, of trainer.* only trainer.precision) as key=value, joined by ','.
     A value with characters other than letters, digits and ._+- (a path) keeps its last part, those
     characters as '_', and the name gets 8 hex digits of the exact values, so two roots never share it."""
     named = {k: v for k, v in changed.items()
              if k not in SAME_EVALUATION and (not k.startswith("trainer.") or k == "trainer.precision")}
-    base = run_dir_of(str(ckpt_path)) / "eval"
+    run_dir = ckpt_path.parent.parent if ckpt_path.parent.name == "export" else run_dir_of(str(ckpt_path))
+    base = run_dir / "eval"  # a file vit-export wrote (run/export/x.safetensors): its run's eval/ too
     if not named:
         return base
     exact = ",".join(f"{k}={v}" for k, v in named.items())
