@@ -58,7 +58,8 @@ def command_overrides(sweep_dir: Path) -> list[str] | None:
     """The sweep command's own overrides (multirun.yaml's hydra.overrides.task: a swept key holds all
     its values, `optim.lr=1e-3,5e-4`); None without a readable multirun.yaml."""
     try:
-        task = ((yaml.safe_load((sweep_dir / "multirun.yaml").read_text()) or {}).get("hydra") or {})["overrides"]["task"]
+        record = yaml.safe_load((sweep_dir / "multirun.yaml").read_text()) or {}
+        task = (record.get("hydra") or {})["overrides"]["task"]
     except (OSError, yaml.YAMLError, AttributeError, KeyError, TypeError):
         return None
     return [str(o) for o in task] if isinstance(task, list) else None
