@@ -115,11 +115,11 @@ def test_a_change_that_alters_what_the_checkpoint_means_is_refused_before_any_wo
     assert snapshot(run) == before
 
 
-# keys whose new value the checkpoint's weights do not fit even through model.pretrained (models/pretrained.py refuses
-# another patch_embed, width or MLP shape, a network that is no ViT, other LayerScale, QK-norm or registers): the advice
-# is a new run from scratch
-NO_FIT = {"model.arch", "model.embed_dim", "model.patch_size", "model.mlp_ratio", "model.init_values", "model.qk_norm",
-          "model.reg_tokens"}
+# keys whose new value the checkpoint's weights do not fit even through model.pretrained (the door for weights refuses
+# every architecture field that changes the function; models/pretrained.py other LayerScale, QK-norm or registers): the
+# advice is a new run from scratch
+NO_FIT = {"model.arch", "model.embed_dim", "model.patch_size", "model.depth", "model.num_heads", "model.mlp_ratio",
+          "model.qkv_bias", "model.pool", "model.pos_embed", "model.init_values", "model.qk_norm", "model.reg_tokens"}
 
 
 def advice_fits(key: str, message: str) -> bool:
@@ -134,8 +134,8 @@ def advice_fits(key: str, message: str) -> bool:
 
 
 # (key, new value) the refusal advises model.pretrained for: a new run from the classify base's weights with it trains
-PRETRAINED_WORKS = [("model.img_size", 32), ("model.depth", 3), ("model.num_heads", 4), ("model.trainable", "head"),
-                    ("model.pool", "mean"), ("model.pos_embed", "sincos2d"), ("optim.name", "sgd")]
+PRETRAINED_WORKS = [("model.img_size", 32), ("model.distilled", True), ("model.trainable", "head"),
+                    ("optim.name", "sgd")]
 
 
 @pytest.mark.slow
@@ -148,8 +148,9 @@ def test_the_advised_model_pretrained_run_starts(bases, tmp_path, key, value):
     assert train(Config.from_dict(plain), tmp_path / "new")["steps"] == 1
 
 
-NO_FIT_CHANGES = [("model.arch", "resnet18"), ("model.embed_dim", 48), ("model.patch_size", 8),
-                  ("model.mlp_ratio", 4.0), ("model.init_values", 1e-5), ("model.qk_norm", True),
+NO_FIT_CHANGES = [("model.arch", "resnet18"), ("model.embed_dim", 48), ("model.patch_size", 8), ("model.depth", 3),
+                  ("model.num_heads", 4), ("model.mlp_ratio", 4.0), ("model.qkv_bias", False), ("model.pool", "mean"),
+                  ("model.pos_embed", "sincos2d"), ("model.init_values", 1e-5), ("model.qk_norm", True),
                   ("model.reg_tokens", 1)]
 
 

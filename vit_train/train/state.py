@@ -249,11 +249,11 @@ def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
     return [(k, old.get(k), new.get(k)) for k in keys if k != "resume" and old.get(k) != new.get(k)]
 
 
-# Refused keys whose new value model.pretrained cannot load the checkpoint's weights into either (models/pretrained.py
-# refuses a tensor of another shape but the heads, a network that is no ViT, and LayerScale, QK-norm or registers that
-# differ); a changed depth, num_heads, img_size (positions are resized), pool, ... loads what fits, the rest starts fresh.
-NO_FIT = ("model.arch", "model.embed_dim", "model.patch_size", "model.mlp_ratio", "model.init_values", "model.qk_norm",
-          "model.reg_tokens")
+# Refused keys whose new value model.pretrained cannot load the checkpoint's weights into either: the door for weights
+# (objectives/weights_in.py) refuses every architecture field that changes the function, and models/pretrained.py
+# LayerScale, QK-norm or registers that differ; img_size (positions are resized) and model.distilled (head-like) load.
+NO_FIT = ("model.arch", "model.embed_dim", "model.patch_size", "model.depth", "model.num_heads", "model.mlp_ratio",
+          "model.qkv_bias", "model.pool", "model.pos_embed", "model.init_values", "model.qk_norm", "model.reg_tokens")
 
 
 def _refused(key: str, new: Any, saved: dict[str, Any]) -> bool:
@@ -294,7 +294,8 @@ def _instead(refused: list[tuple[str, Any, Any]], path: Any) -> str:
     if no_fit:
         return (f"or start a new run from scratch with the change ({', '.join(no_fit)}: the checkpoint's weights do "
                 f"not fit the new architecture, so model.pretrained={path} would not load them either)")
-    start = f"or start a new run from its weights: vit-train model.pretrained={path} <your overrides>"
+    new_head = " model.reset_head=true" if any(k == "data.name" for k, _, _ in refused) else ""
+    start = f"or start a new run from its weights: vit-train model.pretrained={path}{new_head} <your overrides>"
     if any(k.startswith("mae.") for k, _, _ in refused):
         return (f"or start a new MAE run from its encoder: vit-train objective=mae model.pretrained={path} <your "
                 f"overrides> (model.pretrained loads the encoder only; the decoder starts fresh)")
