@@ -111,3 +111,15 @@ def test_vit_eval_on_three_classes_keeps_the_top5_key_and_does_not_print_it(imag
     assert "top-5" not in shown and "top-1 " in shown
     saved = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text())
     assert saved["top5"] == 100.0 and len(saved["per_class"]) == 3
+
+
+@pytest.mark.parametrize("classes, shown", [(("a", "b", "c"), False), (tuple("abcdef"), True)])
+def test_the_training_log_shows_top5_only_when_it_can_be_below_100(tmp_path, caplog, classes, shown):
+    from helpers.images import write_image_folder
+
+    root = write_image_folder(tmp_path / "data", {"train": 2, "val": 1}, classes=classes, size=(16, 16))
+    cfg = tiny_config(data={"name": "imagefolder", "root": str(root), "batch_size": 4}, trainer={"max_steps": 1})
+    with caplog.at_level("INFO", logger="vit_train"):
+        train(cfg, tmp_path / "run")
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("step 1 "))
+    assert ("top-5 " in line) == shown and "top-1 " in line, line

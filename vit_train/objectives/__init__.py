@@ -15,7 +15,7 @@ the table of them, and no module outside this package tells objectives apart by 
     METRIC, HIGHER_IS_BETTER                 the metrics key it is scored by, and its direction: best.pt,
                                              results.json's best, weights=auto (score.py)
     inference_model(cfg, trained_img_size, num_classes, weights)   the model rebuilt from a checkpoint
-    eval_text(metrics, ema_metrics), score_text(score), BEST_TEXT, data_text(num_classes)
+    eval_text(metrics, ema_metrics, classes), score_text(score), BEST_TEXT, data_text(num_classes)
                                              how the log reads an evaluation, the best score and the labels
     NAME, READS_LABELS                       its objective.name; whether the data must have labels
     SECTIONS                                 the config sections it owns (mae.*, distill.*)

@@ -156,7 +156,7 @@ def inference_model(cfg: Config, trained_img_size: int, num_classes: int, weight
     return model
 
 
-def eval_text(metrics: dict[str, float], ema: dict[str, float] | None) -> str:
+def eval_text(metrics: dict[str, float], ema: dict[str, float] | None, classes: int | None = None) -> str:
     """An evaluation in the log line: the reconstruction loss (and the EMA's)."""
     return f"val reconstruction loss {metrics['loss']:.4f}" + (f", EMA {ema['loss']:.4f}" if ema is not None else "")
 

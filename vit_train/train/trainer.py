@@ -203,7 +203,7 @@ def evaluate(run: Run) -> dict[str, float]:
     state.record_eval(metric, scores)
     best = objective.score_text(state.best_score) if state.best_score is not None else "none"
     log.info("step %d (epoch %.2f): %s (best %s, %s)%s", state.step, state.epochs_done,
-             objective.eval_text(metrics, ema_metrics), best, state.best_source,
+             objective.eval_text(metrics, ema_metrics, classes=len(run.data.class_names)), best, state.best_source,
              f"; a partial validation: {metrics['val_images']} images, the first {val.limit} of {val.total} val "
              f"batches (trainer.limit_val_batches={limit})" if val.partial else "")
     run.metrics = metrics
