@@ -60,6 +60,9 @@ def test_a_small_model_is_one_file_with_its_metadata(exported, checkpoint):
     assert (json.loads(meta["mean"]), json.loads(meta["std"])) == (list(SHAPES_STATS[0]), list(SHAPES_STATS[1]))
     assert meta["format"] == "vit-train" and meta["weights"] == result["weights"]
     assert json.loads(meta["config"])["model"]["img_size"] == 16
+    identity = json.loads(meta["identity"])  # the weights' identity travels with them (docs/finetuning.md)
+    assert identity["weights"] == result["weights"] and identity["class_names"] == CLASS_NAMES
+    assert identity["run_id"] == checkpoint_run_id(checkpoint) and identity["architecture"]["model.depth"] == 2
     session = onnxruntime.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     assert session.get_modelmeta().custom_metadata_map == meta
 
@@ -89,3 +92,9 @@ def test_the_docs_onnxruntime_snippet_gives_vit_predicts_probabilities(exported,
         assert got[entry["class"]] == pytest.approx(entry["probability"], abs=1e-4)
     best = expected["top"][0]
     assert capsys.readouterr().out.strip().endswith(f"{best['class']} {best['probability']:.3f}")
+
+
+def checkpoint_run_id(checkpoint) -> str:
+    import torch
+
+    return torch.load(checkpoint, weights_only=True)["run_id"]

@@ -29,10 +29,21 @@ def export_safetensors(ckpt: dict[str, Any], path: Path, source: str = "model") 
     identity record (run id, architecture, class names; which weights, their step and val score)."""
     weights = ema_weights(ckpt["ema"]) if source == "ema" else ckpt["model"]
     spec = ckpt.get("preprocess") or eval_spec(Config.from_dict({**ckpt["config"], "resume": None}))
-    identity = {**ckpt["identity"], "weights": source, "step": ckpt.get("step"), "score": eval_score(ckpt, source)} \
-        if ckpt.get("identity") else None  # checkpoints written before the record: the door rebuilds it
+    identity = weights_identity(ckpt, source)
     save_safetensors(weights, path, {"config": ckpt["config"], "class_names": ckpt["class_names"], "preprocess": spec,
                                      "weights": source, **({"identity": identity} if identity else {})})
+
+
+def weights_identity(ckpt: dict[str, Any], source: str) -> dict[str, Any] | None:
+    """A checkpoint's identity record (train/state.py writes it; models/architecture.py `identity`) for
+    one set of its weights: with "weights" (`source`), "step" and "score" (`eval_score`). None for a
+    checkpoint written before the record (the door for weights rebuilds it from the config)."""
+    if not ckpt.get("identity"):
+        return None
+    record = {**ckpt["identity"], "weights": source}
+    if "step" not in record:  # a checkpoint's record; an export's says its step and score already
+        record.update(step=ckpt.get("step"), score=eval_score(ckpt, source))
+    return record
 
 
 def eval_score(ckpt: dict[str, Any], source: str) -> dict[str, Any] | None:

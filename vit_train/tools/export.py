@@ -10,7 +10,7 @@ from vit_train.config.schema import Config
 from vit_train.data.preprocess import eval_spec
 from vit_train.errors import ConfigError
 from vit_train.models.vit import VisionTransformer
-from vit_train.outputs.weights import export_safetensors
+from vit_train.outputs.weights import export_safetensors, weights_identity
 from vit_train.tools.onnx_export import export_onnx
 
 
@@ -35,8 +35,11 @@ def onnx_metadata(ckpt: dict, cfg: Config, source: str) -> dict[str, str]:
     "class_names" (JSON list, index = logit), "img_size" (the input's side in pixels), "resize" (the
     short side is resized to this before the centre crop of img_size), "mean" and "std" (JSON lists,
     per RGB channel, of pixels scaled to [0, 1]), "weights" (model or ema), "config" (the run's
-    config, JSON) and "format": "vit-train"."""
+    config, JSON), "identity" (JSON: run id, architecture, class names, which weights, their step and
+    score; docs/finetuning.md) and "format": "vit-train"."""
     spec = ckpt.get("preprocess") or eval_spec(cfg)
+    identity = weights_identity(ckpt, source)  # run id, architecture, class names; which weights, step, score
     return {"format": "vit-train", "class_names": json.dumps(ckpt["class_names"], ensure_ascii=False),
             "img_size": str(spec["size"]), "resize": str(spec["resize"]), "mean": json.dumps(spec["mean"]),
-            "std": json.dumps(spec["std"]), "weights": source, "config": json.dumps(ckpt["config"])}
+            "std": json.dumps(spec["std"]), "weights": source, "config": json.dumps(ckpt["config"]),
+            **({"identity": json.dumps(identity, ensure_ascii=False)} if identity else {})}
