@@ -261,3 +261,21 @@ def test_a_distilled_student_agrees_with_its_teacher_far_more_than_without_it(tr
     print(f"agreement with the rotated teacher on val: {scores}")
     # measured: 37.0% against 9.4% (docs/distillation.md)
     assert scores["distilled"] > 3 * scores["plain"] and scores["distilled"] - scores["plain"] > 20
+
+
+def test_the_train_rows_carry_both_loss_terms_and_the_teacher_agreement(tmp_path, make_config):
+    """A student started from its teacher's weights predicts, before its first update, what its teacher
+    predicts: step 1's agreement is exactly 100%; the loss is (1 - alpha) * label term + alpha * teacher term."""
+    from helpers.files import logged
+
+    train(make_config(trainer={"max_steps": 2}), tmp_path / "teacher")
+    teacher = tmp_path / "teacher" / "checkpoints" / "last.pt"
+    cfg = distill_config(make_config, teacher, model={"pretrained": str(teacher)}, distill={"alpha": 0.3},
+                         trainer={"max_steps": 3, "log_every": 1})
+    train(cfg, tmp_path / "student")
+    rows = logged(tmp_path / "student", "train")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[0]["teacher_agreement"] == 100.0, rows[0]
+    for row in rows:
+        assert 0 <= row["teacher_agreement"] <= 100
+        assert row["loss"] == pytest.approx(0.7 * row["loss_label"] + 0.3 * row["loss_teacher"], rel=1e-5), row

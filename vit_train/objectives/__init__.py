@@ -38,6 +38,8 @@ The loss (`build_loss`, or `build_objective` here):
 - Optional `state_dict()` / `load_state_dict(state)`: state that must survive a restart for exact
   resume (a mask sampler's counter, a teacher's SHA-256), as plain tensors and primitives; it is
   saved in the checkpoint under "objective" and restored before the first step of a resumed run.
+- Optional `terms()`: its own train metrics since the last call (distill: the two loss terms and the
+  teacher agreement), logged with the train rows (metrics.jsonl, TensorBoard).
 """
 
 from __future__ import annotations
@@ -85,6 +87,12 @@ def build_objective(cfg: Config, model: nn.Module, num_classes: int, class_names
     """The loss of the objective `cfg.objective.name` names, for `model` (plain, unwrapped), `num_classes` classes
     (`class_names`, the data's in label order, when known: a teacher's are compared with them)."""
     return objective_of(cfg).build_loss(cfg, model, num_classes, class_names)
+
+
+def objective_terms(objective: Objective) -> dict[str, float]:
+    """The objective's own train metrics since the last call (distill: loss_label, loss_teacher,
+    teacher_agreement), or none."""
+    return objective.terms() if hasattr(objective, "terms") else {}
 
 
 def objective_state(objective: Objective) -> dict[str, Any] | None:

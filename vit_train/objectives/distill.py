@@ -1,7 +1,8 @@
 """Knowledge distillation as in DeiT (Touvron et al. 2021, "Training data-efficient image transformers
 & distillation through attention"): the objective `objective.name=distill` and its frozen teacher.
 
-The loss is (1 - alpha) * CE(class head, labels) + alpha * L_teacher(distillation head, teacher):
+The loss is (1 - alpha) * CE(class head, labels) + alpha * L_teacher(distillation head, teacher)
+(logged apart as the train rows' loss_label and loss_teacher, with teacher_agreement, `Distill.terms`):
 
 - hard: CE(distillation head, argmax of the teacher's logits) (DeiT's best; no label smoothing on
   this branch, DeiT issue #56);
@@ -49,6 +50,13 @@ def distillation_loss(cls_logits: torch.Tensor, dist_logits: torch.Tensor, teach
                       targets: torch.Tensor, base: nn.Module, cfg: DistillConfig) -> torch.Tensor:
     """DeiT's loss for logits (B, classes): `base` (the classification criterion, e.g. cross-entropy
     with label smoothing) on the class head, the teacher term on the distillation head."""
+    label_term, teacher_term = loss_terms(cls_logits, dist_logits, teacher_logits, targets, base, cfg)
+    return (1 - cfg.alpha) * label_term + cfg.alpha * teacher_term
+
+
+def loss_terms(cls_logits: torch.Tensor, dist_logits: torch.Tensor, teacher_logits: torch.Tensor,
+               targets: torch.Tensor, base: nn.Module, cfg: DistillConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the label term, the teacher term) of `distillation_loss`, each a scalar before its alpha weight."""
     if cfg.type == "hard":
         teacher_term = F.cross_entropy(dist_logits, teacher_logits.argmax(dim=1))
     else:
@@ -56,7 +64,7 @@ def distillation_loss(cls_logits: torch.Tensor, dist_logits: torch.Tensor, teach
         teacher_term = F.kl_div(F.log_softmax(dist_logits.float() / tau, dim=1),
                                 F.log_softmax(teacher_logits.float() / tau, dim=1),
                                 reduction="batchmean", log_target=True) * tau * tau
-    return (1 - cfg.alpha) * base(cls_logits, targets) + cfg.alpha * teacher_term
+    return base(cls_logits, targets), teacher_term
 
 
 class Distill:
@@ -67,6 +75,7 @@ class Distill:
         self.teacher, self.cfg, self.two_heads = teacher, cfg, two_heads
         self.base = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         self.checkpoint_info = info  # plain data: what the checkpoint records of the teacher
+        self.sums: dict[str, torch.Tensor] = {}  # the logged terms since the last `terms()`, kept on the device
 
     def __call__(self, module: nn.Module, images: torch.Tensor,
                  targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,7 +86,29 @@ class Distill:
             logits = (cls_logits.detach() + dist_logits.detach()) / 2  # what evaluation predicts
         else:
             cls_logits = dist_logits = logits = module(images)
-        return distillation_loss(cls_logits, dist_logits, teacher_logits, targets, self.base, self.cfg), logits
+        label_term, teacher_term = loss_terms(cls_logits, dist_logits, teacher_logits, targets, self.base, self.cfg)
+        self._count(label_term, teacher_term, logits, teacher_logits)
+        return (1 - self.cfg.alpha) * label_term + self.cfg.alpha * teacher_term, logits
+
+    def _count(self, label_term: torch.Tensor, teacher_term: torch.Tensor, logits: torch.Tensor,
+               teacher_logits: torch.Tensor) -> None:
+        """Add one micro-batch to the logged terms (image-weighted sums; no host sync)."""
+        n = len(logits)
+        batch = {"loss_label": label_term.detach().float() * n, "loss_teacher": teacher_term.detach().float() * n,
+                 "teacher_agreement": (logits.detach().argmax(1) == teacher_logits.argmax(1)).sum().float(),
+                 "images": torch.tensor(float(n), device=logits.device)}
+        for key, value in batch.items():
+            self.sums[key] = self.sums[key] + value if key in self.sums else value
+
+    def terms(self) -> dict[str, float]:
+        """The loss's two terms (before their alpha weights; mean over the images since the last call) and
+        the teacher agreement (% of those images whose prediction is the teacher's), for the train rows of
+        metrics.jsonl and TensorBoard; this process's images (rank 0 logs). Starts a new window."""
+        sums, self.sums = self.sums, {}
+        if not sums:
+            return {}
+        images = sums.pop("images").item()
+        return {k: (100 if k == "teacher_agreement" else 1) * v.item() / images for k, v in sums.items()}
 
     def state_dict(self) -> dict[str, Any]:
         """What the checkpoint keeps (under "objective"): the teacher's path, SHA-256 and network, never its weights."""

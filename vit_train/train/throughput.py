@@ -129,10 +129,12 @@ class TrainWindow:
         return read
 
 def log_train(logger: RunLogger | NullLogger, bar, window: TrainWindow, state, lr: float,
-              scaler: torch.amp.GradScaler) -> None:
-    """The window's train metrics to the logs and the progress bar; adds its images and seconds to
-    `state` (a TrainState) for the run's images/s; warns once when the run waits on its data."""
+              scaler: torch.amp.GradScaler, terms: dict[str, float] | None = None) -> None:
+    """The window's train metrics to the logs and the progress bar, with the objective's own `terms`
+    (distill: its two loss terms and the teacher agreement); adds its images and seconds to `state` (a
+    TrainState) for the run's images/s; warns once when the run waits on its data."""
     values, images, seconds = window.read()
+    values.update(terms or {})
     values.update(lr=lr, skipped_steps=state.skipped_steps)
     if scaler.is_enabled():
         values["loss_scale"] = scaler.get_scale()

@@ -26,7 +26,7 @@ from vit_train.outputs.checkpoint import find_resume_checkpoint, run_checkpoints
 from vit_train.config.schema import Config
 from vit_train.data.first_batches import FirstBatches
 from vit_train.errors import CheckpointError, RunStopped, UserError
-from vit_train.objectives import objective_of
+from vit_train.objectives import objective_of, objective_terms
 from vit_train.objectives.score import shown
 from vit_train.outputs.metrics import output_error, results_summary, write_results
 from vit_train.runtime.logs import EarlyRecords
@@ -107,7 +107,8 @@ def loop(run: Run) -> dict[str, Any]:
             train_step(run, images, targets)
             if due(state.step, t.log_every) or state.step == run.total_steps:
                 run.skips.settle(state)
-                log_train(run.logger, run.bar, run.window, state, run.scheduler.get_last_lr()[0], run.scaler)
+                log_train(run.logger, run.bar, run.window, state, run.scheduler.get_last_lr()[0], run.scaler,
+                          objective_terms(run.objective))
             if state.bad_in_a_row >= t.max_bad_steps:
                 finish(run, "diverged")
                 raise RunStopped(diverged_message(state, run_dir), exit_code=3)
