@@ -245,26 +245,81 @@ def test_weights_ema_from_a_model_export_is_refused_in_one_line(runs):
         open_weights(path, "ckpt", "ema")
 
 
-def test_another_runs_last_pt_put_in_a_run_directory_is_recognised(tmp_path):
-    """A checkpoint of run B copied over run A's last.pt: resume=auto would continue B in A's directory
-    and overwrite A's checkpoints. The run ids differ: refused in one line, every file of A unchanged."""
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two finished runs, a and b, with keep_last=2 (last.pt, two step files, best.pt)."""
+    folder = tmp_path_factory.mktemp("two_runs")
+    cfg = tiny_config(data=FEW, trainer={"max_steps": 4, "epochs": 1, "keep_last": 2, "ckpt_every": 2})
+    train(cfg, folder / "a")
+    train(cfg, folder / "b")
+    return folder
+
+
+def without_lock(run_dir):
     from helpers.files import file_bytes
 
-    cfg = tiny_config(data=FEW, trainer={"max_steps": 2, "epochs": 1, "keep_last": 2})
-    train(cfg, tmp_path / "a")
-    train(cfg, tmp_path / "b")
-    a, b = (torch.load(tmp_path / r / "checkpoints" / "last.pt", weights_only=True) for r in "ab")
-    assert a["run_id"] and b["run_id"] and a["run_id"] != b["run_id"]
-    assert a["identity"]["run_id"] == a["run_id"] and a["identity"]["class_names"] == CLASSES
-    (tmp_path / "a" / "checkpoints" / "last.pt").unlink()
-    shutil.copyfile(tmp_path / "b" / "checkpoints" / "last.pt", tmp_path / "a" / "checkpoints" / "last.pt")
-    before = {k: v for k, v in file_bytes(tmp_path / "a").items() if k.name != ".lock"}  # who holds the lock: rewritten
-    resumed = tiny_config(data=FEW, trainer={"max_steps": 4, "epochs": 2, "keep_last": 2}, resume="auto")
+    return {k: v for k, v in file_bytes(run_dir).items() if k.name != ".lock"}  # who holds the lock: rewritten
+
+
+@pytest.mark.parametrize("slot", ["last.pt", "step_00000002.pt", "best.pt", "step_00000099.pt"])
+@pytest.mark.parametrize("results", [True, False], ids=["results.json", "killed-no-results"])
+def test_another_runs_checkpoint_put_in_a_run_directory_is_named_as_such(two_runs, tmp_path, slot, results):
+    """A checkpoint of run b copied into run a's checkpoints/ (over last.pt, a step file, best.pt, or as a
+    new step file): resume=auto would continue b in a's directory, or keep it beside a's. Refused in one
+    line naming the stranger, whichever file resume takes; every file of a unchanged."""
+    a = tmp_path / "a"
+    shutil.copytree(two_runs / "a", a)
+    if not results:
+        (a / "results.json").unlink()
+    foreign = a / "checkpoints" / slot
+    foreign.unlink(missing_ok=True)
+    shutil.copyfile(two_runs / "b" / "checkpoints" / "last.pt", foreign)
+    ids = {r: torch.load(two_runs / r / "checkpoints" / "last.pt", weights_only=True)["run_id"] for r in "ab"}
+    before = without_lock(a)
+    resumed = tiny_config(data=FEW, trainer={"max_steps": 8, "epochs": 2, "keep_last": 2}, resume="auto")
     with pytest.raises(CheckpointError) as refused:
-        train(resumed, tmp_path / "a")
+        train(resumed, a)
     text = str(refused.value)
-    assert f"is a checkpoint of run {b['run_id'][:8]}" in text and f"is run {a['run_id'][:8]}'s" in text, text
-    assert {k: v for k, v in file_bytes(tmp_path / "a").items() if k.name != ".lock"} == before
+    assert f"checkpoints/{slot} is run {ids['b'][:8]}'s" in text and f"run {ids['a'][:8]}'s" in text, text
+    assert f"move checkpoints/{slot} out of" in text and "\n" not in text, text
+    assert without_lock(a) == before
+
+
+def test_resuming_another_runs_file_into_a_directory_that_holds_a_run_is_refused(two_runs, tmp_path):
+    a = tmp_path / "a"
+    shutil.copytree(two_runs / "a", a)
+    before = without_lock(a)
+    resumed = tiny_config(data=FEW, trainer={"max_steps": 8, "epochs": 2}, resume=str(two_runs / "b" / "checkpoints" / "last.pt"))
+    with pytest.raises(CheckpointError, match="continued there it would overwrite them; resume it in a new directory"):
+        train(resumed, a)
+    assert without_lock(a) == before
+
+
+def test_a_run_directory_named_like_a_checkpoint_file_is_a_run_directory(two_runs, tmp_path):
+    """resume=<a directory named x.pt> wrote the resumed run into the directory above it."""
+    from vit_train.config.schema import run_dir_of
+
+    shutil.copytree(two_runs / "a", tmp_path / "x.pt")
+    assert run_dir_of(str(tmp_path / "x.pt")) == tmp_path / "x.pt"
+    assert run_dir_of(str(tmp_path / "x.pt" / "checkpoints" / "last.pt")) == tmp_path / "x.pt"
+    assert run_dir_of(str(tmp_path / "gone.pt")) == tmp_path  # a file that is not there (yet): its folder
+
+
+def test_model_pretrained_on_resume_is_said_to_be_ignored(two_runs):
+    from vit_train.train.state import check_compatible
+
+    ckpt = torch.load(two_runs / "a" / "checkpoints" / "last.pt", weights_only=True)
+    changed = {**ckpt["config"], "model": {**ckpt["config"]["model"], "pretrained": "elsewhere.pt"}}
+    assert check_compatible(ckpt, changed) == [
+        "model.pretrained: None -> 'elsewhere.pt' (ignored: a resumed run continues from its checkpoint's weights)"]
+
+
+def test_another_patch_size_is_advised_with_the_image_size_it_was_trained_at(runs):
+    """Following 'set model.patch_size=4' alone at model.img_size=224 made a model 500x costlier."""
+    folder, ckpt = runs
+    model = VisionTransformer(num_classes=10, **{**SHAPE, "img_size": 64, "patch_size": 16})
+    with pytest.raises(ConfigError, match=r"set model.patch_size=4 model.img_size=16 to load it"):
+        load_pretrained(model, folder / "model_won", CLASSES)
 
 
 def test_the_run_id_is_kept_across_a_resume_and_written_to_results(tmp_path):

@@ -178,7 +178,11 @@ def compose_config(cfg: DictConfig) -> tuple[Config, list[str], tuple[Path, dict
     if _is_resume_path(cfg.resume):
         from vit_train.outputs.checkpoint import find_resume_checkpoint
 
-        path, ckpt = find_resume_checkpoint(cfg.resume, Path(HydraConfig.get().runtime.output_dir), mmap=True)
+        from vit_train.train.state import check_own_run
+
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        path, ckpt = find_resume_checkpoint(cfg.resume, run_dir, mmap=True)
+        check_own_run(Path(path), ckpt, run_dir)  # whose checkpoint: said before any other check of the config
         plain = apply_overrides(ckpt["config"], overrides)
         plain["resume"] = cfg.resume
         config, overrides = Config.from_dict(plain), list(ckpt.get("overrides", [])) + overrides

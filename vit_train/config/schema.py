@@ -208,7 +208,7 @@ def config_dir() -> str:
 def run_dir_of(resume: str) -> Path:
     """The run directory a checkpoint or resume path belongs to (a run dir, its checkpoints/ or a file in it)."""
     path = Path(resume).expanduser()
-    if path.is_file() or path.suffix == ".pt":
+    if path.is_file() or (path.suffix == ".pt" and not path.is_dir()):  # a directory named x.pt is a run directory
         path = path.parent
     return path.parent if path.name == "checkpoints" else path
 

@@ -170,7 +170,7 @@ def teacher_file(cfg: DistillConfig, resuming: bool = False) -> Path:
                           ".safetensors file, or distill.teacher_arch=NAME with a state-dict file")
     path = Path(cfg.teacher).expanduser()
     if not path.exists() and resuming and not path.is_absolute():
-        raise ConfigError(f"distill.teacher={cfg.teacher} is not a file from {Path.cwd()}: a relative teacher path is "
+        raise ConfigError(f"distill.teacher={cfg.teacher} does not exist from {Path.cwd()}: a relative teacher path is "
                           f"relative to where the first run started; resume with distill.teacher=<its new path> (the "
                           f"same file, the same SHA-256)")
     return resolve(cfg.teacher, "distill.teacher")

@@ -130,7 +130,8 @@ def describe(incoming: Incoming, said_as: str | None = None) -> str:
     """The log line of a door: which file, which weights and why, where they come from."""
     record, said_as = incoming.identity, said_as or f"{incoming.key}={incoming.given}"
     if record is None:
-        return (f"{said_as}: {incoming.path}, a state dict without a vit-train identity: its "
+        where = f" {incoming.path}," if str(incoming.path) != incoming.given else ""
+        return (f"{said_as}:{where} a state dict without a vit-train identity: its "
                 f"class names, attention heads and position kind cannot be checked, only its shapes")
     which = {"ema": "the EMA weights", "model": "the model's weights"}.get(incoming.source, "its weights")
     where = f" of {incoming.path}" if str(incoming.path) != incoming.given else ""
@@ -148,6 +149,9 @@ def check_architecture(incoming: Incoming, ours: dict[str, Any], exempt: tuple[s
     found = differences(incoming.architecture if theirs is None else theirs, ours, exempt)
     if found:
         settings = " ".join(f.split(" (")[0] for f in found if f.startswith("model.") and "a ResNet" not in f)
+        size = ((incoming.config or {}).get("model") or {}).get("img_size")
+        if size and any(f.startswith("model.patch_size=") for f in found):  # keep its token count, and its cost
+            settings += f" model.img_size={size}"
         raise ConfigError(f"{incoming.key}={incoming.given} holds another network: {', '.join(found)}; "
                           f"{'set ' + settings + ' to load it' if settings else 'give weights of this network'} "
                           f"(loaded into this one it would compute another function)")

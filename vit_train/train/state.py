@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections import Counter
 from dataclasses import InitVar, asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -139,19 +140,31 @@ def restore(ckpt: dict, model: nn.Module, optimizer, scaler) -> TrainState:
 
 
 def check_own_run(path: Path, ckpt: dict, run_dir: Path) -> None:
-    """Refuse (CheckpointError, one line, nothing touched) to resume `ckpt` (read from `path`) in a run
-    directory whose other records (results.json, its other checkpoints) name another run: another run's
-    last.pt copied in would otherwise continue that run here and overwrite this one's checkpoints.
-    Checkpoints written before run ids were kept are not checked."""
-    theirs = run_id_of(ckpt)
-    if not theirs:
+    """Refuse (CheckpointError, one line, nothing touched) to resume in a run directory whose files name
+    more than one run: another run's checkpoint copied in (as last.pt, a step file or best.pt) would be
+    continued here, or kept beside this run's. The directory's run is the one its results.json names,
+    else the one most of its checkpoints name (the checkpoint resumed from counts); the message names
+    the files of another run. Checkpoints written before run ids were kept are not checked."""
+    inside = path.resolve().parent == (run_dir / "checkpoints").resolve()
+    resumed = f"checkpoints/{path.name}" if inside else str(path)
+    ids = {resumed: run_id_of(ckpt), **recorded_run_ids(run_dir, besides=path)}
+    ids = {where: rid for where, rid in ids.items() if rid}
+    if len(set(ids.values())) < 2:
         return
-    for where, other in recorded_run_ids(run_dir, besides=path).items():
-        if other != theirs:
-            raise CheckpointError(f"{path} is a checkpoint of run {theirs[:8]}, but {run_dir} is run {other[:8]}'s "
-                                  f"({where}): another run's checkpoint was put here; move it out, or continue that "
-                                  f"run in its own directory or a new one (resume=<its checkpoint> "
-                                  f"hydra.run.dir=<a new directory>)")
+    counts = Counter(rid for where, rid in ids.items() if where != "results.json" and (inside or where != resumed))
+    own = ids.get("results.json") or counts.most_common(1)[0][0]
+    strangers = [where for where, rid in ids.items() if rid != own]
+    theirs = ids[strangers[0]]
+    named = ", ".join(strangers)
+    mine = ", ".join(where for where, rid in ids.items() if rid == own)
+    if not inside and resumed in strangers:  # resume=<another run's file> into a directory that holds a run
+        raise CheckpointError(f"{path} is run {theirs[:8]}'s checkpoint, but {run_dir} holds run {own[:8]}'s files "
+                              f"({mine}): continued there it would overwrite them; resume it in a new directory "
+                              f"(hydra.run.dir=<a new directory>)")
+    raise CheckpointError(f"{run_dir} holds files of two runs: {named} {'is' if len(strangers) == 1 else 'are'} run "
+                          f"{theirs[:8]}'s, {mine} run {own[:8]}'s: another run's checkpoint was put here; move "
+                          f"{named} out of {run_dir} (to continue that run: resume=<its file> hydra.run.dir=<a new "
+                          f"directory>), then resume")
 
 
 def check_data_position(state: TrainState, saved: dict, cfg: Config, train_images: int) -> None:
@@ -285,7 +298,9 @@ def check_compatible(ckpt: dict, current: dict, path: Any = "<the checkpoint>") 
         raise CheckpointError(f"cannot resume {path} with a changed config ({what}): {why}; resume with the saved "
                               f"settings (drop the override, or give {keep}), {_instead(refused, path)} "
                               f"(see docs/resuming.md)")
-    return [f"{k}: {a!r} -> {b!r}" for k, a, b in changes if (k, a, b) not in refused]
+    return [f"{k}: {a!r} -> {b!r}" + (" (ignored: a resumed run continues from its checkpoint's weights)"
+                                       if k == "model.pretrained" else "")
+            for k, a, b in changes if (k, a, b) not in refused]
 
 
 def _instead(refused: list[tuple[str, Any, Any]], path: Any) -> str:
