@@ -372,3 +372,115 @@ def test_numbered_classes_sorted_as_text_by_one_run_and_as_numbers_by_the_other_
         with pytest.raises(ConfigError) as refused:
             load()
         assert expected in str(refused.value), refused.value
+
+
+# --- files edited by hand or by other tools (inputs of an adversarial trial; Lightning's model_ema.* beside model.*,
+# CompVis/stable-diffusion#271; missing tensors under strict=False, pytorch/pytorch#141256) --------------------------
+
+def edited(folder, ckpt, kind, tmp_path):
+    """A file of `kind`, made from the runs fixture's checkpoint; returns its path."""
+    model = ckpt["model"]
+    zeros = {k: torch.zeros_like(v) for k, v in model.items()}
+    path = tmp_path / f"{kind}.pt"
+    if kind == "lightning-two-networks":
+        torch.save({"state_dict": {**{f"ema_model.{k}": v for k, v in zeros.items()},
+                                   **{f"model.{k}": v for k, v in model.items()}}}, path)
+    elif kind == "dino-two-networks":
+        torch.save({**{f"teacher.backbone.{k}": v for k, v in zeros.items()},
+                    **{f"student.backbone.{k}": v for k, v in model.items()}}, path)
+    elif kind == "no-mlp-of-block-1":
+        torch.save({k: v for k, v in model.items() if not k.startswith("blocks.1.mlp.")}, path)
+    elif kind == "no-final-norm":
+        torch.save({k: v for k, v in model.items() if not k.startswith("norm.")}, path)
+    elif kind == "timm-fc-norm":
+        torch.save({k.replace("norm.", "fc_norm.", 1) if k.startswith("norm.") else k: v for k, v in model.items()}, path)
+    elif kind == "record-classes-differ":
+        torch.save({**ckpt, "class_names": sorted(CLASSES)}, path)
+    elif kind == "record-heads-differ":
+        torch.save({**ckpt, "config": {**ckpt["config"], "model": {**ckpt["config"]["model"], "num_heads": 4}}}, path)
+    elif kind == "head-of-5-rows":
+        torch.save({**ckpt, "model": {**model, "head.weight": model["head.weight"][:5], "head.bias": model["head.bias"][:5]}},
+                   path)
+    elif kind == "qkv-of-another-shape":
+        torch.save({**ckpt, "model": {**model, "blocks.0.attn.qkv.weight": torch.zeros(96, 16)}}, path)
+    elif kind in ("identity-architecture-a-string", "identity-class-names-a-string", "foreign-config-metadata"):
+        pytest.importorskip("safetensors")
+        from vit_train.outputs.weights import save_safetensors
+
+        path = tmp_path / f"{kind}.safetensors"
+        meta = {"identity-architecture-a-string": {"identity": {"architecture": "vit"}},
+                "identity-class-names-a-string": {"identity": {**ckpt["identity"], "class_names": "circle"}},
+                "foreign-config-metadata": {"config": {"foo": 1}}}[kind]
+        save_safetensors(model, path, meta)
+    return path
+
+
+REFUSED = [  # (kind, doors refusing it, what the one line says)
+    ("lightning-two-networks", "pretrained", "holds 2 networks (ema_model., model.); save the one you mean"),
+    ("dino-two-networks", "pretrained", "holds 2 networks (teacher.backbone., student.backbone.)"),
+    ("no-mlp-of-block-1", "pretrained", "lacks 4 trained tensors of this network (blocks.1.mlp.fc1.weight"),
+    ("no-final-norm", "pretrained", "lacks 2 trained tensors of this network (norm.weight, norm.bias)"),
+    ("timm-fc-norm", "pretrained", "normalises after pooling (timm's fc_norm"),
+    ("record-classes-differ", "pretrained teacher eval", "contradicts itself: its class names differ from the record's"),
+    ("record-heads-differ", "pretrained teacher eval", "contradicts itself: model.num_heads=2 in the record, 4 in its config"),
+    ("head-of-5-rows", "pretrained teacher eval", "contradicts itself: its head has 5 outputs for the record's 10 class names"),
+    ("qkv-of-another-shape", "teacher eval", "its weights do not fit the network its config names (size mismatch for "
+                                             "blocks.0.attn.qkv.weight"),
+    ("identity-architecture-a-string", "pretrained teacher eval", "its identity record is malformed"),
+    ("identity-class-names-a-string", "pretrained teacher eval", "its identity record is malformed"),
+]
+
+
+# plain state dicts reach the teacher and the commands only to be refused as such (tested above)
+EDITED = [(kind, door, says) for kind, doors, says in REFUSED for door in doors.split()]
+
+
+@pytest.mark.parametrize("kind, door, says", EDITED, ids=[f"{k}-{d}" for k, d, _ in EDITED])
+def test_an_edited_or_ambiguous_file_is_refused_in_one_line_at_every_door(runs, tmp_path, kind, door, says):
+    folder, ckpt = runs
+    path = edited(folder, ckpt, kind, tmp_path)
+    model = VisionTransformer(num_classes=10, **SHAPE)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises((ConfigError, CheckpointError)) as refused:
+        if door == "pretrained":
+            load_pretrained(model, path, CLASSES)
+        elif door == "teacher":
+            load_teacher(DistillConfig(teacher=str(path)), 10, 16, class_names=CLASSES)
+        else:
+            load_for_inference(path)
+    assert says in str(refused.value) and "\n" not in str(refused.value), refused.value
+    assert same(model.state_dict(), before)
+
+
+def test_a_foreign_config_in_safetensors_metadata_is_not_taken_for_a_vit_train_one(runs, tmp_path):
+    folder, ckpt = runs
+    model = VisionTransformer(num_classes=10, **SHAPE)
+    load_pretrained(model, edited(folder, ckpt, "foreign-config-metadata", tmp_path), CLASSES)
+    assert same(model.state_dict(), ckpt["model"])
+
+
+def test_a_run_directory_whose_best_pt_is_another_runs_is_refused_at_every_door(two_runs, tmp_path):
+    a = tmp_path / "a"
+    shutil.copytree(two_runs / "a", a)
+    (a / "checkpoints" / "best.pt").unlink()
+    shutil.copyfile(two_runs / "b" / "checkpoints" / "last.pt", a / "checkpoints" / "best.pt")
+    for load in (lambda: load_for_inference(a), lambda: load_pretrained(VisionTransformer(num_classes=10, **SHAPE), a),
+                 lambda: load_teacher(DistillConfig(teacher=str(a)), 10, 16)):
+        with pytest.raises(CheckpointError, match="holds files of two runs: checkpoints/best.pt is run"):
+            load()
+    load_for_inference(a / "checkpoints" / "last.pt")  # the file itself, named: taken as given
+
+
+def test_a_checkpoint_with_a_config_but_no_class_names_says_so(runs, tmp_path):
+    folder, ckpt = runs
+    old = {k: v for k, v in ckpt.items() if k not in ("identity", "run_id")}
+    torch.save({**old, "class_names": None}, tmp_path / "old.pt")
+    with pytest.raises(CheckpointError, match="records no class names, so its predictions cannot be named"):
+        load_for_inference(tmp_path / "old.pt")
+
+
+def test_a_nan_score_never_wins_the_choice_of_weights(runs, tmp_path):
+    folder, ckpt = runs
+    torch.save({**ckpt, "last_eval": {"step": ckpt["step"], "metric": "top1", "model": float("nan"), "ema": 50.0}},
+               tmp_path / "nan.pt")
+    assert open_weights(tmp_path / "nan.pt", "ckpt").source == "ema"

@@ -60,6 +60,11 @@ TORCHVISION = [(re.compile(p), r) for p, r in (
 def timm_names(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], str]:
     """`weights` under timm's names, and which naming they came in ("timm" or "torchvision")."""
     weights = encoder_weights(strip_wrappers(weights))
+    networks = [k[: -len(ANCHOR)] for k in weights if k == ANCHOR or k.endswith("." + ANCHOR)] + \
+        [k[: -len("conv_proj.weight")] for k in weights if k == "conv_proj.weight" or k.endswith(".conv_proj.weight")]
+    if len(networks) > 1:  # Lightning's model.* beside model_ema.*, DINO's student.* beside teacher.*: which one?
+        raise ConfigError(f"model.pretrained holds {len(networks)} networks ({', '.join(p or '(no prefix)' for p in networks)}"
+                          f"); save the one you mean as its own state dict (its keys without the prefix) and give that")
     if "conv_proj.weight" not in weights and not any(k == ANCHOR for k in weights):
         outer = next((k[: -len(ANCHOR)] for k in weights if k.endswith("." + ANCHOR)), None) or next(
             (k[: -len("conv_proj.weight")] for k in weights if k.endswith(".conv_proj.weight")), None)
@@ -136,6 +141,8 @@ def encoder_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 LAYER_SCALE = re.compile(r"^blocks\.\d+\.ls[12]\.gamma$")
 QK_NORM = re.compile(r"^blocks\.\d+\.attn\.[qk]_norm\.")
 HEADS = ("head.", "head_dist.", "fc.")  # the ViT's heads, a ResNet's classifier
+# what may start fresh when a file lacks it: the heads, a distillation token the file never had, a probe's norm
+FRESH_OK = HEADS + ("dist_token", "head_norm.")
 OFF = {"model.init_values": "null", "model.qk_norm": "false", "model.reg_tokens": "0"}
 
 
@@ -216,13 +223,22 @@ def fit_pretrained(model: nn.Module, weights: dict[str, torch.Tensor], source: s
                               f"{tuple(own[key].shape)} in this model; set the model's embed_dim, depth, num_heads, "
                               f"mlp_ratio and patch_size to those of the weights")
     skipped = {k.split(" ")[0] for k in report["reinitialised"]}
-    report["reinitialised"] += [k for k in own if k not in weights and k not in skipped
-                                and not (k == "pos_embed" and fixed_pos)]
+    fresh = [k for k in own if k not in weights and k not in skipped and not (k == "pos_embed" and fixed_pos)]
+    report["reinitialised"] += fresh
     if not report["loaded"]:
         names = ", ".join(list(weights)[:4])
         raise ConfigError(f"model.pretrained: no tensor in {path} fits this model: it holds {len(weights)} tensors "
                           f"named like {names}, not ViT weights from vit-train, timm, DeiT or torchvision")
     check_options(weights, own, config)
+    trained = [k for k in fresh if not k.startswith(FRESH_OK)]
+    if trained and report["loaded"]:  # a network missing trained parts would be trained from a partial init
+        if "fc_norm.weight" in weights and any(k.startswith("norm.") for k in trained):
+            raise ConfigError(f"model.pretrained: {path.name} normalises after pooling (timm's fc_norm, global_pool=avg, "
+                              f"no final norm): this ViT normalises before pooling, so it would compute another "
+                              f"function; give weights with a final norm (timm's global_pool=token or class-token ViTs)")
+        raise ConfigError(f"model.pretrained: {path.name} lacks {len(trained)} trained tensors of this network "
+                          f"({', '.join(trained[:4])}{', ...' if len(trained) > 4 else ''}); they would start at their "
+                          f"init inside trained weights: give the whole state dict")
     model.load_state_dict(chosen, strict=False)
     distill = " (a distillation token and head: model.distilled=true keeps them)" \
         if "dist_token" in report["ignored"] else ""

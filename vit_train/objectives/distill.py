@@ -39,6 +39,7 @@ from vit_train.objectives.classify import (  # noqa: F401  (scored, evaluated an
     BEST_TEXT, HIGHER_IS_BETTER, METRIC, READS_LABELS, build_model, data_text, eval_text, evaluate, flops_per_image,
     inference_model, pretrained_target, score_text)
 from vit_train.objectives.classify import check as check_classifier
+from vit_train.objectives.weights_in import check_classes, first_difference, open_weights, resolve
 
 NAME = "distill"  # objective.name
 SECTIONS = ("distill",)  # config sections of its own
@@ -163,8 +164,6 @@ def teacher_file(cfg: DistillConfig, resuming: bool = False) -> Path:
     """The file `cfg.teacher` names, by the rule of every door for weights (objectives/weights_in.py
     `resolve`: a file, or a run directory's best.pt). ConfigError (one line) when there is none; for a
     relative path in a resumed run, it says the path is relative to where the first run started."""
-    from vit_train.objectives.weights_in import resolve
-
     if not cfg.teacher:
         raise ConfigError("distill.teacher is not set; give a vit-train checkpoint (.pt) or run directory, a "
                           ".safetensors file, or distill.teacher_arch=NAME with a state-dict file")
@@ -185,8 +184,6 @@ def load_teacher(cfg: DistillConfig, num_classes: int, img_size: int, resuming: 
     classification model, else a timm model when timm is installed) with a state-dict file. ConfigError
     (one line) for a missing file (`resuming`: see teacher_file), one without a classifier head (e.g. MAE
     pre-training), or a teacher whose recorded classes are not `class_names` (names and order)."""
-    from vit_train.objectives.weights_in import check_classes, open_weights
-
     path = teacher_file(cfg, resuming)
     incoming = open_weights(cfg.teacher, "distill.teacher")  # the file teacher_file found, logged as the user wrote it
     if incoming.config is not None and "model" in incoming.config:
@@ -230,7 +227,11 @@ def vit_train_teacher(incoming, num_classes: int, img_size: int) -> tuple[nn.Mod
     if class_names is not None and len(class_names) != num_classes:
         raise ConfigError(f"distill.teacher {path.name} predicts {len(class_names)} classes, the data has "
                           f"{num_classes}; distil from a teacher trained on these classes")
-    teacher.load_state_dict(at_size(teacher, weights) if is_vit else weights)
+    try:
+        teacher.load_state_dict(at_size(teacher, weights) if is_vit else weights)
+    except RuntimeError as e:  # tensors that do not fit the network the file's own config names
+        raise ConfigError(f"distill.teacher={incoming.given}: its weights do not fit the network its config names "
+                          f"({first_difference(e)}); the file was edited or damaged: distil from a sound one") from None
     return teacher, f"vit-train {teacher_cfg.model.name}"
 
 
@@ -275,15 +276,8 @@ def named_teacher(arch: str, weights: dict, num_classes: int, img_size: int, pat
         teacher.load_state_dict(weights)
     except RuntimeError as e:
         raise ConfigError(f"distill.teacher={path.name} does not fit {arch} with {num_classes} classes: "
-                          f"{_first_difference(e)}") from None
+                          f"{first_difference(e)}") from None
     return teacher
-
-
-def _first_difference(error: RuntimeError) -> str:
-    """load_state_dict's error in one short line: the first few missing or unexpected keys, or the shape."""
-    lines = str(error).splitlines()
-    detail = lines[1].strip() if len(lines) > 1 else str(error)
-    return detail if len(detail) <= 200 else detail[:200].rsplit(",", 1)[0] + ", ...\""
 
 
 @torch.no_grad()

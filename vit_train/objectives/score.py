@@ -14,10 +14,11 @@ BY_METRIC = {module.METRIC: module for module in (classify, mae)}
 
 
 def better(metric: str, score: float, than: float | None) -> bool:
-    """Whether `score` beats `than` (None: nothing yet) for `metric` ("top1" higher, "loss" lower); a tie does not."""
+    """Whether `score` beats `than` (None: nothing yet) for `metric` ("top1" higher, "loss" lower); a tie does
+    not, a non-finite `score` never does, and any finite one beats a NaN."""
     if not math.isfinite(score):
         return False
-    if than is None:
+    if than is None or math.isnan(than):  # a NaN score (a diverged evaluation) is beaten by any finite one
         return True
     return score > than if BY_METRIC[metric].HIGHER_IS_BETTER else score < than
 

@@ -29,10 +29,10 @@ from typing import Any
 import torch
 
 from vit_train.errors import CheckpointError, ConfigError
-from vit_train.models.architecture import differences, identity, revealed
+from vit_train.models.architecture import architecture, differences, head_classes, identity, revealed
 from vit_train.objectives.score import best_weights
 from vit_train.outputs.checkpoint import checkpoint_file
-from vit_train.outputs.identity import class_difference, run_id_of, shown_classes
+from vit_train.outputs.identity import class_difference, mixed_runs, mixed_text, run_id_of, shown_classes
 from vit_train.outputs.weights import ema_weights, eval_score, read_weights, strip_wrappers
 
 log = logging.getLogger("vit_train")
@@ -97,14 +97,15 @@ def open_weights(given: str | Path, key: str, weights: str = "auto", said_as: st
         raise ConfigError(f"weights must be auto, model or ema; got {weights!r}")
     path = resolve(given, key)
     state, metadata, ckpt = read_weights(path)
-    config = metadata.get("config") if isinstance(metadata.get("config"), dict) else None
+    config = metadata.get("config")  # a run config names its network; another tool's "config" metadata does not
+    config = config if isinstance(config, dict) and isinstance(config.get("model"), dict) else None
     if ckpt is not None:
         source, why = _checkpoint_choice(ckpt, path, weights)
         state = ema_weights(ckpt["ema"]) if source == "ema" else ckpt["model"]
         record = ckpt.get("identity") or identity(ckpt["config"], ckpt.get("class_names"), run_id_of(ckpt))
         record = {**record, "weights": source, "step": ckpt.get("step"), "score": eval_score(ckpt, source)}
     else:
-        record = metadata.get("identity") if isinstance(metadata.get("identity"), dict) else None
+        record = metadata.get("identity")
         if record is None and config is not None:  # exports written before the identity record
             record = {**identity(config, metadata.get("class_names"), None), "weights": metadata.get("weights")}
         source = (record or {}).get("weights") or "file"
@@ -114,8 +115,49 @@ def open_weights(given: str | Path, key: str, weights: str = "auto", said_as: st
                                   if source != "file" else f"{key}={given} is a plain weights file; weights=auto")
         why = "the only set the file holds"
     incoming = Incoming(key, str(given), path, strip_wrappers(state), source, why, record, config, ckpt, metadata)
+    if record is not None:
+        check_record(incoming, ckpt.get("class_names") if ckpt is not None else metadata.get("class_names"))
+    if Path(given).expanduser().is_dir():  # a run directory's best.pt: of that run, not another one's put there
+        run_dir = path.parent.parent
+        found = mixed_runs(run_dir, path, (record or {}).get("run_id"))
+        if found is not None:
+            raise CheckpointError(f"{key}={given}: {mixed_text(run_dir, *found)}; move {', '.join(found[0])} out of "
+                                  f"it, or give the checkpoint you mean (a .pt file)")
     log.info("%s", describe(incoming, said_as))
     return incoming
+
+
+def _pair(difference: str, other: str) -> str:
+    """"model.depth=3 (here 4)" -> "model.depth=3 in the record, 4 in its tensors" (`other` names the second side)."""
+    field, value = difference.split(" (here ")
+    return f"{field} in the record, {value.rstrip(')')} {other}"
+
+
+def check_record(incoming: Incoming, class_names: Any) -> None:
+    """CheckpointError (one line) when a file's identity record is malformed or contradicts the file: its
+    class names or architecture against the file's own class names and config, or against what its
+    tensors show (their shapes, the head's class count). A file edited by hand, or by another tool."""
+    record, said = incoming.identity, f"{incoming.key}={incoming.given}"
+    names, arch = record.get("class_names") if isinstance(record, dict) else None, \
+        record.get("architecture") if isinstance(record, dict) else None
+    if not isinstance(record, dict) or not isinstance(arch, (dict, type(None))) or not (
+            names is None or isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise CheckpointError(f"{said}: its identity record is malformed (architecture a mapping, class_names a list of "
+                              f"names); the file was edited or not written by vit-train: do not use it as it is")
+    found = []
+    if names is not None and isinstance(class_names, list) and class_difference(class_names, names) is not None:
+        found.append(f"its class names differ from the record's ({class_difference(names, class_names, 'in the record', 'in the file')})")
+    if arch and incoming.config is not None:
+        found += [_pair(d, "in its config") for d in differences(arch, architecture(incoming.config["model"]))]
+    tensors = {k.removeprefix("encoder."): v for k, v in incoming.weights.items() if not k.startswith("decoder.")}
+    if arch:
+        found += [_pair(d, "in its tensors") for d in differences(arch, revealed(tensors))]
+    heads = head_classes(tensors)
+    if names is not None and heads is not None and heads != len(names):
+        found.append(f"its head has {heads} outputs for the record's {len(names)} class names")
+    if found:
+        raise CheckpointError(f"{said} contradicts itself: {'; '.join(found)}; the file was edited or damaged: do not "
+                              f"use it as it is")
 
 
 def _checkpoint_choice(ckpt: dict, path: Path, weights: str) -> tuple[str, str]:
@@ -220,3 +262,10 @@ def _new_head(incoming: Incoming, theirs: int | None, ours: int | None, class_na
                  "are these classes in this order cannot be checked (model.reset_head=true starts a new head)",
                  incoming.key, theirs)
     return False
+
+
+def first_difference(error: RuntimeError) -> str:
+    """load_state_dict's error in one short line: the first few missing or unexpected keys, or the shape."""
+    lines = str(error).splitlines()
+    detail = lines[1].strip() if len(lines) > 1 else str(error)
+    return detail if len(detail) <= 200 else detail[:200].rsplit(",", 1)[0] + ", ...\""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +69,26 @@ def recorded_run_ids(run_dir: Path, besides: Path) -> dict[str, str]:
         if rid:
             found[f"checkpoints/{path.name}"] = rid
     return found
+
+
+def mixed_runs(run_dir: Path, path: Path, run_id: str | None) -> tuple[dict[str, str], str, list[str]] | None:
+    """Whether `run_dir` holds files of more than one run, counting the checkpoint `path` (run id `run_id`)
+    taken from it or offered to it: None when they agree (or record no ids), else ({file: run id} of the
+    files of another run than the directory's, the directory's run id, its own files). The directory's
+    run is the one its results.json names, else the one most of its checkpoints name."""
+    inside = path.resolve().parent == (run_dir / "checkpoints").resolve()
+    taken = f"checkpoints/{path.name}" if inside else str(path)
+    ids = {taken: run_id, **recorded_run_ids(run_dir, besides=path)}
+    ids = {where: rid for where, rid in ids.items() if rid}
+    if len(set(ids.values())) < 2:
+        return None
+    counts = Counter(rid for where, rid in ids.items() if where != "results.json" and (inside or where != taken))
+    own = ids.get("results.json") or counts.most_common(1)[0][0]
+    return ({w: r for w, r in ids.items() if r != own}, own, [w for w, r in ids.items() if r == own])
+
+
+def mixed_text(run_dir: Path, strangers: dict[str, str], own: str, mine: list[str]) -> str:
+    """`mixed_runs`' finding in words: which files are another run's."""
+    named, theirs = ", ".join(strangers), next(iter(strangers.values()))
+    return (f"{run_dir} holds files of two runs: {named} {'is' if len(strangers) == 1 else 'are'} run {theirs[:8]}'s, "
+            f"{', '.join(mine)} run {own[:8]}'s: another run's checkpoint was put here")

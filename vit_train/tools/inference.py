@@ -17,7 +17,7 @@ from vit_train.errors import CheckpointError, ConfigError
 from vit_train.models.vit import VisionTransformer
 from vit_train.objectives import objective_of
 from vit_train.objectives.score import best_weights
-from vit_train.objectives.weights_in import open_weights
+from vit_train.objectives.weights_in import first_difference, open_weights
 from vit_train.outputs.weights import ema_weights
 
 log = logging.getLogger("vit_train")
@@ -46,10 +46,13 @@ def load_for_inference(path: str | Path, weights: Weights = "auto",
     Raises ConfigError, CheckpointError (one line): a plain state dict names no network to rebuild.
     """
     incoming = open_weights(path, "ckpt", weights, said_as=f"weights={weights}")
-    if incoming.config is None or not incoming.class_names:
+    if incoming.config is None:
         raise ConfigError(f"ckpt={path} is a state dict without a vit-train config: it names no network to rebuild; "
                           f"give a vit-train checkpoint, run directory or vit-export .safetensors, or train from "
                           f"these weights (vit-train model.pretrained=<it>)")
+    if not incoming.class_names:
+        raise CheckpointError(f"ckpt={path} records no class names, so its predictions cannot be named; train from its "
+                              f"weights on your data (vit-train model.pretrained=<it>)")
     ckpt = incoming.checkpoint or {"config": incoming.config, "class_names": incoming.class_names, "ema": None,
                                    "model": incoming.weights, "step": (incoming.identity or {}).get("step"),
                                    "preprocess": (incoming.metadata or {}).get("preprocess"),
@@ -67,7 +70,11 @@ def load_for_inference(path: str | Path, weights: Weights = "auto",
     resized = cfg.model.img_size != trained_size
     state = incoming.weights
     # the model its objective trained (a classifier; MAE: the autoencoder, at its own size only)
-    model = objective_of(cfg).inference_model(cfg, trained_size, len(ckpt["class_names"]), state)
+    try:
+        model = objective_of(cfg).inference_model(cfg, trained_size, len(ckpt["class_names"]), state)
+    except RuntimeError as e:  # load_state_dict: tensors that do not fit the network the file's own config names
+        raise CheckpointError(f"ckpt={path}: its weights do not fit the network its config names "
+                              f"({first_difference(e)}); the file was edited or damaged: do not use it as it is") from None
     if resized:
         learned = isinstance(getattr(model, "pos_embed", None), torch.nn.Parameter)
         log.info("evaluating at %dx%d, trained at %dx%d: %s", cfg.model.img_size, cfg.model.img_size,

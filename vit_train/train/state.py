@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import random
-from collections import Counter
 from dataclasses import InitVar, asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -23,7 +22,7 @@ from vit_train.outputs.checkpoint import versions
 from vit_train.config.schema import Config
 from vit_train.config.unused_keys import VIT_ONLY
 from vit_train.models.architecture import identity
-from vit_train.outputs.identity import recorded_run_ids, run_id_of
+from vit_train.outputs.identity import mixed_runs, mixed_text, run_id_of
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.data.preprocess import eval_spec
 from vit_train.objectives import Objective, objective_state, section_owner
@@ -141,30 +140,21 @@ def restore(ckpt: dict, model: nn.Module, optimizer, scaler) -> TrainState:
 
 def check_own_run(path: Path, ckpt: dict, run_dir: Path) -> None:
     """Refuse (CheckpointError, one line, nothing touched) to resume in a run directory whose files name
-    more than one run: another run's checkpoint copied in (as last.pt, a step file or best.pt) would be
-    continued here, or kept beside this run's. The directory's run is the one its results.json names,
-    else the one most of its checkpoints name (the checkpoint resumed from counts); the message names
-    the files of another run. Checkpoints written before run ids were kept are not checked."""
+    more than one run (outputs/identity.py `mixed_runs`): another run's checkpoint copied in (as last.pt,
+    a step file or best.pt) would be continued here, or kept beside this run's; resuming another run's
+    file into a directory that holds a run would overwrite it. Checkpoints written before run ids were
+    kept are not checked."""
     inside = path.resolve().parent == (run_dir / "checkpoints").resolve()
-    resumed = f"checkpoints/{path.name}" if inside else str(path)
-    ids = {resumed: run_id_of(ckpt), **recorded_run_ids(run_dir, besides=path)}
-    ids = {where: rid for where, rid in ids.items() if rid}
-    if len(set(ids.values())) < 2:
+    found = mixed_runs(run_dir, path, run_id_of(ckpt))
+    if found is None:
         return
-    counts = Counter(rid for where, rid in ids.items() if where != "results.json" and (inside or where != resumed))
-    own = ids.get("results.json") or counts.most_common(1)[0][0]
-    strangers = [where for where, rid in ids.items() if rid != own]
-    theirs = ids[strangers[0]]
-    named = ", ".join(strangers)
-    mine = ", ".join(where for where, rid in ids.items() if rid == own)
-    if not inside and resumed in strangers:  # resume=<another run's file> into a directory that holds a run
-        raise CheckpointError(f"{path} is run {theirs[:8]}'s checkpoint, but {run_dir} holds run {own[:8]}'s files "
-                              f"({mine}): continued there it would overwrite them; resume it in a new directory "
-                              f"(hydra.run.dir=<a new directory>)")
-    raise CheckpointError(f"{run_dir} holds files of two runs: {named} {'is' if len(strangers) == 1 else 'are'} run "
-                          f"{theirs[:8]}'s, {mine} run {own[:8]}'s: another run's checkpoint was put here; move "
-                          f"{named} out of {run_dir} (to continue that run: resume=<its file> hydra.run.dir=<a new "
-                          f"directory>), then resume")
+    strangers, own, mine = found
+    if not inside and str(path) in strangers:  # resume=<another run's file> into a directory that holds a run
+        raise CheckpointError(f"{path} is run {strangers[str(path)][:8]}'s checkpoint, but {run_dir} holds run "
+                              f"{own[:8]}'s files ({', '.join(mine)}): continued there it would overwrite them; "
+                              f"resume it in a new directory (hydra.run.dir=<a new directory>)")
+    raise CheckpointError(f"{mixed_text(run_dir, strangers, own, mine)}; move {', '.join(strangers)} out of {run_dir} "
+                          f"(to continue that run: resume=<its file> hydra.run.dir=<a new directory>), then resume")
 
 
 def check_data_position(state: TrainState, saved: dict, cfg: Config, train_images: int) -> None:
