@@ -96,7 +96,10 @@ def open_weights(given: str | Path, key: str, weights: str = "auto", said_as: st
     if weights not in ("auto", "model", "ema"):
         raise ConfigError(f"weights must be auto, model or ema; got {weights!r}")
     path = resolve(given, key)
-    state, metadata, ckpt = read_weights(path)
+    try:
+        state, metadata, ckpt = read_weights(path)
+    except CheckpointError as e:  # say which key named the file, and what it takes
+        raise CheckpointError(f"{key}={given}: {e}; give {INPUTS}") from None
     config = metadata.get("config")  # a run config names its network; another tool's "config" metadata does not
     config = config if isinstance(config, dict) and isinstance(config.get("model"), dict) else None
     if ckpt is not None:
