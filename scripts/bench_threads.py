@@ -9,8 +9,8 @@ in one process, first with nothing of ours beside them ("idle"), then beside `--
 spin loops this script starts and stops itself ("busy"); each setting's median is given as a ratio
 to the best median of the same condition. Prints a Markdown table, the CPU and the load averages.
 
-    python scripts/bench_threads.py                    # 40 steps, 3 rounds, 2 busy processes
-    python scripts/bench_threads.py --steps 20 --rounds 1 --json bench.json
+    python scripts/bench_threads.py                    # 20 steps, 3 rounds, 2 busy processes
+    python scripts/bench_threads.py --steps 10 --rounds 1 --json bench.json   # a quick look
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def table(results: dict, busy: int) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=40, help="training steps per measurement")
+    parser.add_argument("--steps", type=int, default=20, help="training steps per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per condition (median)")
     parser.add_argument("--busy", type=int, default=2, help="spin-loop processes beside the busy condition")
     parser.add_argument("--json", help="also write the figures to this file")

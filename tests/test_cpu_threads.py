@@ -10,7 +10,8 @@ import os
 import pytest
 
 from vit_train.runtime import cpu
-from vit_train.runtime.cpu import busy_cpus, cpu_threads, cpu_ticks, share_of_cpus
+from vit_train.runtime.cpu import (busy_cpus, cpu_threads, cpu_ticks, load_of_others, process_age, recent_load,
+                                   share_of_cpus)
 
 
 @pytest.mark.parametrize("usable, affinity, busy, processes, threads", [
@@ -67,21 +68,49 @@ def test_busy_cpus_are_the_busy_share_of_the_sample_less_this_process():
     assert sampled([(1000, 4000), (1000, 4000)]) == 0.0                    # no tick passed
 
 
+def test_the_load_average_counts_without_this_processes_own_part():
+    assert load_of_others(2.0, own_cpu_seconds=0.0, age_seconds=30.0) == 2.0    # this process was idle
+    assert load_of_others(2.0, own_cpu_seconds=9.0, age_seconds=None) == 2.0    # its age unknown: all others'
+    assert load_of_others(3.0, own_cpu_seconds=12000.0, age_seconds=6000.0) == 1.0  # long-lived, 2 CPUs' worth
+    # a command 6 s old that computed all along has added 1 - exp(-0.1) of one CPU to the average
+    assert load_of_others(2.0, own_cpu_seconds=6.0, age_seconds=6.0) == pytest.approx(1.9048374180359595, abs=1e-12)
+    assert load_of_others(0.5, own_cpu_seconds=12000.0, age_seconds=6000.0) == 0.0  # never below 0
+
+
+def test_process_age_comes_from_proc(tmp_path):
+    (tmp_path / "self").mkdir()
+    # pid (comm with ") " in it) state, then fields 4..21, then field 22: starttime in ticks since boot
+    (tmp_path / "self" / "stat").write_text("42 (a) b) S " + " ".join(["0"] * 18) + f" {500 * os.sysconf('SC_CLK_TCK')} 7 8\n")
+    (tmp_path / "uptime").write_text("512.25 1000.00\n")
+    assert process_age(tmp_path) == 12.25
+    assert process_age(tmp_path / "absent") is None
+
+
+def test_the_load_average_is_read_only_when_the_process_may_use_the_whole_machine(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.5, 1.0, 1.0))
+    monkeypatch.setattr(cpu, "process_age", lambda: None)
+    assert recent_load({0, 1, 2, 3}) == 3.5
+    assert recent_load({0, 1}) == 0.0  # taskset or a cpuset: the machine's load says nothing of these CPUs
+
+
 @pytest.fixture
-def two_cpus(monkeypatch, tmp_path):
+def two_cpus(monkeypatch):
     """A process allowed CPUs 0 and 1, no thread settings in the environment, no cgroup quota; the
-    busy CPUs its sample would find are set with `two_cpus(busy)`."""
+    busy CPUs its sample would find and the load average's count of others are set with
+    `two_cpus(busy, load)`, which returns the CPU sets sampled."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(cpu, "usable_cpus", lambda: len(os.sched_getaffinity(0)))
     sampled_cpus = []
 
-    def busy(value):
+    def busy(value, load=0.0):
         def sample(cpus):
             sampled_cpus.append(cpus)
             return value
         monkeypatch.setattr(cpu, "busy_cpus", sample)
+        monkeypatch.setattr(cpu, "recent_load", lambda cpus: load)
         return sampled_cpus
     return busy
 
@@ -91,13 +120,22 @@ def test_the_default_leaves_out_the_cpus_other_processes_keep_busy(two_cpus):
     assert cpu_threads() == (2, "2 CPUs / 1 process of this run")
     assert sampled_cpus == [{0, 1}]  # the sample covers the CPUs this process may use
     two_cpus(1.94)
-    assert cpu_threads() == (1, "2 CPUs / 1 process of this run; 1.9 CPUs busy with other processes at start")
+    assert cpu_threads() == (1, "2 CPUs / 1 process of this run; other processes keep 1.9 of them busy")
     two_cpus(0.7)
-    assert cpu_threads() == (1, "2 CPUs / 1 process of this run; 0.7 CPUs busy with other processes at start")
+    assert cpu_threads() == (1, "2 CPUs / 1 process of this run; other processes keep 0.7 of them busy")
+
+
+def test_the_last_minutes_load_counts_when_the_sample_falls_in_a_pause(two_cpus):
+    two_cpus(0.1, load=2.6)  # a pause in the other work: a sample alone chose 2 threads (docs/speed.md)
+    assert cpu_threads() == (1, "2 CPUs / 1 process of this run; other processes keep 2.6 of them busy")
+    two_cpus(1.5, load=0.2)  # work that has just started: the sample sees it, the average not yet
+    assert cpu_threads() == (1, "2 CPUs / 1 process of this run; other processes keep 1.5 of them busy")
+    two_cpus(0.1, load=0.3)
+    assert cpu_threads() == (2, "2 CPUs / 1 process of this run")
 
 
 def test_a_setting_the_environment_or_a_one_cpu_share_need_no_sample(two_cpus, monkeypatch):
-    calls = two_cpus(2.0)
+    calls = two_cpus(2.0, load=2.0)
     assert cpu_threads(2) == (2, "trainer.cpu_threads")  # the user's word, even on a busy machine
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert cpu_threads() == (2, "OMP_NUM_THREADS")

@@ -22,8 +22,8 @@ import torch
 
 log = logging.getLogger("vit_train")
 
-# A CPU counts as taken by other work when more than this share of it was busy while sampled: a
-# thread sharing a CPU with a process that runs most of the time stalls every operation's barrier.
+# Busy CPUs are rounded to whole ones taken by other work, from this share of a CPU on: a thread
+# sharing a CPU with a process that runs half the time or more stalls every operation's barrier.
 TAKEN = 0.5
 SAMPLE_SECONDS = 0.25  # how long the other processes' CPU use is sampled at start
 
@@ -84,11 +84,43 @@ def busy_cpus(cpus: set[int], seconds: float = SAMPLE_SECONDS,
     return min(float(len(cpus)), max(0.0, busy / total * len(cpus)))
 
 
+def load_of_others(load: float, own_cpu_seconds: float, age_seconds: float | None) -> float:
+    """The 1-minute load average `load` (runnable tasks, an exponential average over about a minute)
+    less this process's estimated part in it: its CPU time over its age as a steady rate, weighted as
+    the average weighs the process's `age_seconds` (a fresh command has added little; a long-lived
+    process, a benchmark or a sweep running jobs one after another in one process, its full rate).
+    An unknown age (None) counts nothing as this process's. At least 0."""
+    if not age_seconds or age_seconds <= 0:
+        return max(0.0, load)
+    rate = own_cpu_seconds / age_seconds
+    return max(0.0, load - rate * (1 - math.exp(-age_seconds / 60)))
+
+
+def process_age(proc: Path = Path("/proc")) -> float | None:
+    """Seconds since this process started, from Linux's /proc (None elsewhere)."""
+    try:
+        fields = (proc / "self" / "stat").read_text().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in ticks since boot
+        return float((proc / "uptime").read_text().split()[0]) - started
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def recent_load(cpus: set[int]) -> float:
+    """CPUs other processes kept busy over the last minute, from the load average: only where `cpus`
+    (this process's affinity) is the whole machine, which is what the load average counts; else 0.0.
+    It sees steady work that a short sample may catch in a pause (tests between two steps, jobs
+    waiting on a file), and it counts tasks waiting on a disk too, so it errs toward fewer threads."""
+    if not hasattr(os, "getloadavg") or len(cpus) != (os.cpu_count() or 0):
+        return 0.0
+    return load_of_others(os.getloadavg()[0], sum(os.times()[:2]), process_age())
+
+
 def share_of_cpus(usable: int, affinity: int, busy: float, processes: int) -> int:
     """Threads for one of `processes` processes of a run: `usable` CPUs (affinity capped by the
     quota) without those that other work keeps busy (`busy` CPUs of the `affinity` ones the sample
-    covered; a CPU counts as taken above TAKEN of it), divided among the processes, at least 1."""
-    taken = math.floor(busy + 1 - TAKEN)  # busy rounded, half a CPU up
+    covered, rounded up from TAKEN of a CPU on), divided among the processes, at least 1."""
+    taken = math.floor(busy + 1 - TAKEN)
     free = min(usable, max(0, affinity - taken))
     return max(1, free // max(1, processes))
 
@@ -99,8 +131,9 @@ def cpu_threads(setting: int | None = None) -> tuple[int, str]:
     `trainer.cpu_threads` when set; else OMP_NUM_THREADS when the environment sets it (the user,
     torchrun, or joblib's workers in a `hydra/launcher=parallel` sweep, which get CPUs // n_jobs);
     else this process's share: usable CPUs (affinity and quota) less those other processes keep
-    busy during a short sample at start (`busy_cpus`), divided by the processes of this run on the
-    node (LOCAL_WORLD_SIZE), at least 1. (Loader workers run one thread each, as torch sets them.)
+    busy, the more of a short sample at start (`busy_cpus`) and the last minute's load average
+    (`recent_load`), divided by the processes of this run on the node (LOCAL_WORLD_SIZE), at least
+    1. (Loader workers run one thread each, as torch sets them.)
     """
     if setting:
         return setting, "trainer.cpu_threads"
@@ -108,11 +141,11 @@ def cpu_threads(setting: int | None = None) -> tuple[int, str]:
         return int(os.environ["OMP_NUM_THREADS"]), "OMP_NUM_THREADS"
     cpus, local = usable_cpus(), max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     affinity = _affinity()
-    busy = busy_cpus(affinity) if cpus > local else 0.0  # one thread each anyway: nothing to sample
+    busy = max(busy_cpus(affinity), recent_load(affinity)) if cpus > local else 0.0  # else one thread anyway
     why = f"{cpus} CPUs / {local} process{'es' if local > 1 else ''} of this run"
     threads = share_of_cpus(cpus, len(affinity), busy, local)
     if threads < max(1, cpus // local):
-        why += f"; {busy:.1f} CPUs busy with other processes at start"
+        why += f"; other processes keep {busy:.1f} of them busy"
     return threads, why
 
 
