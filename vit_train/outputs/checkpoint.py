@@ -90,17 +90,66 @@ def short_of_space(folder: Path, model: torch.nn.Module, moments: int, ema: torc
 def save_run_checkpoint(state: dict[str, Any], folder: Path, keep_last: int, best: bool) -> None:
     """last.pt, plus step_<N>.pt for the `keep_last` newest saves when keep_last > 1, plus best.pt.
 
-    The step files and best.pt are hard links to a last.pt version (copies where links are not
-    supported); the oldest step files are removed only once the new checkpoint is safely written.
+    last.pt's rename is the save's commit point: its names (step_<N>.pt, best.pt) are hard links to it
+    (copies where links are not supported) made after it, and the oldest step files are removed last,
+    once every new name is in place. A kill between two of these leaves last.pt complete and agreeing
+    with its own best step; the resume completes the save (`repair_run_checkpoints`), so no prefix of
+    the sequence loses or mislabels the best weights.
     """
     last = folder / "last.pt"
     save_checkpoint(state, last)
+    complete_save(folder, last, state["step"], keep_last, best)
+
+
+def complete_save(folder: Path, current: Path, step: int, keep_last: int, best: bool) -> None:
+    """Give the checkpoint `current` (of step `step`) its other names: step_<N>.pt when keep_last > 1
+    and best.pt when `best`; then remove the step files past the `keep_last` newest. Each name already
+    on `current` is left as it is, so completing a save twice does nothing the second time."""
+    def named(path: Path) -> bool:
+        return path.exists() and os.path.samefile(path, current)
+
+    if keep_last > 1 and not named(folder / f"step_{step:08d}.pt"):
+        copy_checkpoint(current, folder / f"step_{step:08d}.pt")
+    if best and not named(folder / "best.pt"):
+        copy_checkpoint(current, folder / "best.pt")
     if keep_last > 1:
-        copy_checkpoint(last, folder / f"step_{state['step']:08d}.pt")
         for old in step_files(folder)[keep_last:]:
-            old.unlink()
-    if best:
-        copy_checkpoint(last, folder / "best.pt")
+            if not named(old):  # never the checkpoint a resume just took (resume=<an older step file>)
+                old.unlink()
+
+
+def repair_run_checkpoints(folder: Path, current: Path, step: int, best_step: int | None, keep_last: int) -> None:
+    """Complete a save that a kill interrupted, before a resumed run goes on from `current` (a checkpoint of
+    its own run directory, of step `step`, whose best score came from `best_step`; None before any
+    evaluation): its step file, best.pt holding `best_step`, the rotation. best.pt is relinked when it holds
+    another step and the weights of `best_step` are kept (in `current` or a step file); otherwise a warning
+    says what best.pt holds. Raises CheckpointError when a link cannot be written."""
+    best = folder / "best.pt"
+    holds = saved_step(best) if best.is_file() else None
+    if best_step is not None and best_step != step and holds != best_step:
+        source = folder / f"step_{best_step:08d}.pt"
+        if source.is_file() and saved_step(source) == best_step:
+            log.warning("best.pt holds step %s, not step %d where the run's best score is: relinked to %s",
+                        holds, best_step, source.name)
+            copy_checkpoint(source, best)
+        elif holds is not None:
+            log.warning("best.pt holds step %d, not step %d where the run's best score is, whose weights no file keeps "
+                        "(the run was resumed from an older checkpoint); best.pt is replaced at the next new best",
+                        holds, best_step)
+    is_best = best_step == step and not (best.is_file() and os.path.samefile(best, current)) and holds != step
+    if is_best:
+        log.warning("best.pt holds step %s, not step %d where the run's best score is (a save interrupted between "
+                    "last.pt and best.pt): relinked to %s", holds, step, current.name)
+    complete_save(folder, current, step, keep_last, is_best)
+
+
+def saved_step(path: Path) -> int | None:
+    """The step a checkpoint file holds (its pickle only: tensors are mapped, not read); None when unreadable."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return int(ckpt["step"])
+    except Exception:  # noqa: BLE001 - damaged, truncated, not a checkpoint: its step is unknown
+        return None
 
 
 def step_files(folder: Path) -> list[Path]:
@@ -230,5 +279,23 @@ def checkpoint_file(path: str | Path) -> Path:
         return path
     folder = path if path.name == "checkpoints" else path / "checkpoints"
     if (folder / "best.pt").is_file():
-        return folder / "best.pt"
+        return _newest_best(folder)
     return find_resume_checkpoint(str(path), path, mmap=True)[0]
+
+
+def _newest_best(folder: Path) -> Path:
+    """best.pt, or last.pt when a kill fell between last.pt's rename and best.pt's at a step that set a new
+    best (last.pt names its own step as the best, best.pt holds an older one) and no resume has repaired it."""
+    best, last = folder / "best.pt", folder / "last.pt"
+    if not last.is_file() or os.path.samefile(best, last):
+        return best
+    try:
+        head = torch.load(last, map_location="cpu", weights_only=True, mmap=True)
+        newest = head.get("best_score") is not None and head.get("best_step") == head["step"]
+    except Exception:  # noqa: BLE001 - an unreadable last.pt: best.pt is what there is
+        return best
+    if newest and saved_step(best) != head["step"]:
+        log.info("%s holds step %s, but the run's best is step %d in %s (a save interrupted before best.pt): using %s",
+                 best, saved_step(best), head["step"], last.name, last)
+        return last
+    return best

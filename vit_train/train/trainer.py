@@ -22,7 +22,8 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from vit_train.runtime import distributed
 from vit_train.outputs import rundir
 from vit_train.train.batches import batches
-from vit_train.outputs.checkpoint import find_resume_checkpoint, run_checkpoints, save_run_checkpoint, short_of_space
+from vit_train.outputs.checkpoint import (find_resume_checkpoint, repair_run_checkpoints, run_checkpoints,
+                                           save_run_checkpoint, short_of_space)
 from vit_train.config.schema import Config
 from vit_train.data.first_batches import FirstBatches
 from vit_train.errors import CheckpointError, RunStopped, UserError
@@ -78,6 +79,7 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
         try:
             if ckpt:
                 log.info("resumed from %s at epoch %d, step %d", ckpt_path, run.state.epoch + 1, run.state.step)
+                complete_interrupted_save(run, Path(ckpt_path))
                 for change in changes:
                     log.warning("changed since the checkpoint: %s", change)
             else:
@@ -131,6 +133,16 @@ def loop(run: Run) -> dict[str, Any]:
     return finish(run, "completed")
 
 
+def complete_interrupted_save(run: Run, path: Path) -> None:
+    """A resume from this run's own checkpoint first completes the save a kill may have cut short: its step
+    file, best.pt holding the run's best step, the rotation (checkpoint.repair_run_checkpoints). Another
+    run's checkpoint (resume=<its file>) is left as it is."""
+    folder, state = run.run_dir / "checkpoints", run.state
+    if run.ctx.is_main and path.resolve().parent == folder.resolve():
+        repair_run_checkpoints(folder, path, state.step, state.best_step if state.best_score is not None else None,
+                               run.cfg.trainer.keep_last)
+
+
 def how_to_train_longer(run: Run) -> str:
     """What to raise so a finished run trains on: trainer.max_steps when that cap ended it, else trainer.epochs."""
     t = run.cfg.trainer
@@ -175,8 +187,19 @@ def save(run: Run, best: bool = False) -> None:
         if run.ctx.is_main:
             ckpt = checkpoint_state(run.model, run.optimizer, run.scheduler, run.scaler, run.ema, run.state, run.cfg,
                                     run.overrides, run.data.class_names, run.objective)
+            sync_logs(run)  # the rows up to this step reach the disk before the checkpoint that will not log them again
             save_run_checkpoint(ckpt, run.run_dir / "checkpoints", run.cfg.trainer.keep_last, best)
         distributed.barrier()
+
+
+def sync_logs(run: Run) -> None:
+    """fsync metrics.jsonl and the TensorBoard event files (after a power loss the resume keeps the rows up
+    to its checkpoint's step and logs none of them again, so they must be on disk before it)."""
+    if run.logger.tb is not None:
+        run.logger.tb.flush()
+    for path in [run.run_dir / "metrics.jsonl", *sorted((run.run_dir / "tb").glob("events.out.tfevents.*"))]:
+        with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+            os.fsync(f.fileno())
 
 
 def evaluate(run: Run) -> dict[str, float]:
