@@ -143,3 +143,25 @@ def test_a_setting_the_environment_or_a_one_cpu_share_need_no_sample(two_cpus, m
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # one CPU per process: one thread whatever the load
     assert cpu_threads() == (1, "2 CPUs / 2 processes of this run")
     assert calls == []
+
+
+def test_a_resumed_run_keeps_the_count_it_was_trained_with(two_cpus, monkeypatch, tmp_path):
+    """The count changes a CPU run's last bits: a resume on a machine busier (or quieter) than at the
+    start must not pick another one, or it is no longer exact. The user's setting still wins."""
+    calls = two_cpus(2.0, load=2.0)  # now busy: the default would say 1
+    assert cpu_threads(None, resumed=2) == (2, "as the run was trained with, for an exact resume")
+    assert cpu_threads(1, resumed=2) == (1, "trainer.cpu_threads")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert cpu_threads(None, resumed=2) == (1, "OMP_NUM_THREADS")
+    assert calls == []
+
+
+def test_a_checkpoint_records_the_thread_count(tmp_path, monkeypatch):
+    import torch
+
+    from helpers.configs import tiny_config
+    from vit_train.train.trainer import train
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    train(tiny_config(data={"train_size": 64, "val_size": 32, "batch_size": 32}, trainer={"max_steps": 1}), tmp_path)
+    assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["cpu_threads"] == 2

@@ -125,12 +125,13 @@ def share_of_cpus(usable: int, affinity: int, busy: float, processes: int) -> in
     return max(1, free // max(1, processes))
 
 
-def cpu_threads(setting: int | None = None) -> tuple[int, str]:
+def cpu_threads(setting: int | None = None, resumed: int | None = None) -> tuple[int, str]:
     """(torch intra-op threads for this process, why).
 
     `trainer.cpu_threads` when set; else OMP_NUM_THREADS when the environment sets it (the user,
     torchrun, or joblib's workers in a `hydra/launcher=parallel` sweep, which get CPUs // n_jobs);
-    else this process's share: usable CPUs (affinity and quota) less those other processes keep
+    else, for a resumed run, `resumed`: the count its checkpoint was trained with (another count
+    changes a CPU run's last bits, so a resume would not be exact); else this process's share: usable CPUs (affinity and quota) less those other processes keep
     busy, the more of a short sample at start (`busy_cpus`) and the last minute's load average
     (`recent_load`), divided by the processes of this run on the node (LOCAL_WORLD_SIZE), at least
     1. (Loader workers run one thread each, as torch sets them.)
@@ -139,6 +140,8 @@ def cpu_threads(setting: int | None = None) -> tuple[int, str]:
         return setting, "trainer.cpu_threads"
     if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
         return int(os.environ["OMP_NUM_THREADS"]), "OMP_NUM_THREADS"
+    if resumed:
+        return resumed, "as the run was trained with, for an exact resume"
     cpus, local = usable_cpus(), max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     affinity = _affinity()
     busy = max(busy_cpus(affinity), recent_load(affinity)) if cpus > local else 0.0  # else one thread anyway
@@ -149,9 +152,9 @@ def cpu_threads(setting: int | None = None) -> tuple[int, str]:
     return threads, why
 
 
-def set_cpu_threads(setting: int | None = None) -> int:
+def set_cpu_threads(setting: int | None = None, resumed: int | None = None) -> int:
     """Apply `cpu_threads` to torch and log it; returns the thread count."""
-    threads, why = cpu_threads(setting)
+    threads, why = cpu_threads(setting, resumed)
     torch.set_num_threads(threads)
     log.info("CPU threads: %d (%s; trainer.cpu_threads=N to change)", threads, why)
     return threads

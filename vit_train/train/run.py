@@ -101,7 +101,7 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
         log.setLevel(logging.WARNING)  # rank 0 reports; the others only warn
         log.removeHandler(early)  # and write no train.log
     device = pick_device(t.device, ctx.local_rank)
-    set_cpu_threads(t.cpu_threads)
+    set_cpu_threads(t.cpu_threads, ckpt.get("cpu_threads") if ckpt else None)  # a resume keeps the run's count
     torch.manual_seed(cfg.seed)
     data = build_data(cfg, device, ctx.rank, ctx.world_size, labels=kind.READS_LABELS)
     model = kind.build_model(cfg, len(data.class_names))  # MAE: the autoencoder around the ViT (docs/mae.md)

@@ -112,6 +112,7 @@ def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: Averag
         "identity": identity(cfg.to_dict(), class_names, state.run_id),  # what the weights are, for every door
         "preprocess": eval_spec(cfg),
         "versions": versions(),
+        "cpu_threads": torch.get_num_threads(),  # a resume takes the same count (runtime/cpu.py): exact on the CPU
         "objective": objective_state(objective) if objective is not None else None,
     }
 
