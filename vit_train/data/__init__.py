@@ -43,6 +43,23 @@ class Data:
             self.train_unreadable.report(epoch)
 
 
+# the start methods the standard library has; joblib's loky workers (hydra/launcher=parallel) make
+# their own default, under which DataLoader workers cannot start ("'Process' object has no attribute 'env'")
+STANDARD_START_METHODS = ("fork", "spawn", "forkserver")
+
+
+def worker_context() -> str | None:
+    """The multiprocessing start method for loader workers: the process's default when it is a standard
+    one (None: the DataLoader's own choice), else the platform's standard default ("fork" on Linux,
+    "spawn" elsewhere), so that loaders start inside a parallel sweep job's worker process too."""
+    import multiprocessing
+
+    current = multiprocessing.get_start_method(allow_none=True)
+    if current is None or current in STANDARD_START_METHODS:
+        return None
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() and os.name == "posix" else "spawn"
+
+
 def _worker_signals(worker_id: int) -> None:
     """Workers leave SIGINT (Ctrl-C reaches the whole process group) and SIGUSR1 to the training
     process, which checkpoints and then stops them. SIGTERM, from the loader's own shutdown or a
@@ -107,7 +124,8 @@ def build_data(cfg: Config, device: torch.device, rank: int = 0, world_size: int
         return Data(train, val, sampler, class_names, steps, stats)
     count = min(8, os.cpu_count() or 1) if d.num_workers is None else d.num_workers
     workers = dict(num_workers=count, persistent_workers=count > 0, pin_memory=device.type == "cuda",
-                   worker_init_fn=_worker_signals, prefetch_factor=4 if count else None)
+                   worker_init_fn=_worker_signals, prefetch_factor=4 if count else None,
+                   multiprocessing_context=worker_context() if count else None)
     # Each loader owns a generator, so creating an iterator never draws from the global RNG. The sampler
     # yields whole global batches (and a shorter last one after a batch-size change mid-epoch): nothing to drop.
     train_loader = DataLoader(TransformedDataset(train_base, train_tf), batch_size=d.batch_size // world_size,
