@@ -11,6 +11,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from vit_train.errors import DataError
 from vit_train.data.decode import IMAGE_ERRORS, open_rgb
+from vit_train.data.listing import list_images, path_is_image, say_skipped
 
 log = logging.getLogger("vit_train")
 
@@ -25,31 +26,37 @@ STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 class _FixedClassFolder(ImageFolder):
     """An ImageFolder whose classes are given (the train split's, NFC-normalised) and mapped onto this
-    split's own folder names; entries whose name starts with '.' are skipped at every depth."""
+    split's own folder names; its files are listed by listing.py (regular files only, each folder
+    once, names starting with '.' skipped at every depth)."""
 
     def __init__(self, root: Path, classes: list[str], folders: dict[str, str], allow_empty: bool):
         self._given = classes, {folder: classes.index(name) for name, folder in folders.items()}
-        super().__init__(str(root), loader=open_rgb, is_valid_file=lambda path: _visible_image(root, path),
-                         allow_empty=allow_empty)
+        super().__init__(str(root), loader=open_rgb, is_valid_file=path_is_image, allow_empty=allow_empty)
 
     def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
         return self._given
+
+    def make_dataset(self, directory: str, class_to_idx: dict[str, int], extensions=None, is_valid_file=None,
+                     allow_empty: bool = False) -> list[tuple[str, int]]:
+        """(path, class index) of every image of every class folder, in torchvision's order; raises
+        FileNotFoundError (as torchvision does) when a class folder has none and not `allow_empty`."""
+        samples, empty, skipped = [], [], []
+        for folder in sorted(class_to_idx):
+            files, passed = list_images(Path(directory) / folder)
+            samples += [(path, class_to_idx[folder]) for path in files]
+            skipped += [f"{folder}/{entry}" for entry in passed]
+            if not files:
+                empty.append(self._given[0][class_to_idx[folder]])  # the class's (NFC) name
+        say_skipped(directory, skipped)
+        if empty and not allow_empty:
+            raise FileNotFoundError(", ".join(empty))
+        return samples
 
     def __getitem__(self, index: int):
         try:
             return super().__getitem__(index)
         except IMAGE_ERRORS as e:
             raise UnreadableImage(index) from e
-
-
-def _visible_image(split: Path, path: str | Path) -> bool:
-    """An image file (by extension) with no hidden part ('.ipynb_checkpoints/', '._x.jpg', ...) below `split`."""
-    parts = Path(path).relative_to(split).parts
-    return path_is_image(path) and not any(part.startswith(".") for part in parts)
-
-
-def path_is_image(path: str | Path) -> bool:
-    return str(path).lower().endswith(IMG_EXTENSIONS)
 
 
 def class_folders(split: Path) -> dict[str, str]:
@@ -101,12 +108,10 @@ def load_image_folders(root: str | Path) -> tuple[ImageFolder, ImageFolder, list
                         f"{'; '.join(b for b in both if b)}; train/ and val/ need the same classes")
     try:
         train = _FixedClassFolder(splits["train"], classes, train_folders, allow_empty=False)
-    except FileNotFoundError:
-        empty = [c for c in classes if not any(_visible_image(splits["train"], p) and p.is_file()
-                                                for p in (splits["train"] / train_folders[c]).rglob("*"))]
-        raise DataError(f"class folder(s) with no images in {splits['train']}: {', '.join(empty)} "
-                        f"(image types: {' '.join(IMG_EXTENSIONS)}; names starting with '.' are skipped); "
-                        f"add images or remove the folder") from None
+    except FileNotFoundError as e:
+        raise DataError(f"class folder(s) with no images in {splits['train']}: {e.args[0]} "
+                        f"(image types: {' '.join(IMG_EXTENSIONS)}; names starting with '.' are skipped, and "
+                        f"files that are not regular files); add images or remove the folder") from None
     val = _FixedClassFolder(splits["val"], classes, val_folders, allow_empty=True)
     if len(val) == 0:
         raise DataError(f"{splits['val']} holds no images; put validation images in val/<class>/")
@@ -163,4 +168,6 @@ def load_unlabelled_folders(root: str | Path) -> tuple[UnlabelledImages, Unlabel
 
 
 def _images_under(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if _visible_image(folder, p) and p.is_file())
+    files, skipped = list_images(folder)
+    say_skipped(folder, skipped)
+    return sorted(Path(p) for p in files)

@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
-import glob
+import contextlib
+import os
+import stat
 from pathlib import Path
 
 import torch
@@ -15,7 +17,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from vit_train.config.schema import Config
 from vit_train.data.decode import IMAGE_ERRORS, open_rgb
-from vit_train.data.imagefolder import path_is_image
+from vit_train.data.listing import file_kind, list_images, path_is_image, say_skipped
 from vit_train.data.preprocess import eval_spec, eval_transform
 from vit_train.errors import ConfigError, DataError
 from vit_train.models.mae import MaskedAutoencoder
@@ -51,9 +53,10 @@ def image_files(entries: list[str]) -> list[str]:
         if path.is_dir():
             files += _folder_images(path, entry)
         elif path.exists() or not any(c in entry for c in GLOB_CHARACTERS):
+            _refuse_special(path, entry)
             files.append(entry)  # read_image says it if it does not exist
         else:
-            found = [m for m in sorted(glob.glob(str(path), recursive=True)) if Path(m).is_file() and _is_image(Path(m))]
+            found = _pattern_images(path)
             if not found:
                 raise DataError(f"images: the pattern {entry!r} matches no image file (image types: "
                                 f"{' '.join(IMG_EXTENSIONS)})")
@@ -61,13 +64,39 @@ def image_files(entries: list[str]) -> list[str]:
     return files
 
 
-def _is_image(path: Path) -> bool:
-    return not path.name.startswith(".") and path_is_image(path)
+def _refuse_special(path: Path, entry: str) -> None:
+    """A named file that exists but is not a regular file (a FIFO would block the read forever): one line."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # missing or a broken link: read_image says so
+    if not stat.S_ISREG(mode):
+        raise DataError(f"images: {entry} is {file_kind(mode)}, not a regular file; give image files, folders "
+                        f"or patterns")
+
+
+def _pattern_images(pattern: Path) -> list[str]:
+    """The regular image files a glob pattern matches, sorted, as glob.glob spells them; names starting
+    with '.' are skipped at every depth below the pattern's fixed part, and `**` does not follow links to
+    folders (a link loop would repeat every file, or never end)."""
+    parts = pattern.parts
+    fixed = next(i for i, part in enumerate(parts) if any(c in part for c in GLOB_CHARACTERS))
+    base = Path(*parts[:fixed]) if fixed else Path()
+    found = []
+    for match in base.glob(str(Path(*parts[fixed:]))):
+        if any(part.startswith(".") for part in match.relative_to(base).parts) or not path_is_image(match.name):
+            continue
+        with contextlib.suppress(OSError):
+            if stat.S_ISREG(os.stat(match).st_mode):
+                found.append(str(match))
+    return sorted(found)
 
 
 def _folder_images(folder: Path, entry: str | None = None) -> list[str]:
-    """The image files directly in `folder`, sorted; with `entry` (a folder named as such), none is an error."""
-    found = sorted(str(p) for p in folder.iterdir() if p.is_file() and _is_image(p))
+    """The image files directly in `folder`, sorted (regular files only: listing.py); with `entry`
+    (a folder named as such), none is an error."""
+    found, skipped = list_images(folder, recursive=False)
+    say_skipped(folder, skipped)
     if not found and entry is not None:
         raise DataError(f"images: the folder {entry} holds no image files (image types: {' '.join(IMG_EXTENSIONS)}; "
                         f"sub-folders are not read: for a whole tree give a pattern, e.g. "
