@@ -2,6 +2,7 @@
 
 import csv
 import importlib.util
+import json
 import sys
 import threading
 
@@ -111,7 +112,9 @@ def test_a_sweep_directory_of_another_grid_is_not_resumed_into(grid, tmp_path):
     other = vit_train("-m", *SHORT, "optim.lr=2e-3", "model.patch_size=8", f"hydra.sweep.dir={sweep_dir}",
                       cwd=tmp_path)
     assert other.returncode == 1
-    assert "holds a job of another sweep" in read_results(sweep_dir / "0")["error"]
+    # issue 23: said beside the finished job's record (refused.json), which stays as it was
+    assert "holds a job of another sweep" in json.loads((sweep_dir / "0" / "refused.json").read_text())["error"]
+    assert read_results(sweep_dir / "0")["status"] == "completed"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None,

@@ -55,9 +55,11 @@ def _resumes_existing(resume: object) -> bool:
 
 
 def _output_subdir(resume: object, run_dir: str) -> str | None:
-    """.hydra/, unless the directory already holds a run (its record of how it started is kept), or
-    this is not the first of several processes (rank 0 keeps the record)."""
-    if _resumes_existing(resume) or (Path(run_dir) / "checkpoints").is_dir() or os.environ.get("RANK", "0") != "0":
+    """.hydra/, unless the directory already holds a run (its record of how it started is kept: a
+    finished sweep job whose checkpoints were deleted still has its results.json), or this is not the
+    first of several processes (rank 0 keeps the record)."""
+    held = (Path(run_dir) / "checkpoints").is_dir() or (Path(run_dir) / "results.json").is_file()
+    if _resumes_existing(resume) or held or os.environ.get("RANK", "0") != "0":
         return None
     return ".hydra"
 

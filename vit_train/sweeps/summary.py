@@ -21,7 +21,7 @@ import yaml
 
 from vit_train.config.schema import SweepConfig
 from vit_train.errors import UserError, exit_with
-from vit_train.sweeps.job import job_overrides, objective_value, read_results
+from vit_train.sweeps.job import job_overrides, objective_value, read_refusal, read_results
 
 COLUMNS = ("job", "status", "objective", "best_top1", "final_top1", "epochs", "images_per_s", "wall_seconds",
            "overrides")
@@ -111,7 +111,7 @@ def summarize(sweep_dir: Path, objective: str = "best_top1", direction: str = "m
     sign = -1 if direction == "maximize" else 1
     rows.sort(key=lambda r: (math.isnan(r["objective"]), sign * r["objective"] if not math.isnan(r["objective"]) else 0))
     _write_csv(sweep_dir / "summary.csv", rows)
-    table = _markdown(rows, objective, shown)
+    table = _markdown(rows, objective, shown) + _refusals(jobs)
     (sweep_dir / "summary.md").write_text(table)
     if out is not None:
         print(f"sweep {sweep_dir}: {len(rows)} jobs, sorted by {objective} ({direction})\n{table}", file=out)
@@ -127,10 +127,23 @@ def incomplete_jobs(sweep_dir: Path, rows: list[dict[str, Any]]) -> str | None:
             continue
         reason = ((read_results(Path(sweep_dir) / row["job"]) or {}).get("error") or "").strip().splitlines()
         names.append(f"job {row['job']} {row['status']}" + (f" ({reason[-1]})" if reason else ""))
+    for row in rows:
+        refusal = read_refusal(Path(sweep_dir) / row["job"])
+        if refusal:  # beside a record of another sweep's job, which the row shows
+            reason = str(refusal.get("error") or "").strip().splitlines()
+            names.append(f"job {row['job']} refused" + (f" ({reason[-1]})" if reason else ""))
     if not names:
         return None
-    return (f"{len(names)} of {len(rows)} jobs did not complete: {'; '.join(names)}; see their results.json and "
-            f"train.log, then re-run the same command with hydra.sweep.dir={sweep_dir} to retry them")
+    return (f"{len(names)} of {len(rows)} jobs did not complete: {'; '.join(names)}; see their results.json "
+            f"(refused.json for a refusal) and train.log, then re-run the same command with "
+            f"hydra.sweep.dir={sweep_dir} to retry them")
+
+
+def _refusals(jobs: list[Path]) -> str:
+    """Lines under the table for jobs of the latest sweep refused in a directory that holds another job."""
+    lines = [f"\nJob {job.name} of the latest sweep ({' '.join(r.get('overrides') or [])}) was refused: the row "
+             f"above is the job that directory already held.\n" for job in jobs if (r := read_refusal(job))]
+    return "".join(lines)
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
