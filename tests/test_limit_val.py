@@ -70,3 +70,38 @@ def test_a_partial_validation_is_marked_and_a_limit_past_the_set_is_the_whole_se
     assert whole["final_top1"] == unlimited["final_top1"] and whole_rows == unlimited_rows
     assert all("val_images" not in r for r in whole_rows)
     assert one["final_top1"] != unlimited["final_top1"] or one["final_loss"] != unlimited["final_loss"]
+
+
+@pytest.mark.parametrize("evals, best", [
+    # (partial?, top-1) in order -> (best score, its step, partial?)
+    ([(True, 14.8), (False, 13.5)], (13.5, 2, False)),   # a full validation replaces a partial best, even lower
+    ([(False, 13.5), (True, 90.0)], (13.5, 1, False)),   # a partial one never replaces a full best
+    ([(True, 10.0), (True, 12.0)], (12.0, 2, True)),     # partial against partial: the better
+    ([(False, 10.0), (False, 12.0), (True, 99.0)], (12.0, 2, False)),
+    ([(True, 10.0), (False, float("nan")), (False, 5.0)], (5.0, 3, False)),  # a NaN full score wins nothing
+])
+def test_a_partial_validations_score_never_competes_with_a_full_ones(evals, best):
+    """trainer=debug then resumed with a full validation: the partial 14.84% stayed best.pt and best_top1
+    against a full 14.25%. Partial scores compete only with partial ones."""
+    from vit_train.train.state import TrainState
+
+    state = TrainState()
+    for step, (partial, top1) in enumerate(evals, start=1):
+        state.step = step
+        state.record_eval("top1", {"model": top1}, partial=partial)
+    assert (state.best_score, state.best_step, state.best_partial) == best
+    assert state.last_eval.get("partial", False) == evals[-1][0]
+
+
+def test_results_and_the_export_identity_say_a_best_score_is_partial(tmp_path):
+    import json
+
+    import torch
+
+    from vit_train.outputs.weights import eval_score
+
+    train(tiny_config(trainer={"max_steps": 2, "limit_val_batches": 1}), tmp_path / "run")
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["best_partial"] is True and results["val_partial"] is True
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert ckpt["best_partial"] is True and eval_score(ckpt, "model")["partial"] is True

@@ -231,6 +231,7 @@ def results_summary(status: str, state, metrics: dict[str, float], wall_seconds:
         "final_top5": metrics.get("top5"), "final_loss": metrics.get("loss"), "final_ema_top1": metrics.get("ema_top1"),
         # trainer.limit_val_batches: the last evaluation covered only these val images (not the val set's top-1)
         "val_partial": "val_images" in metrics, "val_images": metrics.get("val_images"),
+        "best_partial": state.best_partial,  # the best score is a partial validation's (trainer.limit_val_batches)
         "best_loss": state.best_of("loss"),  # objective mae: lowest val reconstruction loss
         "epochs": state.epochs_done,
         "steps": state.step, "skipped_steps": state.skipped_steps,

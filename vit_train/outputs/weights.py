@@ -50,8 +50,9 @@ def eval_score(ckpt: dict[str, Any], source: str) -> dict[str, Any] | None:
     """{"metric", "value", "step"} of the weights `source` ("model" or "ema") at a checkpoint's last
     evaluation (`last_eval`), None when it records none."""
     last = ckpt.get("last_eval") or {}
-    if source in last:
-        return {"metric": last.get("metric") or "top1", "value": last[source], "step": last.get("step")}
+    if source in last:  # "partial": scored on a share of the val set (trainer.limit_val_batches)
+        return {"metric": last.get("metric") or "top1", "value": last[source], "step": last.get("step"),
+                **({"partial": True} if last.get("partial") else {})}
     return None
 
 

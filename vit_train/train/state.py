@@ -8,6 +8,7 @@ outputs/checkpoint.py only writes, reads and finds the files.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from dataclasses import InitVar, asdict, dataclass
 from pathlib import Path
@@ -43,6 +44,7 @@ class TrainState:
     best_metric: str = ""  # what best_score is: the objective's METRIC, "top1" (%, higher is better) or "loss" (lower)
     best_step: int = 0
     best_source: str = "model"  # which weights scored best_score: "model" or "ema"
+    best_partial: bool = False  # best_score came from a partial validation (trainer.limit_val_batches)
     last_eval: Optional[dict] = None  # the latest evaluation: {"step", "metric": "top1"|"loss", "model", "ema"}
     skipped_steps: int = 0  # steps whose update was skipped for a non-finite loss or gradient norm
     bad_in_a_row: int = 0
@@ -60,13 +62,21 @@ class TrainState:
             if legacy is not None:
                 self.best_metric, self.best_score = legacy
 
-    def record_eval(self, metric: str, scores: dict[str, float]) -> str:
+    def record_eval(self, metric: str, scores: dict[str, float], partial: bool = False) -> str:
         """One evaluation's `scores` {"model": ..., "ema"?: ...} for `metric`: the better of the two (the
-        model wins a tie) becomes the best score when it beats it. Returns which weights won."""
+        model wins a tie) becomes the best score when it beats it. A `partial` validation (a share of the
+        val set, trainer.limit_val_batches) is compared only with partial ones: a full validation's score
+        replaces a partial best, a partial one never replaces a full best. Returns which weights won."""
         source = winner(metric, scores)
-        self.last_eval = {"step": self.step, "metric": metric, **scores}  # weights=auto (vit-eval/predict/export)
-        if better(metric, scores[source], self.best_score if self.best_metric == metric else None):
-            self.best_score, self.best_metric = scores[source], metric
+        self.last_eval = {"step": self.step, "metric": metric, **scores,  # weights=auto (vit-eval/predict/export)
+                          **({"partial": True} if partial else {})}
+        current = self.best_score if self.best_metric == metric else None
+        if current is not None and partial != self.best_partial:
+            new = not partial and math.isfinite(scores[source])  # the full validation's score wins, whatever it is
+        else:
+            new = better(metric, scores[source], current)
+        if new:
+            self.best_score, self.best_metric, self.best_partial = scores[source], metric, partial
             self.best_step, self.best_source = self.step, source
         return source
 

@@ -224,7 +224,7 @@ def evaluate(run: Run) -> dict[str, float]:
                 ema_metrics["val_images"] = metrics["val_images"]
             run.logger.scalars("val_ema", state.step, ema_metrics)
             metrics[f"ema_{metric}"] = scores["ema"] = ema_metrics[metric]
-    state.record_eval(metric, scores)
+    state.record_eval(metric, scores, partial=val.partial)
     best = objective.score_text(state.best_score) if state.best_score is not None else "none"
     log.info("step %d (epoch %.2f): %s (best %s, %s)%s", state.step, state.epochs_done,
              objective.eval_text(metrics, ema_metrics, classes=len(run.data.class_names)), best, state.best_source,
@@ -245,8 +245,9 @@ def finish(run: Run, status: str) -> dict[str, Any]:
         write_results(run.run_dir, results)
     best = "not evaluated" if state.best_score is None else \
         f"best {shown(state.best_metric, state.best_score)} (step {state.best_step})"
-    if results["val_partial"]:
-        best += f" on a partial validation ({results['val_images']} images, trainer.limit_val_batches)"
+    if state.best_partial:  # the best score, not only the last evaluation, was a partial validation's
+        best += f" on a partial validation ({results['val_images']} images, trainer.limit_val_batches)" \
+            if results["val_images"] else " on a partial validation (trainer.limit_val_batches)"
     log.info("%s: %s, %d steps (%d skipped), %.0f images/s, %.0f s; outputs in %s", status, best, state.step,
              state.skipped_steps, results["images_per_s"] or 0, results["wall_seconds"], run.run_dir)
     return results
