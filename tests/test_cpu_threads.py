@@ -165,3 +165,28 @@ def test_a_checkpoint_records_the_thread_count(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     train(tiny_config(data={"train_size": 64, "val_size": 32, "batch_size": 32}, trainer={"max_steps": 1}), tmp_path)
     assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["cpu_threads"] == 2
+
+
+@pytest.mark.parametrize("value, count", [("4,2", 4), (" 3", 3), ("", None), ("0", None), ("x", None), (None, None)])
+def test_counts_from_the_environment_take_openmps_nested_form_and_ignore_empty_ones(monkeypatch, value, count):
+    """OMP_NUM_THREADS=4,2 (OpenMP's nested levels) was ignored; LOCAL_WORLD_SIZE= (empty) was a traceback."""
+    from vit_train.runtime.cpu import env_count
+
+    if value is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert env_count("OMP_NUM_THREADS") == count
+
+
+def test_an_empty_local_world_size_is_one_process(two_cpus, monkeypatch):
+    two_cpus(0.0)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "")
+    assert cpu_threads() == (2, "2 CPUs / 1 process of this run")
+
+
+def test_the_load_average_counts_at_most_the_cpus_it_covers(monkeypatch):
+    """A 1-minute load of 6 on 2 CPUs was said as 'other processes keep 5.5 of them busy'."""
+    monkeypatch.setattr(os, "getloadavg", lambda: (6.0, 6.0, 6.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert recent_load({0, 1}) == 2.0

@@ -113,7 +113,7 @@ def recent_load(cpus: set[int]) -> float:
     waiting on a file), and it counts tasks waiting on a disk too, so it errs toward fewer threads."""
     if not hasattr(os, "getloadavg") or len(cpus) != (os.cpu_count() or 0):
         return 0.0
-    return load_of_others(os.getloadavg()[0], sum(os.times()[:2]), process_age())
+    return min(float(len(cpus)), load_of_others(os.getloadavg()[0], sum(os.times()[:2]), process_age()))
 
 
 def share_of_cpus(usable: int, affinity: int, busy: float, processes: int) -> int:
@@ -123,6 +123,13 @@ def share_of_cpus(usable: int, affinity: int, busy: float, processes: int) -> in
     taken = math.floor(busy + 1 - TAKEN)
     free = min(usable, max(0, affinity - taken))
     return max(1, free // max(1, processes))
+
+
+def env_count(name: str) -> int | None:
+    """A positive count from the environment variable `name` (its first comma-separated field, spaces
+    ignored), None when it is unset, empty or not one."""
+    first = os.environ.get(name, "").split(",")[0].strip()
+    return int(first) if first.isdigit() and int(first) > 0 else None
 
 
 def cpu_threads(setting: int | None = None, resumed: int | None = None) -> tuple[int, str]:
@@ -138,11 +145,12 @@ def cpu_threads(setting: int | None = None, resumed: int | None = None) -> tuple
     """
     if setting:
         return setting, "trainer.cpu_threads"
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
-        return int(os.environ["OMP_NUM_THREADS"]), "OMP_NUM_THREADS"
+    omp = env_count("OMP_NUM_THREADS")  # OpenMP's nested form "4,2": the outer level's
+    if omp:
+        return omp, "OMP_NUM_THREADS"
     if resumed:
         return resumed, "as the run was trained with, for an exact resume"
-    cpus, local = usable_cpus(), max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    cpus, local = usable_cpus(), max(1, env_count("LOCAL_WORLD_SIZE") or 1)
     affinity = _affinity()
     busy = max(busy_cpus(affinity), recent_load(affinity)) if cpus > local else 0.0  # else one thread anyway
     why = f"{cpus} CPUs / {local} process{'es' if local > 1 else ''} of this run"
