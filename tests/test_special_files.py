@@ -120,3 +120,14 @@ def test_training_and_predict_through_the_commands_never_hang_on_a_fifo(tmp_path
     predicted = command("predict", f"ckpt={run_dir}", f"images=[{tmp_path / 'data' / 'val' / 'blue' / 'v.png'}]")
     assert predicted.returncode == 2 and predicted.stderr.count("\n") == 1
     assert "v.png is a FIFO, not a regular file" in predicted.stderr
+
+
+@pytest.mark.parametrize("target, said", [(".", "is a link to .*train or a folder above it"),
+                                          ("..", "is a link to .*train or a folder above it"),
+                                          ("blue", "'blue' and 'red' of .*train are one folder")])
+def test_a_class_folder_that_links_to_its_split_or_another_class_is_refused_in_one_line(tmp_path, target, said):
+    write_image_folder(tmp_path, {"train": 2, "val": 1}, classes=("blue",))
+    (tmp_path / "train" / "red").symlink_to(target)
+    (tmp_path / "val" / "red").mkdir()
+    with pytest.raises(DataError, match=said):
+        load_image_folders(tmp_path)

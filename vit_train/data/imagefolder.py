@@ -63,18 +63,33 @@ def class_folders(split: Path) -> dict[str, str]:
     """{NFC-normalised class name: folder name on disk} of a split's visible sub-folders.
 
     Names are compared after Unicode NFC normalisation: a folder copied from macOS (NFD names) matches
-    its twin that looks the same. Two folders with the same normalised name are refused.
+    its twin that looks the same. Two folders with the same normalised name are refused, and so are
+    class folders that are links to the split or a folder above it (every other class's images would
+    get this label) or two names of one folder (each image would get both labels).
     """
     folders: dict[str, str] = {}
+    above = {_identity(p) for p in [split, *split.resolve().parents]}
+    seen: dict[tuple[int, int], str] = {}
     for entry in sorted(split.iterdir()):
         if entry.name.startswith(".") or not entry.is_dir():
             continue
-        name = unicodedata.normalize("NFC", entry.name)
+        name, identity = unicodedata.normalize("NFC", entry.name), _identity(entry)
         if name in folders:
             raise DataError(f"{split} has two class folders named {name!r} (one with decomposed accents); "
                             f"merge them into one folder")
-        folders[name] = entry.name
+        if identity in above:
+            raise DataError(f"the class folder {entry} is a link to {split} or a folder above it, so every other "
+                            f"class's images would be read as {entry.name!r}; remove the link")
+        if identity in seen:
+            raise DataError(f"the class folders {seen[identity]!r} and {entry.name!r} of {split} are one folder "
+                            f"(a link), so each image would have two labels; remove the link or copy the images")
+        folders[name], seen[identity] = entry.name, entry.name
     return folders
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    info = path.stat()
+    return info.st_dev, info.st_ino
 
 
 def describe_unreadable(path: str) -> str:
