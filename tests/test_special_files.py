@@ -131,3 +131,18 @@ def test_a_class_folder_that_links_to_its_split_or_another_class_is_refused_in_o
     (tmp_path / "val" / "red").mkdir()
     with pytest.raises(DataError, match=said):
         load_image_folders(tmp_path)
+
+
+def test_a_plain_folder_lists_in_torchvisions_order(tmp_path):
+    """The same samples in the same order as torchvision's ImageFolder, so runs started before keep their batches."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+
+    for name in ("b.png", "a.png", "A.PNG", "sub/x.png", "sub/deep/y.jpg", "sub2/a.png", "Z/q.png", "sub-a.png",
+                 "sub.png", "notes.txt"):
+        if name.endswith(".txt"):
+            (tmp_path / "c" / name).write_text("not an image")
+        else:
+            write_image(tmp_path / "c" / name, "RGB", (4, 4))
+    files, skipped = list_images(tmp_path / "c")
+    assert files == [p for p, _ in make_dataset(str(tmp_path), {"c": 0}, extensions=IMG_EXTENSIONS)] and not skipped
+    assert len(files) == 9
