@@ -123,3 +123,28 @@ def test_the_training_log_shows_top5_only_when_it_can_be_below_100(tmp_path, cap
         train(cfg, tmp_path / "run")
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("step 1 "))
     assert ("top-5 " in line) == shown and "top-1 " in line, line
+
+
+def test_an_out_folder_holding_another_tools_metrics_json_is_refused_and_left_alone(tmp_path):
+    """out=<a folder of another tool> deleted the files its metrics.json listed (an adversarial trial)."""
+    from helpers.files import file_bytes
+    from vit_train.errors import ConfigError
+    from vit_train.tools.report import clear_previous
+
+    (tmp_path / "metrics.json").write_text('{"figures": ["report.pdf"], "acc": 0.9}')
+    (tmp_path / "report.pdf").write_text("x")
+    before = file_bytes(tmp_path)
+    with pytest.raises(ConfigError, match="holds a metrics.json that vit-eval did not write"):
+        clear_previous(tmp_path)
+    assert file_bytes(tmp_path) == before
+
+
+@pytest.mark.parametrize("out, says", [("folder", "is a folder; give a file name"),
+                                       ("m.safetensors", "does not end in .onnx, the format written")])
+def test_vit_export_refuses_an_out_that_is_a_folder_or_names_another_format(tmp_path, out, says):
+    from helpers.runs import command
+
+    (tmp_path / "folder").mkdir()
+    done = command("export", f"ckpt={tmp_path / 'none.pt'}", "format=onnx", f"out={tmp_path / out}")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert says in done.stderr, done.stderr  # said before the checkpoint is read

@@ -151,9 +151,14 @@ def _export(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
     from vit_train.tools.inference import load_for_inference
 
     ckpt_path = checkpoint_file(str(opts["ckpt"]))
-    model, cfg, ckpt, source = load_for_inference(ckpt_path, opts["weights"])
     fmt = str(opts["format"])
     out = Path(opts["out"]).expanduser() if opts["out"] else run_dir_of(str(ckpt_path)) / "export" / f"{ckpt_path.stem}.{fmt}"
+    if out.is_dir():
+        raise ConfigError(f"out={out} is a folder; give a file name, e.g. out={out / f'model.{fmt}'}")
+    if out.suffix != f".{fmt}":
+        raise ConfigError(f"out={out} does not end in .{fmt}, the format written (format={fmt}); name it "
+                          f"{out.with_suffix('.' + fmt).name}, or give format={out.suffix.lstrip('.') or '...'}")
+    model, cfg, ckpt, source = load_for_inference(ckpt_path, opts["weights"])
     return export(model, cfg, ckpt, source, fmt, out, bool(opts["verbose"])), export_text
 
 

@@ -21,6 +21,7 @@ import torch
 
 from vit_train.config.schema import Config, run_dir_of
 from vit_train.data import build_data
+from vit_train.errors import ConfigError
 from vit_train.extras import available
 from vit_train.models.mae import MaskedAutoencoder
 from vit_train.objectives import objective_of
@@ -82,16 +83,21 @@ def _readable(value: Any) -> str:
 
 
 def clear_previous(out: Path) -> None:
-    """Remove the files of the evaluation written to `out` before (its metrics.json and the files it
-    lists), and nothing else: `out=` may be a folder that holds other things."""
+    """Remove the files of the evaluation written to `out` before (its metrics.json and the PNG figures
+    it lists), and nothing else: `out=` may be a folder that holds other things. ConfigError (one line)
+    when `out` holds a metrics.json of another tool (no "checkpoint" key): it is neither replaced nor
+    are the files it lists removed."""
     previous = out / "metrics.json"
     try:
-        listed = json.loads(previous.read_text()).get("figures", [])
-    except (OSError, ValueError, AttributeError):
+        before = json.loads(previous.read_text())
+    except (OSError, ValueError):
         return
-    for name in listed:
+    if not isinstance(before, dict) or "checkpoint" not in before or not isinstance(before.get("figures", []), list):
+        raise ConfigError(f"{out} holds a metrics.json that vit-eval did not write; give another out= folder, so "
+                          f"that nothing of another tool's is replaced or removed")
+    for name in before.get("figures", []):
         stale = out / Path(str(name)).name
-        if stale.is_file():
+        if stale.suffix == ".png" and stale.is_file():  # vit-eval writes figures as PNG only
             stale.unlink()
     previous.unlink(missing_ok=True)
 
