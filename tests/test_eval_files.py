@@ -148,3 +148,16 @@ def test_vit_export_refuses_an_out_that_is_a_folder_or_names_another_format(tmp_
     done = command("export", f"ckpt={tmp_path / 'none.pt'}", "format=onnx", f"out={tmp_path / out}")
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert says in done.stderr, done.stderr  # said before the checkpoint is read
+
+
+def test_the_per_class_table_lines_up_with_wide_class_names():
+    """Chinese class names take two terminal columns each: the rows sat two columns off the header."""
+    from vit_train.cli.commands import columns
+
+    results = {"weights": "model", "checkpoint": "c.pt", "step": 1, "data": "imagefolder", "out_dir": "e",
+               "figures": [], "images": 4, "top1": 50.0, "top5": 100.0, "loss": 0.7,
+               "per_class": {"猫": 100.0, "dog": 0.0}, "confusion": [[2, 0], [2, 0]]}
+    header, *rows = eval_text(results).splitlines()[3:6]
+    at = columns(header[:header.index("top-1")]) + len("top-1")  # the terminal column where "top-1" ends
+    assert [columns(r[:r.index("%")]) for r in rows] == [at, at], [header, *rows]  # "100.0", "  0.0" end there
+    assert columns("猫") == 2 and columns("é") == 1 and columns("e\u0301") == 1

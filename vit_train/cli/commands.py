@@ -14,6 +14,7 @@ import json
 import logging
 import logging.handlers
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Any, Callable
 
@@ -104,6 +105,12 @@ def _eval(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
                                opts["out"], bool(opts["progress"])), eval_text
 
 
+def columns(text: str) -> int:
+    """Terminal columns `text` takes: East Asian wide and full-width characters (猫, ｶ) take two, combining
+    marks none (Unicode's East Asian Width, UAX #11)."""
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
 def eval_text(results: dict) -> str:
     """vit-eval's text: what was evaluated (checkpoint, step, weights, data, image size, overrides), the
     metrics (top-5 only with more than 5 classes: with fewer it is 100% by definition), per-class
@@ -118,13 +125,13 @@ def eval_text(results: dict) -> str:
     if "per_class" not in results:  # an objective without classes (mae): its reconstruction loss
         return (f"{what}: masked-autoencoder reconstruction loss {results['loss']:.4f} (masked patches, fixed masks)"
                 f"{written}")
-    width = max(len(name) for name in results["per_class"])
+    width = max(columns(name) for name in [*results["per_class"], "class"])
     counts = [sum(row) for row in results["confusion"]]
     top5 = f"   top-5 {results['top5']:.2f}%" if len(results["per_class"]) > 5 else ""
     lines = [f"{what}, {results['images']} images",
              f"top-1 {results['top1']:.2f}%{top5}   loss {results['loss']:.4f}\n",
              f"{'class':<{width}}  top-1    images"]
-    lines += [f"{name:<{width}}  {'-' if acc is None else f'{acc:5.1f}%'}  {count:>7}"
+    lines += [f"{name}{' ' * (width - columns(name))}  {'-' if acc is None else f'{acc:5.1f}%'}  {count:>7}"
               for (name, acc), count in zip(results["per_class"].items(), counts)]
     return "\n".join(lines) + written
 
