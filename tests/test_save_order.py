@@ -2,12 +2,14 @@
 that SIGKILLs the process before the n-th open-for-write, rename, link, unlink or fsync under
 checkpoints/, as `strace -e inject=...:signal=SIGKILL:when=N` does), then resumed: every file a user
 reads (last.pt, best.pt, the step files, results.json, metrics.jsonl, TensorBoard, train.log's last
-line) is compared with an uninterrupted run's."""
+line) is compared with an uninterrupted run's. With -m slow, strace itself also injects the kill."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +20,7 @@ import torch
 
 from helpers.configs import tiny_config
 from helpers.files import assert_same_run, read_results
-from helpers.fs_killer import arm
+from helpers.fs_killer import SAVES, arm, fake_state, save_all
 from vit_train.outputs import rundir
 from vit_train.outputs.checkpoint import (checkpoint_file, find_resume_checkpoint, repair_run_checkpoints,
                                           save_run_checkpoint)
@@ -31,22 +33,6 @@ SECTIONS = {"trainer": {"log_every": 1, "ckpt_every": 3, "keep_last": 2, "eval_e
 SEED = 1
 
 # ---------------------------------------------------------------- the save sequence alone, every call
-
-# (step, best_step) of each save, as the run above makes them; None: not evaluated yet
-SAVES = [(3, None), (4, 4), (6, 4), (8, 4), (9, 4), (12, 12), (15, 12), (16, 12)]
-
-
-def fake_state(step: int, best_step: int | None) -> dict:
-    """A small checkpoint whose tensors say which step it is."""
-    return {"model": {"w": torch.full((8,), float(step))}, "optimizer": {}, "scheduler": {}, "epoch": 0,
-            "step": step, "batch_in_epoch": 0, "config": {}, "class_names": ["a"],
-            "best_step": best_step or 0, "best_score": None if best_step is None else float(best_step)}
-
-
-def save_all(folder: Path, saves) -> None:
-    for step, best_step in saves:
-        save_run_checkpoint(fake_state(step, best_step), folder, keep_last=2, best=best_step == step)
-
 
 def layout(folder: Path) -> dict[str, int]:
     """file name -> the step it holds."""
@@ -88,29 +74,70 @@ def test_a_kill_at_every_call_of_the_saves_then_a_resume_leaves_the_uninterrupte
     for n in points:
         run_dir = tmp_path / f"kill_{n}"
         assert killed_saving(run_dir, n), n
-        folder = run_dir / "checkpoints"
-        found = find_resume_checkpoint("auto", run_dir)
-        if found is None:  # killed before the first last.pt
-            assert not (folder / "last.pt").exists()
-            rest = SAVES
-        else:
-            path, ckpt = found
-            step, best_step = ckpt["step"], (ckpt["best_step"] if ckpt["best_score"] is not None else None)
-            if best_step is not None:  # what vit-eval / predict / export take from the run directory
-                chosen = torch.load(checkpoint_file(run_dir), weights_only=True)
-                assert chosen["step"] == best_step, (n, calls[n - 1], chosen["step"], best_step)
-            rundir.remove_leftovers(run_dir)
-            repair_run_checkpoints(folder, path, step, best_step, keep_last=2)
-            got = layout(folder)
-            if best_step is not None:
-                assert got["best.pt"] == best_step, (n, calls[n - 1], got)
-            assert not [name for name in got if name.endswith(".tmp")], (n, got)
-            rest = [s for s in SAVES if s[0] > step]
-        save_all(folder, rest)
-        assert layout(folder) == want, (n, calls[n - 1], layout(folder))
-        for name in want:
-            assert torch.equal(torch.load(folder / name, weights_only=True)["model"]["w"],
-                               torch.load(reference / "checkpoints" / name, weights_only=True)["model"]["w"])
+        resume_and_finish_the_saves(run_dir, reference, (n, calls[n - 1]))
+
+
+def resume_and_finish_the_saves(run_dir: Path, reference: Path, where) -> None:
+    """After a kill in the saves: what vit-eval takes from the run directory is the newest checkpoint's
+    best step; the resume (leftovers removed, the save completed) leaves best.pt there and no *.tmp;
+    the saves left then leave exactly the reference's files (names, steps, tensors)."""
+    folder, want = run_dir / "checkpoints", layout(reference / "checkpoints")
+    found = find_resume_checkpoint("auto", run_dir)
+    if found is None:  # killed before the first last.pt
+        assert not (folder / "last.pt").exists()
+        rest = SAVES
+    else:
+        path, ckpt = found
+        step, best_step = ckpt["step"], (ckpt["best_step"] if ckpt["best_score"] is not None else None)
+        if best_step is not None:  # what vit-eval / predict / export take from the run directory
+            chosen = torch.load(checkpoint_file(run_dir), weights_only=True)
+            assert chosen["step"] == best_step, (where, chosen["step"], best_step)
+        rundir.remove_leftovers(run_dir)
+        repair_run_checkpoints(folder, path, step, best_step, keep_last=2)
+        got = layout(folder)
+        if best_step is not None:
+            assert got["best.pt"] == best_step, (where, got)
+        assert not [name for name in got if name.endswith(".tmp")], (where, got)
+        rest = [s for s in SAVES if s[0] > step]
+    save_all(folder, rest)
+    assert layout(folder) == want, (where, layout(folder))
+    for name in want:
+        assert torch.equal(torch.load(folder / name, weights_only=True)["model"]["w"],
+                           torch.load(reference / "checkpoints" / name, weights_only=True)["model"]["w"])
+
+
+def strace_renames(args: list[str], trace: Path) -> list[tuple[str, str]]:
+    """(syscall, its line) for each rename, renameat or renameat2 a command makes, in order, as strace records them."""
+    subprocess.run(["strace", "-f", "-qq", "-o", str(trace), "-e", "trace=rename,renameat,renameat2", *args],
+                   check=True, capture_output=True, timeout=300)
+    calls = [(re.search(r"\b(rename(?:at2?)?)\(", line), line) for line in trace.read_text().splitlines()]
+    return [(found.group(1), line) for found, line in calls if found and "resumed>" not in line]
+
+
+@pytest.mark.slow
+def test_strace_injected_kill_at_each_rename_of_a_best_save_then_a_resume_leaves_the_uninterrupted_files(tmp_path):
+    """The same check with the kill put by strace itself (`-e inject=rename:signal=SIGKILL:when=N`, the tool
+    the adversary used) at each rename of the save at step 12 (a new best): last.pt's, step_12's, best.pt's.
+    Skipped without a working strace."""
+    if not shutil.which("strace") or subprocess.run(["strace", "-qq", "-o", os.devnull, "true"]).returncode:
+        pytest.skip("no strace, or ptrace is not allowed here")
+    saves = [sys.executable, str(KILLER), "saves"]
+    reference = tmp_path / "reference"
+    renames = strace_renames([*saves, str(reference)], tmp_path / "trace")
+    ours = [i for i, (_, line) in enumerate(renames) if str(reference / "checkpoints") in line]
+    assert len(ours) == 2 * len(SAVES) + 2, renames  # last.pt and step_<N>.pt at each save, best.pt at 2 new bests
+    step_12 = next(i for i in ours if "step_00000012.pt.tmp" in renames[i][1])
+    at_12 = [ours[ours.index(step_12) + k] for k in (-1, 0, 1)]  # the save at step 12: last.pt, step_12, best.pt
+    assert "last.pt" in renames[at_12[0]][1] and "best.pt" in renames[at_12[2]][1]
+    for i in at_12:
+        syscall, line = renames[i]
+        when = sum(1 for name, _ in renames[:i + 1] if name == syscall)
+        run_dir = tmp_path / f"kill_{i}"
+        done = subprocess.run(["strace", "-f", "-qq", "-o", os.devnull, "-e", f"trace={syscall}", "-e",
+                               f"inject={syscall}:signal=SIGKILL:when={when}", *saves, str(run_dir)],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL), (line, done.returncode, done.stderr[-500:])
+        resume_and_finish_the_saves(run_dir, reference, line)
 
 
 def test_the_repair_relinks_a_stale_best_pt_to_the_step_file_that_keeps_the_best_weights(tmp_path):

@@ -9,6 +9,8 @@ is never made. Used by tests/test_save_order.py:
     ... "n": ["os.rename", "best.pt.tmp -> best.pt", 2]       # killed at the second rename of best.pt
 
 With n = 0 the run ends normally and prints the calls, one JSON list [kind, file name] a line.
+`python tests/helpers/fs_killer.py saves DIR` makes the scripted saves `SAVES` (small checkpoints, no
+training) in DIR/checkpoints, unarmed: for `strace -e inject=...` to kill.
 """
 
 from __future__ import annotations
@@ -19,7 +21,26 @@ import signal
 import sys
 from pathlib import Path
 
+# (step, best_step) of each save of tests/test_save_order.py's run; None: not evaluated yet
+SAVES = [(3, None), (4, 4), (6, 4), (8, 4), (9, 4), (12, 12), (15, 12), (16, 12)]
 WATCHED = {"open", "os.rename", "os.link", "os.remove", "shutil.copyfile", "os.truncate"}
+
+
+def fake_state(step: int, best_step: int | None) -> dict:
+    """A small checkpoint whose tensors say which step it is."""
+    import torch
+
+    return {"model": {"w": torch.full((8,), float(step))}, "optimizer": {}, "scheduler": {}, "epoch": 0,
+            "step": step, "batch_in_epoch": 0, "config": {}, "class_names": ["a"],
+            "best_step": best_step or 0, "best_score": None if best_step is None else float(best_step)}
+
+
+def save_all(folder: Path, saves=SAVES) -> None:
+    """`saves` as the run makes them: keep_last 2, best.pt at each new best."""
+    from vit_train.outputs.checkpoint import save_run_checkpoint
+
+    for step, best_step in saves:
+        save_run_checkpoint(fake_state(step, best_step), folder, keep_last=2, best=best_step == step)
 
 
 def arm(run_dir: Path, n: int | list, calls: list | None = None) -> None:
@@ -70,7 +91,9 @@ def arm(run_dir: Path, n: int | list, calls: list | None = None) -> None:
     sys.addaudithook(hook)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[1] == "saves":
+    save_all(Path(sys.argv[2]) / "checkpoints")
+elif __name__ == "__main__":
     sys.path[0] = str(Path(__file__).resolve().parents[1])  # tests/ first: `helpers` as a package
     from helpers.configs import tiny_config  # noqa: E402
 
