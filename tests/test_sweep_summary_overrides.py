@@ -113,3 +113,24 @@ def test_a_command_value_equal_to_the_jobs_is_fixed_however_it_is_written():
     assert swept_keys(jobs, ["trainer.progress=false", "name=a b", "optim.lr=1e-3"]) == set()
     assert swept_keys(jobs, ["trainer.progress=false", "name=a b", "optim.lr=1e-3,5e-4"]) == {"optim.lr"}
     assert swept_keys(jobs, None) == {"trainer.progress", "name", "optim.lr"}  # one job, no command: all
+
+
+def test_a_partial_validations_score_is_marked_in_the_summary(tmp_path):
+    """trainer=debug jobs (trainer.limit_val_batches) were ranked on 256 val images without a word."""
+    import json
+
+    from vit_train.sweeps.summary import summarize
+
+    for job, (top1, partial) in enumerate([(14.45, True), (12.0, False)]):
+        (tmp_path / str(job) / ".hydra").mkdir(parents=True)
+        (tmp_path / str(job) / ".hydra" / "overrides.yaml").write_text(f"- optim.lr={job + 1}e-3\n")
+        (tmp_path / str(job) / "results.json").write_text(json.dumps(
+            {"status": "completed", "best_top1": top1, "final_top1": top1, "best_partial": partial,
+             "val_partial": partial, "epochs": 1, "images_per_s": 1.0, "wall_seconds": 1.0}))
+    rows = summarize(tmp_path)
+    table = (tmp_path / "summary.md").read_text()
+    assert "| 0 | completed | 14.45* | 14.45* |" in table and "| 1 | completed | 12.00 | 12.00 |" in table, table
+    assert "\\* on a partial validation (trainer.limit_val_batches)" in table
+    with open(tmp_path / "summary.csv") as f:
+        assert [(r["job"], r["best_partial"]) for r in csv.DictReader(f)] == [("0", "True"), ("1", "False")]
+    assert [r["job"] for r in rows] == ["0", "1"]

@@ -24,7 +24,7 @@ from vit_train.errors import UserError, exit_with
 from vit_train.sweeps.job import job_overrides, objective_value, read_refusal, read_results
 
 COLUMNS = ("job", "status", "objective", "best_top1", "final_top1", "epochs", "images_per_s", "wall_seconds",
-           "overrides")
+           "best_partial", "val_partial", "overrides")  # *_partial: scored on a share of the val set
 
 
 def override_value(text: str) -> Any:
@@ -169,10 +169,14 @@ def _markdown(rows: list[dict[str, Any]], objective: str, shown: dict[str, str])
              "epochs", "images/s", "wall s", "overrides"]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for r in rows:
-        cells = [r["job"], r["status"], *([cell(r["objective"], 4)] if own else []), cell(r["best_top1"]),
-                 cell(r["final_top1"]), cell(r["epochs"]), cell(r["images_per_s"], 0), cell(r["wall_seconds"], 0),
-                 shown[r["job"]]]
+        best, last = ("*" if r.get("best_partial") else ""), ("*" if r.get("val_partial") else "")
+        cells = [r["job"], r["status"], *([cell(r["objective"], 4) + (best or last)] if own else []),
+                 cell(r["best_top1"]) + best, cell(r["final_top1"]) + last, cell(r["epochs"]),
+                 cell(r["images_per_s"], 0), cell(r["wall_seconds"], 0), shown[r["job"]]]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    if any(r.get("best_partial") or r.get("val_partial") for r in rows):
+        lines.append("\n\\* on a partial validation (trainer.limit_val_batches): a share of the val set, not its "
+                     "top-1; rank jobs on full validations")
     return "\n".join(lines) + "\n"
 
 
