@@ -140,7 +140,9 @@ def repair_run_checkpoints(folder: Path, current: Path, step: int, best_step: in
     if is_best:
         log.warning("best.pt holds step %s, not step %d where the run's best score is (a save interrupted between "
                     "last.pt and best.pt): relinked to %s", holds, step, current.name)
-    complete_save(folder, current, step, keep_last, is_best)
+    # a step file and the rotation only for last.pt, the one a save names: resuming an older file (a fallback
+    # past a damaged last.pt, or an explicit rewind) adds no step file and removes none
+    complete_save(folder, current, step, keep_last if current.name == "last.pt" else 1, is_best)
 
 
 def saved_step(path: Path) -> int | None:
