@@ -14,7 +14,9 @@ from vit_train.runtime.progress import progress_iter
 def evaluate(model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None,
              progress: bool = False, confusion: bool = False) -> dict:
     """Mean cross-entropy, top-1 and top-5 accuracy (%) over the whole loader; with `confusion`,
-    also the (classes, classes) confusion matrix (rows: true class, columns: predicted) as "confusion"."""
+    also the (classes, classes) confusion matrix (rows: true class, columns: predicted) as "confusion".
+    A loader that yields nothing (a stop signal ended it before its first batch: train/batches.py's
+    UntilStop) gives NaN figures and no matrix; the trainer drops such an evaluation."""
     was_training = model.training
     model.eval()
     totals = torch.zeros(4, device=device, dtype=torch.float64)  # loss sum, top-1 hits, top-5 hits, count
@@ -32,10 +34,11 @@ def evaluate(model: nn.Module, loader, device: torch.device, amp_dtype: torch.dt
                                hits.any(dim=1).sum(), torch.tensor(len(targets), device=device)]).double()
     model.train(was_training)
     sum_all(totals)  # with several processes, each evaluated its share: the sums are the whole set's
-    if confusion:
+    if confusion and matrix is not None:
         matrix = sum_all(matrix)
     loss, top1, top5, count = totals.tolist()
+    count = count or float("nan")
     metrics = {"loss": loss / count, "top1": 100 * top1 / count, "top5": 100 * top5 / count}
-    if confusion:
+    if confusion and matrix is not None:
         metrics["confusion"] = matrix.reshape(classes, classes).cpu()
     return metrics

@@ -4,7 +4,7 @@
 on the device: each epoch's order (`set_epoch`, skipping what a resumed run already trained on),
 the epoch roll-over, the progress (a bar on a terminal, lines in a log: progress.py), MixUp/CutMix,
 the first batch's figure, the narrow handling of a loader that a stop signal ended, and the stop
-agreement between processes.
+agreement between processes. `UntilStop` is the same narrow handling for an evaluation's loader.
 Unreadable images are dealt with inside the loader (data/unreadable.py).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Sized
 
 import torch
 
@@ -43,6 +43,34 @@ def next_batch(loader: Iterator, stop: StopRequest):
         if not stop.received:
             raise
         return None
+
+
+class UntilStop:
+    """The batches of `loader` (an evaluation's), ended early when a stop signal has also ended its
+    workers (the whole process group got it: SIGTERM ends workers quietly) instead of raising; `cut`
+    then says the pass ended early and its figures cover part of the set. The same loader error
+    without a signal is raised. A loader the signal left working (SIGINT, SIGUSR1, no workers) runs on."""
+
+    def __init__(self, loader: Sized, stop: StopRequest | None):
+        self.loader, self.stop, self.cut = loader, stop, False
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator:
+        self.cut = False
+        batches = iter(self.loader)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except LOADER_ENDED:
+                if self.stop is None or not self.stop.received:
+                    raise
+                self.cut = True
+                return
+            yield batch
 
 
 def end_epoch(state: TrainState, data: Data) -> None:

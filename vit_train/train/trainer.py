@@ -21,7 +21,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from vit_train.runtime import distributed
 from vit_train.outputs import rundir
-from vit_train.train.batches import batches
+from vit_train.train.batches import UntilStop, batches
 from vit_train.outputs.checkpoint import (find_resume_checkpoint, repair_run_checkpoints, run_checkpoints,
                                            save_run_checkpoint, short_of_space)
 from vit_train.config.schema import Config
@@ -105,6 +105,9 @@ def loop(run: Run) -> dict[str, Any]:
     """The training loop, its periodic eval/checkpoint/log and its end; returns the results summary."""
     state, t, run_dir = run.state, run.cfg.trainer, run.run_dir
     with logging_redirect_tqdm(), StopRequest(deferred=run.ctx.enabled) as stop:
+        if eval_pending(run):
+            log.info("evaluating step %d first: a stop signal came before its evaluation was done", state.step)
+            evaluate_and_save(run, stop)
         for images, targets in batches(run, stop):
             train_step(run, images, targets)
             if due(state.step, t.log_every) or state.step == run.total_steps:
@@ -114,23 +117,43 @@ def loop(run: Run) -> dict[str, Any]:
             if state.bad_in_a_row >= t.max_bad_steps:
                 finish(run, "diverged")
                 raise RunStopped(diverged_message(state, run_dir), exit_code=3)
-            epoch_done, final = state.batch_in_epoch == 0, state.step >= run.total_steps
-            if final or (due(state.step, t.eval_every) if t.eval_every else epoch_done):
-                evaluate(run)
-                save(run, best=state.best_step == state.step)
-            elif epoch_done or due(state.step, t.ckpt_every):
+            if state.step >= run.total_steps or eval_due(run):
+                evaluate_and_save(run, stop)
+            elif state.batch_in_epoch == 0 or due(state.step, t.ckpt_every):
                 save(run)
+        if not run.metrics and not stop:  # resumed a run that had already finished
+            log.info("the run already reached its last step (%d); %s", run.total_steps, how_to_train_longer(run))
+            evaluate_and_save(run, stop)
         if stop:
             save(run)
             finish(run, "interrupted")
             command = "torchrun <the same options> -m vit_train" if run.ctx.enabled else "vit-train"
             raise RunStopped(f"stopped by {stop.name} at step {state.step}; {run_dir / 'checkpoints' / 'last.pt'} "
                              f"holds it; continue with: {command} resume={run_dir}", stop.exit_code)
-        if not run.metrics:  # resumed a run that had already finished
-            log.info("the run already reached its last step (%d); %s", run.total_steps, how_to_train_longer(run))
-            evaluate(run)
-            save(run, best=state.best_step == state.step)
     return finish(run, "completed")
+
+
+def eval_due(run: Run) -> bool:
+    """Whether the step just taken is evaluated (every trainer.eval_every steps, else at each epoch's end);
+    the last step always is."""
+    state, every = run.state, run.cfg.trainer.eval_every
+    return due(state.step, every) if every else state.batch_in_epoch == 0
+
+
+def eval_pending(run: Run) -> bool:
+    """Whether the resumed step was due an evaluation that a stop signal left undone (`evaluate_and_save`);
+    the last step's is done by the finished-run path of `loop`."""
+    state, last = run.state, run.state.last_eval
+    return 0 < state.step < run.total_steps and eval_due(run) and (last is None or last["step"] != state.step)
+
+
+def evaluate_and_save(run: Run, stop: StopRequest) -> None:
+    """The evaluation due at this step, then last.pt (and best.pt when it set a new best). A stop signal
+    that has ended the val loader's workers (one sent to the whole process group) abandons it: nothing
+    of it is logged or kept, the stop's checkpoint holds the step, and the resumed run evaluates that
+    step first (`eval_pending`). A signal that leaves the loader working lets it finish."""
+    if evaluate(run, stop) is not None:
+        save(run, best=run.state.best_step == run.state.step)
 
 
 def complete_interrupted_save(run: Run, path: Path) -> None:
@@ -202,28 +225,35 @@ def sync_logs(run: Run) -> None:
             os.fsync(f.fileno())
 
 
-def evaluate(run: Run) -> dict[str, float]:
+def evaluate(run: Run, stop: StopRequest | None = None) -> dict[str, float] | None:
     """Evaluates the model (and its EMA) on the val set as the run's objective scores it; best.pt follows
-    whichever of the two scores better in the objective's direction (the raw model wins a tie)."""
+    whichever of the two scores better in the objective's direction (the raw model wins a tie).
+    Returns None, having logged and recorded nothing, when `stop` cut it short (`cut_short`)."""
     state, objective = run.state, objective_of(run.cfg)
     progress, metric, limit = run.cfg.trainer.progress and run.ctx.is_main, objective.METRIC, run.cfg.trainer.limit_val_batches
     with run.window.paused():
         val = FirstBatches(run.data.val_loader, limit)  # trainer.limit_val_batches: a partial validation, said so
-        metrics = objective.evaluate(run.eval_fn, val, run.device, run.amp_dtype, run.cfg, progress,
+        passes = UntilStop(val, stop)
+        metrics = objective.evaluate(run.eval_fn, passes, run.device, run.amp_dtype, run.cfg, progress,
                                      confusion=run.visuals is not None)
+        if cut_short(run, passes, stop):
+            return None
         if val.partial:
             metrics["val_images"] = int(distributed.sum_all(torch.tensor(float(val.images), device=run.device)).item())
-        if run.visuals is not None:
-            run.visuals.after_eval(run.model, state.step, metrics.pop("confusion", None))
-        run.logger.scalars("val", state.step, metrics)
         scores, ema_metrics = {"model": metrics[metric]}, None
         if run.ema is not None:
-            ema_metrics = objective.evaluate(run.ema.module, FirstBatches(run.data.val_loader, limit), run.device,
-                                             run.amp_dtype, run.cfg, progress)
+            passes = UntilStop(FirstBatches(run.data.val_loader, limit), stop)
+            ema_metrics = objective.evaluate(run.ema.module, passes, run.device, run.amp_dtype, run.cfg, progress)
+            if cut_short(run, passes, stop):
+                return None
             if val.partial:
                 ema_metrics["val_images"] = metrics["val_images"]
-            run.logger.scalars("val_ema", state.step, ema_metrics)
             metrics[f"ema_{metric}"] = scores["ema"] = ema_metrics[metric]
+        if run.visuals is not None:
+            run.visuals.after_eval(run.model, state.step, metrics.pop("confusion", None))
+        run.logger.scalars("val", state.step, {k: v for k, v in metrics.items() if not k.startswith("ema_")})
+        if ema_metrics is not None:
+            run.logger.scalars("val_ema", state.step, ema_metrics)
     state.record_eval(metric, scores, partial=val.partial)
     best = objective.score_text(state.best_score) if state.best_score is not None else "none"
     log.info("step %d (epoch %.2f): %s (best %s, %s)%s", state.step, state.epochs_done,
@@ -232,6 +262,18 @@ def evaluate(run: Run) -> dict[str, float]:
              f"batches (trainer.limit_val_batches={limit})" if val.partial else "")
     run.metrics = metrics
     return metrics
+
+
+def cut_short(run: Run, passes: UntilStop, stop: StopRequest | None) -> bool:
+    """Whether a stop signal ended an evaluation pass early in any process; then every process drops the
+    evaluation and agrees to stop at this step (one collective each, in every process alike)."""
+    if stop is None or not distributed.max_all(int(passes.cut), run.device):
+        return False
+    stop.agree(distributed.max_all(stop.received or 0, run.device))
+    if run.ctx.is_main:
+        log.warning("%s ended the evaluation at step %d with its loader's workers: it is left for the resumed run, "
+                    "which does it first", stop.name, run.state.step)
+    return True
 
 
 def finish(run: Run, status: str) -> dict[str, Any]:
