@@ -140,6 +140,36 @@ def test_a_group_signal_during_the_figure_work_or_the_ema_eval(tmp_path):
         assert_same_files(run, reference)
 
 
+@pytest.mark.slow  # three torchrun launches of 2 processes
+def test_sigterm_to_a_torchrun_group_during_an_eval_stops_both_processes_at_its_step(tmp_path):
+    """torchrun, 2 processes with a loader worker each: rank 0 signals the whole group (torchrun, both
+    processes, their workers) during the first evaluation. Both processes drop it and stop at step 4,
+    rank 0 writes last.pt; the resumed run evaluates step 4 first and ends as an uninterrupted one."""
+    import os
+
+    from helpers.runs import torchrun
+
+    args = [*ARGS, "data.num_workers=1"]
+    reference = torchrun(*args, "hydra.run.dir=reference", cwd=tmp_path)
+    assert reference.returncode == 0, reference.stdout[-3000:]
+    spec = json.dumps({"where": "eval", "n": 1, "signal": "TERM"})
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(HELPER), spec,
+               *args, "hydra.run.dir=run"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, start_new_session=True,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    output = done.stdout + done.stderr
+    stops = [line for line in output.splitlines() if "stopped by SIGTERM at step" in line]
+    assert len(stops) == 2 and all(" at step 4;" in line for line in stops), output[-4000:]
+    assert "vit_train/" not in output and "exited unexpectedly" not in output, output[-4000:]
+    assert "SIGTERM ended the evaluation at step 4 with its loader's workers" in output, output[-4000:]
+    run = tmp_path / "run"
+    assert read_results(run)["status"] == "interrupted" and read_results(run)["steps"] == 4
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"] == 4
+    resumed = torchrun(*args, "hydra.run.dir=run", "resume=auto", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert_same_files(run, tmp_path / "reference")
+
+
 def test_sigterm_to_the_run_and_its_workers_during_an_eval_then_resume_equals_the_uninterrupted_run(
         tmp_path, make_config, monkeypatch):
     """In this process, with 2 loader workers: SIGTERM to the run and to every worker (what a signal

@@ -4,6 +4,8 @@ the function that runs there. Used by test_group_signals.py, in a child started 
 
     python tests/helpers/group_signal.py '{"where": "eval", "n": 1, "signal": "TERM"}' key=value ...
 
+Under torchrun (`torchrun ... tests/helpers/group_signal.py SPEC ARGS`) rank 0 sends it at an evaluation.
+
 Moments (the n-th occurrence):
   eval        during an evaluation, after its first batch's forward (the workers have prefetched more)
   eval_step   during the training forward of a step whose evaluation follows
@@ -40,7 +42,7 @@ def arm(where: str, n: int, signum: int) -> None:
         def signalling_forward(self, x):
             out = forward(self, x)
             if self.training == (where == "eval_step"):
-                if where == "eval_step" or os.getpid() == main_pid:
+                if where == "eval_step" or (os.getpid() == main_pid and os.environ.get("RANK", "0") == "0"):
                     signal_on_nth()
             return out
 
