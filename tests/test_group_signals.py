@@ -88,6 +88,7 @@ MOMENTS = {  # where, n, signal: the moment; the step the run stops at
     "sigint-during-eval": ("eval", 1, "INT", 4),  # workers ignore SIGINT: the eval finishes, then the stop
     "sigusr1-during-eval": ("eval", 20, "USR1", 8),  # the second eval (step 8): it finishes, best.pt follows
     "sigterm-in-the-step-before-eval": ("eval_step", 4, "TERM", 4),  # step 4's forward; its eval starts workers anew
+    "sigterm-in-the-step-before-a-later-eval": ("eval_step", 8, "TERM", 8),  # the val workers kept from step 4 die
     "sigterm-while-checkpointing": ("save", 2, "TERM", 8),  # the save after step 8's eval (best.pt too)
     "sigterm-at-train-loader-start": ("loader", 1, "TERM", 0),  # before the first step
     "sigterm-at-val-loader-start": ("loader", 2, "TERM", 4),  # the val loader's workers start at the first eval
