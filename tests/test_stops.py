@@ -145,3 +145,14 @@ def test_bad_data_found_mid_run_leaves_a_failed_record_and_a_line_of_its_own(tmp
     results = read_results(tmp_path / "run")
     assert results["status"] == "failed" and results["error"] == str(failed.value) and results["steps"] == 4
     assert f"[ERROR] {failed.value}" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_a_run_stopped_before_its_first_train_row_still_counts_its_images_per_s(tmp_path, make_config, monkeypatch):
+    """Interrupted at step 2 with trainer.log_every=100: the closing line said 0 images/s, results.json null."""
+    from helpers.files import logged
+
+    stop_at_second_step(monkeypatch)
+    with pytest.raises(RunStopped):
+        train(make_config(trainer={"log_every": 100}), tmp_path)
+    assert not (tmp_path / "metrics.jsonl").exists() or logged(tmp_path, "train") == []  # no train row before it
+    assert read_results(tmp_path)["images_per_s"] > 0

@@ -280,6 +280,8 @@ def finish(run: Run, status: str) -> dict[str, Any]:
     """results.json (rank 0) and the closing log line; returns the results."""
     state = run.state
     run.skips.settle(state)
+    _, images, train_seconds = run.window.read()  # steps since the last train row count for images/s too
+    state.images_seen, state.train_seconds = state.images_seen + images, state.train_seconds + train_seconds
     seconds = time.time() - run.started
     results = results_summary(status, state, run.metrics, seconds, run.run_dir,
                               all_attempts=run.earlier_seconds + seconds)
