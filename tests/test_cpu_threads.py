@@ -190,3 +190,14 @@ def test_the_load_average_counts_at_most_the_cpus_it_covers(monkeypatch):
     monkeypatch.setattr(os, "getloadavg", lambda: (6.0, 6.0, 6.0))
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert recent_load({0, 1}) == 2.0
+
+
+def test_the_load_average_takes_a_cpu_only_from_a_whole_one(two_cpus):
+    """Work that ended a minute ago (a 1-minute load of 0.71 on an idle machine) chose 1 thread where 2
+    ran 1.4x faster (scripts/bench_threads.py); a sample still counts a CPU from half of it."""
+    two_cpus(0.05, load=0.71)
+    assert cpu_threads() == (2, "2 CPUs / 1 process of this run")
+    two_cpus(0.05, load=1.0)
+    assert cpu_threads() == (1, "2 CPUs / 1 process of this run; other processes keep 1.0 of them busy")
+    two_cpus(0.6, load=0.2)
+    assert cpu_threads() == (1, "2 CPUs / 1 process of this run; other processes keep 0.6 of them busy")

@@ -152,9 +152,12 @@ def cpu_threads(setting: int | None = None, resumed: int | None = None) -> tuple
         return resumed, "as the run was trained with, for an exact resume"
     cpus, local = usable_cpus(), max(1, env_count("LOCAL_WORLD_SIZE") or 1)
     affinity = _affinity()
-    busy = max(busy_cpus(affinity), recent_load(affinity)) if cpus > local else 0.0  # else one thread anyway
+    sample, load = (busy_cpus(affinity), recent_load(affinity)) if cpus > local else (0.0, 0.0)  # else one thread
+    busy = max(sample, load)
     why = f"{cpus} CPUs / {local} process{'es' if local > 1 else ''} of this run"
-    threads = share_of_cpus(cpus, len(affinity), busy, local)
+    # the load average counts a CPU only from a whole one: it lags, and work that ended a minute ago (0.7
+    # of a CPU) must not halve an idle machine's threads; a sample counts one from TAKEN of it on
+    threads = share_of_cpus(cpus, len(affinity), max(sample, load - (1 - TAKEN)), local)
     if threads < max(1, cpus // local):
         why += f"; other processes keep {busy:.1f} of them busy"
     return threads, why
