@@ -140,7 +140,8 @@ def test_an_out_folder_holding_another_tools_metrics_json_is_refused_and_left_al
 
 
 @pytest.mark.parametrize("out, says", [("folder", "is a folder; give a file name"),
-                                       ("m.safetensors", "does not end in .onnx, the format written")])
+                                       ("m.safetensors", "does not end in .onnx, the format written"),
+                                       ("m.pt", "does not end in .onnx, the format written")])
 def test_vit_export_refuses_an_out_that_is_a_folder_or_names_another_format(tmp_path, out, says):
     from helpers.runs import command
 
@@ -161,3 +162,15 @@ def test_the_per_class_table_lines_up_with_wide_class_names():
     at = columns(header[:header.index("top-1")]) + len("top-1")  # the terminal column where "top-1" ends
     assert [columns(r[:r.index("%")]) for r in rows] == [at, at], [header, *rows]  # "100.0", "  0.0" end there
     assert columns("猫") == 2 and columns("é") == 1 and columns("e\u0301") == 1
+
+
+@pytest.mark.parametrize("out, fmt", [("m.onnx", "onnx"), ("m.safetensors", "safetensors"), ("m.bin", None)])
+def test_vit_export_takes_the_format_from_outs_extension_when_format_is_not_given(tmp_path, out, fmt):
+    from helpers.runs import command
+
+    done = command("export", f"ckpt={tmp_path / 'none.pt'}", f"out={tmp_path / out}")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    if fmt:  # the format fits: the next check, the missing checkpoint, speaks
+        assert "does not exist" in done.stderr, done.stderr
+    else:  # the default format, safetensors, does not fit .bin
+        assert "does not end in .safetensors, the format written (format=safetensors)" in done.stderr, done.stderr

@@ -149,8 +149,11 @@ def _predict(argv: list[str]) -> tuple[list, Callable[[list], str]]:
 
 
 def _export(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
-    opts, _ = parse_args(argv, {"ckpt": ..., "format": "safetensors", "out": None, "weights": "auto",
+    opts, _ = parse_args(argv, {"ckpt": ..., "format": None, "out": None, "weights": "auto",
                                 "verbose": False})
+    if opts["format"] is None:  # not given: the out= file's extension says it, else safetensors
+        suffix = Path(str(opts["out"])).suffix.lstrip(".") if opts["out"] else ""
+        opts["format"] = suffix if suffix in ("safetensors", "onnx") else "safetensors"
     if opts["format"] not in ("safetensors", "onnx"):
         raise ConfigError(f"format must be safetensors or onnx; got {opts['format']!r}")
     from vit_train.outputs.checkpoint import checkpoint_file
