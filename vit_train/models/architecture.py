@@ -94,16 +94,22 @@ def head_classes(weights: dict[str, torch.Tensor]) -> int | None:
 
 
 def differences(theirs: dict[str, Any], ours: dict[str, Any], exempt: tuple[str, ...] = ()) -> list[str]:
-    """The fields both know that differ, as "model.num_heads=4 (here 2)", in FIELDS order; `exempt`
-    fields are not compared. None on either side means unknown (not compared)."""
+    """The fields both know that differ, as "model.num_heads=4 (here 2)", in FIELDS order (`differing`)."""
+    return [f"{key}={a} (here {b})" for key, a, b in differing(theirs, ours, exempt)]
+
+
+def differing(theirs: dict[str, Any], ours: dict[str, Any], exempt: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
+    """(field, its value in `theirs`, in `ours`), as the command line writes them, for the fields both know
+    that differ, in FIELDS order; `exempt` fields are not compared, None on either side means unknown.
+    Another model.arch is the only difference given: the other fields of another kind do not compare."""
     out = []
     for key in FIELDS:
         if key in exempt or theirs.get(key) is None or ours.get(key) is None or theirs[key] == ours[key]:
             continue
         if key == "model.arch" or (theirs.get("model.arch") == ours.get("model.arch")):
-            out.append(f"{key}={_shown(key, theirs[key])} (here {_shown(key, ours[key])})")
+            out.append((key, _shown(key, theirs[key]), _shown(key, ours[key])))
         if key == "model.arch":
-            break  # another kind of network: its other fields do not compare
+            break
     return out
 
 

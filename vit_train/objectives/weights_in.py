@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from vit_train.errors import CheckpointError, ConfigError
-from vit_train.models.architecture import architecture, differences, head_classes, identity, revealed
+from vit_train.models.architecture import architecture, differences, differing, head_classes, identity, revealed
 from vit_train.objectives.score import best_weights
 from vit_train.outputs.checkpoint import checkpoint_file
 from vit_train.outputs.identity import class_difference, mixed_runs, mixed_text, run_id_of, shown_classes
@@ -130,12 +130,6 @@ def open_weights(given: str | Path, key: str, weights: str = "auto", said_as: st
     return incoming
 
 
-def _pair(difference: str, other: str) -> str:
-    """"model.depth=3 (here 4)" -> "model.depth=3 in the record, 4 in its tensors" (`other` names the second side)."""
-    field, value = difference.split(" (here ")
-    return f"{field} in the record, {value.rstrip(')')} {other}"
-
-
 def check_record(incoming: Incoming, class_names: Any) -> None:
     """CheckpointError (one line) when a file's identity record is malformed or contradicts the file: its
     class names or architecture against the file's own class names and config, or against what its
@@ -151,10 +145,11 @@ def check_record(incoming: Incoming, class_names: Any) -> None:
     if names is not None and isinstance(class_names, list) and class_difference(class_names, names) is not None:
         found.append(f"its class names differ from the record's ({class_difference(names, class_names, 'in the record', 'in the file')})")
     if arch and incoming.config is not None:
-        found += [_pair(d, "in its config") for d in differences(arch, architecture(incoming.config["model"]))]
+        found += [f"{key}={a} in the record, {b} in its config"
+                  for key, a, b in differing(arch, architecture(incoming.config["model"]))]
     tensors = {k.removeprefix("encoder."): v for k, v in incoming.weights.items() if not k.startswith("decoder.")}
     if arch:
-        found += [_pair(d, "in its tensors") for d in differences(arch, revealed(tensors))]
+        found += [f"{key}={a} in the record, {b} in its tensors" for key, a, b in differing(arch, revealed(tensors))]
     heads = head_classes(tensors)
     if names is not None and heads is not None and heads != len(names):
         found.append(f"its head has {heads} outputs for the record's {len(names)} class names")
