@@ -10,7 +10,8 @@ CONFIGS = config_dir()
 GROUP_FILES = sorted(
     (path.parent.name, path.stem) for path in CONFIGS.glob("*/*.yaml") if path.parent.name != "hydra"
 )
-NEEDS = {("data", "imagefolder"): ["data.root=/somewhere"], ("objective", "distill"): ["distill.teacher=t.pt"]} | {
+NEEDS = {("data", "imagefolder"): ["data.root=/somewhere"], ("data", "webdataset"): ["data.root=/somewhere"],
+         ("data", "hf"): ["data.root=/somewhere"], ("objective", "distill"): ["distill.teacher=t.pt"]} | {
     ("experiment", name): ["data.root=/somewhere"] * name.startswith(("imagenet", "imagefolder")) + ["distill.teacher=t.pt"] *
     name.endswith("distilled") for _, name in GROUP_FILES if name.startswith(("imagenet", "imagefolder")) or
     name.endswith("distilled")}
@@ -36,6 +37,7 @@ def test_defaults_are_the_quick_demo():
 
 
 @pytest.mark.parametrize("data, size, patch", [("cifar10", 32, 4), ("cifar100", 32, 4), ("imagefolder", 224, 16),
+                                               ("webdataset", 224, 16), ("hf", 224, 16),
                                                ("shapes", 32, 4)])
 def test_image_and_patch_size_default_from_the_data_set(data, size, patch):
     cfg = Config.from_dict(composed([f"data={data}", "model=vit_tiny", *NEEDS.get(("data", data), [])]))

@@ -67,7 +67,7 @@ def test_the_reported_command_composes_with_its_values():
     assert cfg.data.bad_images == "error" and cfg.optim.betas == [0.8, 0.9]
     assert ignored_keys(cfg) == [
         "optim.betas=[0.8, 0.9] has no effect with optim=sgd; it applies only to optim=adamw",
-        "data.bad_images=error has no effect with data=shapes; it applies only to data=imagefolder"]
+        "data.bad_images=error has no effect with data=shapes; it applies only to data=imagefolder, webdataset and hf"]
 
 
 @pytest.mark.parametrize("group, option", OPTIONS)
@@ -80,7 +80,7 @@ def test_option_files_set_only_what_differs_from_the_schema(group, option):
 
 @pytest.mark.parametrize("group, option", OPTIONS + [("experiment", p.stem) for p in (CONFIGS / "experiment").glob("*.yaml")])
 def test_no_option_or_recipe_sets_a_key_it_ignores(group, option):
-    extra = ["data.root=/somewhere"] if option == "imagefolder" or option.startswith(("imagenet", "imagefolder")) else []
+    extra = ["data.root=/somewhere"] if option in ("imagefolder", "webdataset", "hf") or option.startswith(("imagenet", "imagefolder")) else []
     extra += ["distill.teacher=t.pt"] if option.endswith("distilled") or option == "distill" else []
     cfg = Config.from_dict(composed([f"{group}={option}", *extra]))
     assert ignored_keys(cfg) == []

@@ -14,7 +14,7 @@ import yaml
 from helpers.configs import composed
 from helpers.runs import vit_train
 from vit_train.config.checks import DATASET_DEFAULTS
-from vit_train.config.schema import Config, config_dir
+from vit_train.config.schema import IMAGE_FILES, Config, config_dir
 
 CONFIGS = Path(config_dir())
 DATA_OPTIONS = sorted(path.stem for path in (CONFIGS / "data").glob("*.yaml"))
@@ -78,6 +78,6 @@ def test_a_config_built_in_python_gets_the_same_sizes():
 
 @pytest.mark.parametrize("data", DATA_OPTIONS)
 def test_the_composed_and_the_python_sizes_agree(data):
-    plain = composed([f"data={data}"] + ["data.root=/somewhere"] * (data == "imagefolder"))
+    plain = composed([f"data={data}"] + ["data.root=/somewhere"] * (data in IMAGE_FILES))
     filled = Config.from_dict({"data": plain["data"]}).model
     assert (plain["model"]["img_size"], plain["model"]["patch_size"]) == (filled.img_size, filled.patch_size)

@@ -17,6 +17,8 @@ DATASET_DEFAULTS: dict[str, tuple[int, int]] = {
     "cifar10": (32, 4),
     "cifar100": (32, 4),
     "imagefolder": (224, 16),
+    "webdataset": (224, 16),
+    "hf": (224, 16),
 }
 
 LOSSES = ("best_loss", "final_loss")  # sweep.objective values that are minimised
@@ -76,6 +78,13 @@ def check_config(cfg) -> None:
     _require(d.name != "imagefolder" or bool(d.root),
              "data=imagefolder needs data.root, a folder holding train/<class>/* and val/<class>/*; "
              "add data.root=/path/to/images")
+    _require(d.name != "webdataset" or bool(d.root),
+             "data=webdataset needs data.root, the folder holding index.json (vit-shards writes it) and, unless "
+             "data.train_shards/val_shards say where they are, the shards; add data.root=/path/to/shards")
+    _require(d.name != "hf" or bool(d.root),
+             "data=hf needs data.root, a Hugging Face dataset on disk (a save_to_disk folder or a folder of parquet "
+             "files); add data.root=/path/to/dataset")
+    _require(d.shuffle_buffer >= 1, f"data.shuffle_buffer must be >= 1 (1 = no shuffle buffer), got {d.shuffle_buffer}")
     _require(cfg.optim.layer_decay is None or 0 < cfg.optim.layer_decay <= 1,
              f"optim.layer_decay must be in (0, 1] (e.g. 0.75 for fine-tuning) or null for off, got {cfg.optim.layer_decay}")
     _require(cfg.optim.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {cfg.optim.weight_decay}")

@@ -43,10 +43,16 @@ class ModelConfig:
     trainable: Literal["all", "head"] = "all"  # head: linear probe (the rest frozen, its dropout off)
 
 
+# data sets of encoded image files of any size: RandomResizedCrop, the unreadable-image policy, 224 by default
+IMAGE_FILES = ("imagefolder", "webdataset", "hf")
+
+
 @dataclass
 class DataConfig:
-    name: Literal["shapes", "cifar10", "cifar100", "imagefolder"] = "shapes"
-    root: Optional[str] = None  # cifar: download/read folder; imagefolder: holds train/ and val/
+    name: Literal["shapes", "cifar10", "cifar100", "imagefolder", "webdataset", "hf"] = "shapes"
+    # cifar: download/read folder; imagefolder: holds train/ and val/; webdataset: holds index.json (and by
+    # default the shards); hf: a save_to_disk folder or a folder of parquet files
+    root: Optional[str] = None
     download: bool = True  # cifar: download (checksum-verified) when the files are absent
     batch_size: int = 128  # global batch per optimiser step, across all processes
     eval_batch_size: Optional[int] = None  # null = batch_size
@@ -58,6 +64,13 @@ class DataConfig:
     max_bad_fraction: float = 0.01  # skip: stop once more than this fraction of a split is unreadable
     pipeline: Literal["auto", "device", "loader"] = "auto"  # shapes/CIFAR on the training device; auto: on a GPU
     repeated_aug: int = 1  # repeated augmentation (DeiT): each image this many times per epoch, differently augmented
+    train_shards: Optional[str] = None  # webdataset: brace URL or pipe: command of the train shards; null = data.root
+    val_shards: Optional[str] = None  # webdataset: the same for the val shards
+    shuffle_buffer: int = 5000  # webdataset: samples in each loader worker's shuffle buffer (OpenCLIP's 5000)
+    image_key: str = "image"  # hf: the image column
+    label_key: str = "label"  # hf: the label column (a ClassLabel gives the class names)
+    train_split: str = "train"  # hf: the training split
+    val_split: Optional[str] = None  # hf: the validation split; null = validation, else val, else test
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping
 
-from vit_train.config.schema import Config
+from vit_train.config.schema import IMAGE_FILES, Config
 
 O, S, A, D = "optim={c.optim.name}", "schedule={c.schedule.name}", "aug={c.aug.name}", "data={c.data.name}"
 AD = "aug={c.aug.name}, data={c.data.name}"
@@ -25,21 +25,28 @@ RULES: dict[str, tuple[Callable[[Config], bool], str, str]] = {
     "aug.randaug_m": (lambda c: c.aug.name not in ("randaug", "deit"), A, "aug=randaug and aug=deit"),
     "aug.autoaug_policy": (lambda c: c.aug.name != "autoaug", A, "aug=autoaug"),
     "aug.hflip": (lambda c: c.aug.name == "none", A, "every aug option but none"),
-    "aug.crop_padding": (lambda c: c.aug.name == "none" or c.data.name == "imagefolder", AD,
+    "aug.crop_padding": (lambda c: c.aug.name == "none" or c.data.name in IMAGE_FILES, AD,
                          "shapes and CIFAR with an aug option other than none"),
-    "aug.scale_min": (lambda c: c.aug.name == "none" or c.data.name != "imagefolder", AD,
-                      "data=imagefolder with an aug option other than none"),
+    "aug.scale_min": (lambda c: c.aug.name == "none" or c.data.name not in IMAGE_FILES, AD,
+                      "data=imagefolder, webdataset and hf with an aug option other than none"),
     "aug.mix_prob": (lambda c: c.aug.mixup_alpha == 0 and c.aug.cutmix_alpha == 0, MIX,
                      "aug.mixup_alpha > 0 or aug.cutmix_alpha > 0"),
     "aug.switch_prob": (lambda c: c.aug.mixup_alpha == 0 or c.aug.cutmix_alpha == 0, MIX,
                         "aug.mixup_alpha > 0 together with aug.cutmix_alpha > 0"),
-    "data.root": (lambda c: c.data.name == "shapes", D, "data=cifar10, cifar100 and imagefolder"),
+    "data.root": (lambda c: c.data.name == "shapes", D, "data=cifar10, cifar100, imagefolder, webdataset and hf"),
     "data.download": (lambda c: not c.data.name.startswith("cifar"), D, "data=cifar10 and cifar100"),
     "data.train_size": (lambda c: c.data.name != "shapes", D, "data=shapes"),
     "data.val_size": (lambda c: c.data.name != "shapes", D, "data=shapes"),
     "data.seed": (lambda c: c.data.name != "shapes", D, "data=shapes"),
-    "data.bad_images": (lambda c: c.data.name != "imagefolder", D, "data=imagefolder"),
-    "data.max_bad_fraction": (lambda c: c.data.name != "imagefolder", D, "data=imagefolder"),
+    "data.bad_images": (lambda c: c.data.name not in IMAGE_FILES, D, "data=imagefolder, webdataset and hf"),
+    "data.max_bad_fraction": (lambda c: c.data.name not in IMAGE_FILES, D, "data=imagefolder, webdataset and hf"),
+    "data.train_shards": (lambda c: c.data.name != "webdataset", D, "data=webdataset"),
+    "data.val_shards": (lambda c: c.data.name != "webdataset", D, "data=webdataset"),
+    "data.shuffle_buffer": (lambda c: c.data.name != "webdataset", D, "data=webdataset"),
+    "data.image_key": (lambda c: c.data.name != "hf", D, "data=hf"),
+    "data.label_key": (lambda c: c.data.name != "hf", D, "data=hf"),
+    "data.train_split": (lambda c: c.data.name != "hf", D, "data=hf"),
+    "data.val_split": (lambda c: c.data.name != "hf", D, "data=hf"),
     "trainer.compile_mode": (lambda c: not c.trainer.compile, "trainer.compile=false", "trainer.compile=true"),
 }
 VIT_ONLY = ("embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "pool", "pos_embed", "dropout", "attn_dropout",

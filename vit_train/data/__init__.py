@@ -11,7 +11,7 @@ from typing import Iterable
 import torch
 from torch.utils.data import DataLoader
 
-from vit_train.config.schema import Config
+from vit_train.config.schema import IMAGE_FILES, Config
 from vit_train.errors import ConfigError, DataError
 from vit_train.data import cifar, imagefolder
 from vit_train.data.preprocess import SHAPES_STATS, data_stats  # noqa: F401 (SHAPES_STATS: public)
@@ -95,11 +95,11 @@ def pipeline(cfg: Config, device: torch.device) -> str:
     """`device` or `loader`: data.pipeline, with `auto` choosing the device pipeline on a GPU for
     the small-image data sets when the augmentation is one it does."""
     d, aug = cfg.data, cfg.aug.name
-    if d.pipeline == "device" and (d.name == "imagefolder" or aug not in DEVICE_AUGS):
+    if d.pipeline == "device" and (d.name in IMAGE_FILES or aug not in DEVICE_AUGS):
         raise ConfigError(f"data.pipeline=device does aug={' or aug='.join(DEVICE_AUGS)} on shapes and CIFAR; got "
                           f"data={d.name}, aug={aug}: use data.pipeline=loader (or auto)")
     if d.pipeline == "auto":
-        small = d.name != "imagefolder" and aug in DEVICE_AUGS
+        small = d.name not in IMAGE_FILES and aug in DEVICE_AUGS
         return "device" if device.type == "cuda" and small else "loader"
     return d.pipeline
 
@@ -133,7 +133,7 @@ def build_data(cfg: Config, device: torch.device, rank: int = 0, world_size: int
     val_sampler = ShardSampler(len(val_base), rank, world_size) if world_size > 1 else None
     val_loader = DataLoader(TransformedDataset(val_base, eval_tf), batch_size=eval_batch, sampler=val_sampler,
                             shuffle=False, generator=torch.Generator(), **workers)
-    folders = cfg.data.name == "imagefolder"
+    folders = cfg.data.name in IMAGE_FILES
     train_unreadable = UnreadableImages(train_base, "train", d.bad_images, d.max_bad_fraction) if folders else None
     val_unreadable = UnreadableImages(val_base, "val", d.bad_images, d.max_bad_fraction) if folders else None
     return Data(CheckedLoader(train_loader, train_unreadable), CheckedLoader(val_loader, val_unreadable), sampler,

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torchvision.transforms import v2
 
-from vit_train.config.schema import Config
+from vit_train.config.schema import IMAGE_FILES, Config
 from vit_train.data import cifar, imagefolder
 
 SHAPES_STATS = ((0.28, 0.28, 0.28), (0.236, 0.236, 0.236))  # measured on 10k images; the same at any size
@@ -38,7 +38,7 @@ def data_stats(name: str) -> tuple:
 
 def eval_spec(cfg: Config) -> dict[str, Any]:
     """The spec for `cfg`'s model and data set."""
-    return spec(cfg.model.img_size, cfg.data.name != "imagefolder", data_stats(cfg.data.name))
+    return spec(cfg.model.img_size, cfg.data.name not in IMAGE_FILES, data_stats(cfg.data.name))
 
 
 def eval_transform(spec: dict[str, Any]) -> v2.Compose:
