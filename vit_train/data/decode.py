@@ -23,6 +23,7 @@ so one picture gives one tensor whatever the file's mode:
 
 from __future__ import annotations
 
+import io
 import logging
 import warnings
 from pathlib import Path
@@ -50,13 +51,24 @@ def open_rgb(path: str | Path) -> Image.Image:
     can claim a huge size and exhaust memory in every loader worker). Raises one of IMAGE_ERRORS for
     a missing or unreadable file (FileNotFoundError first).
     """
+    return _decode(Path(path).expanduser(), path)
+
+
+def decode_rgb(data: bytes, name: str) -> Image.Image:
+    """Encoded image bytes (a tar member of a WebDataset shard, a Hugging Face image cell) as an 8-bit
+    RGB Pillow image, decoded exactly as `open_rgb` decodes a file holding them; `name` names the
+    image in log lines (e.g. "train-000003.tar:000123.jpg"). Raises one of IMAGE_ERRORS when unreadable."""
+    return _decode(io.BytesIO(data), name)
+
+
+def _decode(source, name) -> Image.Image:
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
-            with Image.open(Path(path).expanduser()) as image:
+            with Image.open(source) as image:
                 image.load()
                 if not _said_transparency and has_transparency(image):
-                    say_transparency(path, image)
+                    say_transparency(name, image)
                 return to_rgb(image)
         except Image.DecompressionBombWarning as e:
             raise Image.DecompressionBombError(f"{e} (vit-train refuses images over this limit)") from None
