@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from vit_train.config.schema import IMAGE_FILES, Config
 from vit_train.errors import ConfigError, DataError
-from vit_train.data import cifar, imagefolder
+from vit_train.data import cifar, hf, imagefolder
 from vit_train.data.preprocess import SHAPES_STATS, data_stats  # noqa: F401 (SHAPES_STATS: public)
 from vit_train.data.on_device import DeviceEvalPipeline, DeviceTrainPipeline
 from vit_train.data.datasets import TensorImages, TransformedDataset
@@ -81,7 +81,9 @@ def load_splits(cfg: Config, labels: bool = True):
         root = d.root or "data"
         (train_x, train_y), (val_x, val_y), names = cifar.load_cifar(d.name, root, d.download)
         return TensorImages(train_x, train_y), TensorImages(val_x, val_y), names, data_stats(d.name), 32
-    if not labels:  # any folder of images will do
+    if d.name == "hf":
+        train, val, names = hf.load_hf_splits(d.root, d.image_key, d.label_key, d.train_split, d.val_split, labels)
+    elif not labels:  # any folder of images will do
         train, val, names = imagefolder.load_unlabelled_folders(d.root)
     else:
         train, val, names = imagefolder.load_image_folders(d.root)

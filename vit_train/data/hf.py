@@ -1,0 +1,219 @@
+"""Hugging Face datasets on local disk (data=hf): a `save_to_disk` folder or a folder of parquet files.
+
+Each split is a map-style base data set like an image folder's: items (PIL RGB image, label), the
+image decoded from its encoded bytes by decode.py (the same decoder, the same unreadable-image policy),
+so the EpochSampler gives it the same order, resume and world-size independence as image folders.
+Nothing is downloaded: the `datasets` library runs offline, and parquet files are converted to Arrow
+in a temporary folder removed when the process ends, not in ~/.cache.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vit_train.errors import DataError
+from vit_train.extras import require
+from vit_train.data.decode import IMAGE_ERRORS, decode_rgb, open_rgb
+from vit_train.data.imagefolder import UNLABELLED_CLASS, UnreadableImage
+
+log = logging.getLogger("vit_train")
+
+VAL_SPLITS = ("validation", "val", "test")  # data.val_split=null: the first of these the dataset has
+
+
+class HFImages:
+    """One split of a Hugging Face dataset as (PIL RGB image, label) items; `samples[i]` is
+    (a description of item i for messages, its label), as an image folder's (path, label)."""
+
+    def __init__(self, dataset: Any, image_key: str, labels: torch.Tensor, where: str, root: Path):
+        self.dataset, self.image_key, self.labels, self.where, self.root = dataset, image_key, labels, where, root
+        self.samples = _Samples(self)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        try:
+            return self.image(index), int(self.labels[index])
+        except IMAGE_ERRORS as e:
+            raise UnreadableImage(index) from e
+
+    def image(self, index: int):
+        """Item `index`'s image (PIL RGB); raises one of IMAGE_ERRORS when it cannot be read."""
+        cell = self.dataset[index][self.image_key]
+        name = f"{self.where}[{index}]"
+        if isinstance(cell, str):  # a column of file paths, relative to data.root
+            return open_rgb(self.root / cell)
+        if cell is None:
+            raise OSError(f"{name} has no image (an empty cell)")
+        if cell.get("bytes") is not None:
+            return decode_rgb(cell["bytes"], name)
+        if cell.get("path"):
+            return open_rgb(self.root / cell["path"])
+        raise OSError(f"{name} has neither image bytes nor a path")
+
+    def describe_unreadable(self, index: int) -> str:
+        """Why item `index`'s image cannot be read, in a few words."""
+        try:
+            self.image(index)
+        except IMAGE_ERRORS as e:
+            return f"{type(e).__name__}: {e}"
+        return "it could not be read"
+
+
+class _Samples:
+    def __init__(self, images: HFImages):
+        self.images = images
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[str, int]:
+        return f"{self.images.where}[{index}]", int(self.images.labels[index])
+
+
+def load_hf_splits(root: str | Path, image_key: str, label_key: str, train_split: str, val_split: str | None,
+                   labels: bool = True) -> tuple[HFImages, HFImages, list[str]]:
+    """Train and val splits of the dataset at `root` and the class names (label i is names[i]).
+
+    `root`: a save_to_disk folder (a DatasetDict, or a folder of per-split Dataset folders) or a folder
+    of parquet files named as the Hub lays them out (train-*.parquet, data/train-*.parquet,
+    train/*.parquet). Class names come from a ClassLabel label column, else "0".."K-1" for integer
+    labels 0..K-1. Without `labels` the label column may be absent and every item is class 0.
+    Raises DataError naming what is missing (a split, a column) or inconsistent (the classes).
+    """
+    require("datasets", "data=hf", error=DataError)
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise DataError(f"data.root {root} does not exist; point it at a save_to_disk folder or a folder of "
+                        f"parquet files")
+    splits = _open(root)
+    val_split = val_split or next((s for s in VAL_SPLITS if s in splits), None)
+    for key, name in (("train_split", train_split), ("val_split", val_split)):
+        if name not in splits:
+            raise DataError(f"{root} has no split {name!r} (data.{key}); its splits: {', '.join(sorted(splits)) or 'none'}"
+                            + ("" if name else f" (data.val_split=null looks for {', '.join(VAL_SPLITS)})"))
+    train, val = splits[train_split], splits[val_split]
+    wanted = {"image_key": image_key, **({"label_key": label_key} if labels else {})}
+    for name, ds in ((train_split, train), (val_split, val)):
+        for key, column in wanted.items():
+            if column not in ds.column_names:
+                raise DataError(f"split {name!r} of {root} has no column {column!r} (data.{key}); its columns: "
+                                f"{', '.join(ds.column_names)}")
+    names = _class_names(train, val, label_key, train_split, val_split, root) if labels else [UNLABELLED_CLASS]
+    made = [_images(ds, image_key, label_key if labels else None, len(names), f"{root} {split}", root)
+            for ds, split in ((train, train_split), (val, val_split))]
+    return made[0], made[1], names
+
+
+def _open(root: Path) -> dict[str, Any]:
+    """{split name: Dataset} of the dataset at `root`."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # read before `datasets` is imported: no network
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import datasets
+
+    datasets.disable_progress_bars()
+    if (root / "dataset_dict.json").is_file() or (root / "state.json").is_file():
+        loaded = _load_from_disk(datasets, root)
+        if isinstance(loaded, datasets.Dataset):
+            raise DataError(f"{root} holds one Dataset with no splits; save a DatasetDict (e.g. "
+                            f"DatasetDict(train=..., validation=...).save_to_disk(...)) or give a folder of per-split "
+                            f"Dataset folders")
+        return dict(loaded)
+    folders = {p.name: p for p in sorted(root.iterdir()) if (p / "state.json").is_file()}
+    if folders:
+        return {name: _load_from_disk(datasets, path) for name, path in folders.items()}
+    files = _parquet_files(root)
+    if not files:
+        raise DataError(f"{root} is neither a save_to_disk folder (dataset_dict.json) nor a folder of parquet "
+                        f"files (train-*.parquet, data/train-*.parquet); point data.root at one")
+    cache = tempfile.mkdtemp(prefix="vit-train-hf-")
+    owner = os.getpid()
+    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(cache, ignore_errors=True))
+    try:
+        loaded = datasets.load_dataset("parquet", data_files={k: [str(f) for f in v] for k, v in files.items()},
+                                       cache_dir=cache)
+    except Exception as e:  # pyarrow's and datasets' many errors for a damaged file
+        raise DataError(f"the parquet files of {root} cannot be read ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}); check or rewrite them") from None
+    return dict(loaded)
+
+
+def _load_from_disk(datasets, path: Path):
+    try:
+        return datasets.load_from_disk(str(path))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path} is not a readable save_to_disk folder ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def _parquet_files(root: Path) -> dict[str, list[Path]]:
+    """{split: its parquet files}: SPLIT-*.parquet or SPLIT/*.parquet in `root` or `root/data`."""
+    found: dict[str, list[Path]] = {}
+    for folder in (root, root / "data"):
+        if not folder.is_dir():
+            continue
+        for f in sorted(folder.glob("*.parquet")):
+            found.setdefault(f.name.split("-")[0].split(".")[0], []).append(f)
+        for sub in sorted(p for p in folder.iterdir() if p.is_dir() and p.name != "data"):
+            if parts := sorted(sub.glob("*.parquet")):
+                found.setdefault(sub.name, []).extend(parts)
+    return found
+
+
+def _class_names(train, val, label_key: str, train_split: str, val_split: str, root: Path) -> list[str]:
+    from datasets import ClassLabel
+
+    features = [ds.features[label_key] for ds in (train, val)]
+    if all(isinstance(f, ClassLabel) for f in features):
+        if features[0].names != features[1].names:
+            raise DataError(f"the label column {label_key!r} of {root} names other classes in split {val_split!r} "
+                            f"than in {train_split!r} ({_short(features[1].names)} vs {_short(features[0].names)}); "
+                            f"both splits need one ClassLabel")
+        return list(features[0].names)
+    for f, split in zip(features, (train_split, val_split)):
+        dtype = getattr(f, "dtype", "")
+        if not (dtype.startswith("int") or dtype.startswith("uint")):
+            raise DataError(f"the label column {label_key!r} of split {split!r} of {root} holds {f}, not class "
+                            f"indices; cast it to a ClassLabel or to integers 0..K-1 (or set data.label_key)")
+    count = int(max(_column(train, label_key).max(), _column(val, label_key).max())) + 1
+    log.info("data=hf: the label column %r has no class names (no ClassLabel): classes are named 0..%d",
+             label_key, count - 1)
+    return [str(i) for i in range(count)]
+
+
+def _short(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+
+
+def _column(ds, key: str) -> torch.Tensor:
+    """Column `key` of `ds` as an int64 tensor (read through Arrow, no Python objects per row)."""
+    import numpy as np
+
+    column = ds.with_format("numpy", columns=[key])[key] if len(ds) else np.zeros(0)
+    return torch.as_tensor(np.asarray(column, dtype=np.int64))
+
+
+def _images(ds, image_key: str, label_key: str | None, classes: int, where: str, root: Path) -> HFImages:
+    from datasets import Image
+
+    labels = _column(ds, label_key) if label_key else torch.zeros(len(ds), dtype=torch.int64)
+    bad = ((labels < 0) | (labels >= classes)).nonzero().flatten()
+    if len(bad):
+        raise DataError(f"{where} row {int(bad[0])} has label {int(labels[bad[0]])}, outside 0..{classes - 1} "
+                        f"({len(bad)} such rows; an unlabelled split has -1); use a labelled split")
+    ds = ds.select_columns([image_key])
+    if isinstance(ds.features[image_key], Image):
+        ds = ds.cast_column(image_key, Image(decode=False))  # the bytes, decoded by decode.py
+    elif getattr(ds.features[image_key], "dtype", "") not in ("string", "large_string"):
+        raise DataError(f"the image column {image_key!r} of {where} holds {ds.features[image_key]}, not images or "
+                        f"file paths; set data.image_key to the image column")
+    return HFImages(ds, image_key, labels, where, root)
