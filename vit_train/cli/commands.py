@@ -1,9 +1,11 @@
-"""vit-eval, vit-predict and vit-export: key=value arguments in the style of vit-train's overrides.
+"""vit-eval, vit-predict, vit-export and vit-shards: key=value arguments in the style of vit-train's overrides.
 
     vit-eval ckpt=PATH [data=cifar10] [data.root=...] [model.img_size=N] [weights=auto|model|ema]
              [attention.images=8] [out=DIR] [--json]
     vit-predict ckpt=PATH images=[a.jpg,FOLDER,'PATTERN'] [top_k=5] [weights=auto|model|ema] [--json]
     vit-export ckpt=PATH format=safetensors|onnx [out=PATH] [weights=auto|model|ema] [verbose=true]
+    vit-shards data=NAME [data.root=DIR] out=DIR [shard_size=1000] [maxsize=BYTES] [splits=train,val]
+               [image_format=source|png|jpg|webp] [overwrite=true] [--json]
 
 Bad input ends with one line on stderr and exit status 2, as for vit-train.
 """
@@ -182,6 +184,29 @@ def export_text(result: dict) -> str:
     return f"wrote {result['path']} ({result['format']}, {result['weights']} weights){checked}"
 
 
+def _shards(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
+    # splits=train,val is one value here, not Hydra's sweep over two
+    argv = [f"splits=[{a[7:]}]" if a.startswith("splits=") and "," in a and a[7:8] not in "[\"'" else a for a in argv]
+    opts, overrides = parse_args(argv, {"out": ..., "shard_size": 1000, "maxsize": None, "splits": ["train", "val"],
+                                        "image_format": "source", "overwrite": False, "progress": True}, config=True)
+    from vit_train.tools.shards import write_shards
+
+    splits = opts["splits"] if isinstance(opts["splits"], list) else str(opts["splits"]).split(",")
+    if not isinstance(opts["shard_size"], int) or not (opts["maxsize"] is None or isinstance(opts["maxsize"], (int, float))):
+        raise ConfigError(f"shard_size (samples) and maxsize (bytes) are numbers; got shard_size={opts['shard_size']}, "
+                          f"maxsize={opts['maxsize']}")
+    cfg = Config.from_dict(overrides)
+    index = write_shards(cfg, str(opts["out"]), [str(s) for s in splits], opts["shard_size"],
+                         None if opts["maxsize"] is None else int(opts["maxsize"]), str(opts["image_format"]),
+                         bool(opts["overwrite"]), bool(opts["progress"]))
+    return {"out": str(Path(str(opts["out"])).expanduser()), **index}, shards_text
+
+
+def shards_text(index: dict) -> str:
+    parts = [f"{s['samples']} {name} samples in {len(s['shards'])} shards" for name, s in index["splits"].items()]
+    return f"wrote {' and '.join(parts)} ({len(index['classes'])} classes) to {index['out']}, index.json last"
+
+
 def eval_main() -> None:
     run("vit-eval", _eval)
 
@@ -192,3 +217,7 @@ def predict_main() -> None:
 
 def export_main() -> None:
     run("vit-export", _export)
+
+
+def shards_main() -> None:
+    run("vit-shards", _shards)

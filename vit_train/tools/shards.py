@@ -1,0 +1,242 @@
+"""vit-shards: WebDataset tar shards and their index.json from any data set vit-train reads.
+
+The format (docs/data.md, "vit-shards"): OUT/index.json and OUT/{split}-{i:06d}.tar, each tar holding
+per sample "<key>.<jpg|png|webp>" (the encoded image) then "<key>.cls" (ASCII decimal class index),
+keys f"{split}_{i:08d}" with i the sample's index in the source split. index.json is written last
+(a temporary file renamed into place): a folder without it is never a whole set, so a writer killed
+mid-way leaves nothing that reads as complete.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from vit_train.config.schema import Config
+from vit_train.errors import ConfigError, DataError, OutputError
+from vit_train.data import load_splits
+from vit_train.data.decode import IMAGE_ERRORS, decode_rgb
+
+log = logging.getLogger("vit_train")
+
+FORMAT, VERSION = "vit-train webdataset", 1
+INDEX = "index.json"
+KEEP = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}  # image_format=source: these files are copied as they are
+ENCODE = {"png": ("PNG", {}), "jpg": ("JPEG", {"quality": 95}), "webp": ("WEBP", {"lossless": True})}
+IMAGE_FORMATS = ("source", *ENCODE)
+MTIME = 0  # every member's time: the same input gives the same shard bytes
+BLOCK = 512  # a tar header, and the unit a member's data is padded to
+
+
+def shard_name(split: str, index: int) -> str:
+    """The file name of shard `index` of `split`, e.g. train-000003.tar."""
+    return f"{split}-{index:06d}.tar"
+
+
+def sample_key(split: str, index: int) -> str:
+    """The key of the sample at `index` of the source split, e.g. train_00000123 (no dots)."""
+    return f"{split}_{index:08d}"
+
+
+@dataclass
+class Shard:
+    """One tar being written; `size` counts its members' bytes (headers and padded data)."""
+
+    path: Path
+    tar: tarfile.TarFile
+    samples: int = 0
+    size: int = 0
+
+
+@dataclass
+class SplitWriter:
+    """Writes one split's shards: a new shard once `shard_size` samples are in the current one, or before
+    a sample that would take it past `maxsize` bytes (a shard holds at least one sample)."""
+
+    out: Path
+    split: str
+    shard_size: int
+    maxsize: int | None
+    shards: list[dict] = field(default_factory=list)
+    current: Shard | None = None
+
+    def add(self, key: str, ext: str, image: bytes, label: int) -> None:
+        members = [(f"{key}.{ext}", image), (f"{key}.cls", str(label).encode("ascii"))]
+        size = sum(BLOCK + -(-len(data) // BLOCK) * BLOCK for _, data in members)
+        c = self.current
+        if c is not None and (c.samples >= self.shard_size or (self.maxsize and c.size + size > self.maxsize)):
+            self.close()
+        if self.current is None:
+            path = self.out / shard_name(self.split, len(self.shards))
+            self.current = Shard(path, tarfile.open(path, "w", format=tarfile.GNU_FORMAT))
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode, info.uname, info.gname = len(data), MTIME, 0o444, "bigdata", "bigdata"
+            self.current.tar.addfile(info, io.BytesIO(data))
+        self.current.samples += 1
+        self.current.size += size
+
+    def close(self) -> None:
+        """Finish the current shard (flushed to disk) and record it."""
+        c, self.current = self.current, None
+        if c is None:
+            return
+        c.tar.close()
+        with open(c.path, "rb+") as f:
+            os.fsync(f.fileno())
+        self.shards.append({"name": c.path.name, "samples": c.samples, "bytes": c.path.stat().st_size})
+
+    def abandon(self) -> None:
+        """After a failure: close and remove the shard being written (earlier ones are kept, with no index)."""
+        c, self.current = self.current, None
+        if c is not None:
+            try:
+                c.tar.close()
+            except OSError:
+                pass
+            c.path.unlink(missing_ok=True)
+
+
+def encoded(base: Any, index: int, image_format: str) -> tuple[str, bytes, tuple[int, int]]:
+    """(extension, encoded bytes, (H, W)) of sample `index` of a base data set (an image folder, a
+    Hugging Face split, images in memory), decoded as training decodes it. With image_format=source, a
+    JPEG/PNG/WebP file or cell keeps its bytes (they decode to the same pixels); anything else is
+    written as PNG (lossless). Raises one of IMAGE_ERRORS when the image cannot be read."""
+    data = _source_bytes(base, index)
+    if data is None:  # an image in memory (CIFAR, shapes): (3, H, W) uint8
+        rgb = Image.fromarray(base[index][0].permute(1, 2, 0).numpy())
+    else:
+        rgb = decode_rgb(data, _describe(base, index))
+        if image_format == "source":
+            with Image.open(io.BytesIO(data)) as probe:
+                kept = KEEP.get(probe.format)
+            if kept:
+                return kept, data, (rgb.height, rgb.width)
+    fmt, options = ENCODE["png" if image_format == "source" else image_format]
+    buffer = io.BytesIO()
+    rgb.save(buffer, format=fmt, **options)
+    ext = "png" if image_format == "source" else image_format
+    return ext, buffer.getvalue(), (rgb.height, rgb.width)
+
+
+def _source_bytes(base: Any, index: int) -> bytes | None:
+    samples = getattr(base, "samples", None)
+    if hasattr(base, "dataset") and hasattr(base, "image_key"):  # a Hugging Face split (data/hf.py)
+        cell = base.dataset[index][base.image_key]
+        if isinstance(cell, dict) and cell.get("bytes") is not None:
+            return cell["bytes"]
+        path = cell if isinstance(cell, str) else (cell or {}).get("path")
+        if not path:
+            raise OSError(f"{_describe(base, index)} has no image")
+        return (base.root / path).read_bytes()
+    if samples is not None:  # files (an image folder)
+        return Path(samples[index][0]).expanduser().read_bytes()  # FileNotFoundError: unreadable, as in training
+    return None
+
+
+def _describe(base: Any, index: int) -> str:
+    samples = getattr(base, "samples", None)
+    return samples[index][0] if samples is not None else f"image {index}"
+
+
+def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: int = 1000, maxsize: int | None = None,
+                 image_format: str = "source", overwrite: bool = False, progress: bool = True) -> dict:
+    """Write `cfg.data`'s `splits` (train, val) as shards into `out` and index.json last; returns the index.
+
+    Unreadable source images follow data.bad_images: skip leaves them out (one warning lists them),
+    error stops at the first (DataError). Raises ConfigError for bad arguments or an `out` that already
+    holds shards or an index (unless `overwrite`), OutputError when `out` cannot be written (a full disk:
+    no index.json is left, so the shards written are not read as a set).
+    """
+    from tqdm import tqdm
+
+    if image_format not in IMAGE_FORMATS:
+        raise ConfigError(f"image_format must be one of {', '.join(IMAGE_FORMATS)}; got {image_format!r}")
+    if shard_size < 1 or (maxsize is not None and maxsize < 1):
+        raise ConfigError(f"shard_size and maxsize must be >= 1; got shard_size={shard_size}, maxsize={maxsize}")
+    unknown = [s for s in splits if s not in ("train", "val")]
+    if unknown or not splits:
+        raise ConfigError(f"splits must be train, val or train,val; got {','.join(splits) or 'nothing'}")
+    out = _prepare(Path(out).expanduser(), overwrite)
+    train, val, names, _, _ = load_splits(cfg)
+    bases = {"train": train, "val": val}
+    index: dict[str, Any] = {"format": FORMAT, "version": VERSION, "classes": list(names), "image_size": None,
+                             "source": {"data": cfg.data.name, "root": cfg.data.root, "image_format": image_format},
+                             "splits": {}}
+    sizes: set[tuple[int, int]] = set()
+    for split in splits:
+        base, writer, skipped = bases[split], SplitWriter(out, split, shard_size, maxsize), []
+        try:
+            for i in tqdm(range(len(base)), desc=f"vit-shards {split}", unit="img", disable=not progress):
+                try:
+                    ext, data, size = encoded(base, i, image_format)
+                except IMAGE_ERRORS as e:
+                    if cfg.data.bad_images == "error" or split == "val":
+                        raise DataError(f"{_describe(base, i)} cannot be read ({type(e).__name__}: {e}); fix or "
+                                        f"remove it, or set data.bad_images=skip to leave unreadable training "
+                                        f"images out") from None
+                    skipped.append(_describe(base, i))
+                    continue
+                sizes.add(size)
+                writer.add(sample_key(split, i), ext, data, int(base.samples[i][1]) if hasattr(base, "samples")
+                           else int(base[i][1]))
+            writer.close()
+        except OSError as e:
+            writer.abandon()
+            raise OutputError(f"cannot write the shards into {out} ({e.strerror or e}); free space or choose "
+                              f"another out= (no {INDEX} was written, so the shards there are not a set)") from None
+        except BaseException:
+            writer.abandon()
+            raise
+        if skipped:
+            log.warning("%d unreadable %s image(s) left out (data.bad_images=skip): %s", len(skipped), split,
+                        ", ".join(skipped))
+        index["splits"][split] = {"samples": sum(s["samples"] for s in writer.shards), "shards": writer.shards}
+    index["image_size"] = list(sizes.pop()) if len(sizes) == 1 else None
+    _write_index(out, index)
+    return index
+
+
+def _prepare(out: Path, overwrite: bool) -> Path:
+    """`out`, created; refuses a folder holding shards or an index unless `overwrite`, which removes them."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out={out} is a file; give a folder for the shards")
+    old = sorted(out.glob("*.tar")) + ([out / INDEX] if (out / INDEX).exists() else []) if out.is_dir() else []
+    if old and not overwrite:
+        raise ConfigError(f"out={out} already holds shards or an {INDEX} ({old[0].name}, {len(old)} in all); "
+                          f"choose another out= or add overwrite=true to replace them")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / INDEX).unlink(missing_ok=True)  # first: while shards are replaced, no index says they are whole
+        for path in old:
+            if path.name != INDEX and path.name.split("-")[0] in ("train", "val"):
+                path.unlink()
+        probe = out / ".vit-shards-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise OutputError(f"cannot write into out={out} ({e.strerror or e}); choose a folder you can write to") from None
+    return out
+
+
+def _write_index(out: Path, index: dict) -> None:
+    tmp = out / (INDEX + ".tmp")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(index, f, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out / INDEX)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write {out / INDEX} ({e.strerror or e}); free space or choose another out= "
+                          f"(the shards are there, but without {INDEX} they are not read as a set)") from None
