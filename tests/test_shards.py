@@ -1,0 +1,243 @@
+"""vit-shards: the shards and index.json it writes read back as the same pixels and labels as the
+source (an ugly image folder, CIFAR, shapes); shard sizes; refusals in one line; a writer killed or
+out of space mid-way leaves no index.json, so a half set is never read as whole."""
+
+import errno
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from helpers.images import write_cifar10, write_image_folder
+from helpers.ugly_folder import write_ugly_folder
+from vit_train.cli.commands import shards_main
+from vit_train.config.schema import Config
+from vit_train.data.decode import decode_rgb, open_rgb
+from vit_train.data.shapes import generate_shapes
+from vit_train.tools import shards
+from vit_train.tools.shards import write_shards
+
+
+def read_split(out: Path, split: str) -> list[tuple[str, str, bytes, int]]:
+    """(key, extension, image bytes, label) of every sample of `split`, in the index's shard order;
+    checks the contract's member order (image, then .cls) and the index's per-shard counts and sizes."""
+    index = json.loads((out / "index.json").read_text())
+    samples = []
+    for shard in index["splits"][split]["shards"]:
+        path = out / shard["name"]
+        assert path.stat().st_size == shard["bytes"]
+        with tarfile.open(path) as tar:
+            members = tar.getmembers()
+            assert len(members) == 2 * shard["samples"]
+            for image, label in zip(members[::2], members[1::2]):
+                key, ext = image.name.split(".")
+                assert label.name == f"{key}.cls" and ext in ("jpg", "png", "webp")
+                samples.append((key, ext, tar.extractfile(image).read(), int(tar.extractfile(label).read())))
+    assert len(samples) == index["splits"][split]["samples"]
+    return samples
+
+
+def cfg(**data) -> Config:
+    return Config.from_dict({"data": data, "model": {"img_size": 16}})
+
+
+def pixels(data: bytes) -> np.ndarray:
+    return np.asarray(decode_rgb(data, "test"))
+
+
+@pytest.mark.parametrize("image_format", ["source", "png"])
+def test_an_ugly_image_folder_round_trips_to_the_same_pixels_and_labels(tmp_path, image_format):
+    ugly = write_ugly_folder(tmp_path / "src")
+    from vit_train.data.imagefolder import load_image_folders
+
+    train, val, classes = load_image_folders(ugly.root)
+    index = write_shards(cfg(name="imagefolder", root=str(ugly.root)), tmp_path / "out", ["train", "val"],
+                         shard_size=7, image_format=image_format, progress=False)
+    assert index["classes"] == classes == ugly.classes
+    for split, base in (("train", train), ("val", val)):
+        got = read_split(tmp_path / "out", split)
+        assert [key for key, *_ in got] == [f"{split}_{i:08d}" for i in range(len(base))]
+        for (key, ext, data, label), (path, target) in zip(got, base.samples):
+            assert label == target
+            assert np.array_equal(pixels(data), ugly.expected[Path(path)]), path
+            assert np.array_equal(pixels(data), np.asarray(open_rgb(path)))
+            if image_format == "png":
+                assert ext == "png"
+            elif Path(path).suffix.lower() in (".jpg", ".jpeg", ".png", ".webp"):
+                assert data == Path(path).read_bytes()  # kept as it is
+
+
+def test_image_size_is_recorded_when_every_image_has_one_size(tmp_path):
+    root = write_image_folder(tmp_path / "src", {"train": 3, "val": 1}, size=(12, 8))
+    index = write_shards(cfg(name="imagefolder", root=str(root)), tmp_path / "out", ["train", "val"], progress=False)
+    assert index["image_size"] == [8, 12]  # [H, W]
+    assert json.loads((tmp_path / "out" / "index.json").read_text()) == index
+
+
+def test_cifar_round_trips_to_the_same_pixels_and_labels_as_png(tmp_path):
+    written = write_cifar10(tmp_path / "cifar", per_batch=3)
+    write_shards(cfg(name="cifar10", root=str(tmp_path / "cifar"), download=False), tmp_path / "out",
+                 ["train", "val"], shard_size=4, progress=False)
+    for split, batches in (("train", [f"data_batch_{i}" for i in range(1, 6)]), ("val", ["test_batch"])):
+        images = np.concatenate([written[b][0] for b in batches]).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        labels = sum((written[b][1] for b in batches), [])
+        got = read_split(tmp_path / "out", split)
+        assert [ext for _, ext, _, _ in got] == ["png"] * len(labels)
+        assert [label for *_, label in got] == labels
+        assert all(np.array_equal(pixels(data), image) for (_, _, data, _), image in zip(got, images))
+
+
+def test_shapes_round_trip_and_shard_sizes_by_count(tmp_path):
+    index = write_shards(cfg(name="shapes", train_size=23, val_size=5), tmp_path / "out", ["train", "val"],
+                         shard_size=5, progress=False)
+    train = index["splits"]["train"]["shards"]
+    assert [s["name"] for s in train] == [f"train-{i:06d}.tar" for i in range(5)]
+    assert [s["samples"] for s in train] == [5, 5, 5, 5, 3]
+    assert [s["samples"] for s in index["splits"]["val"]["shards"]] == [5]
+    assert index["image_size"] == [16, 16] and len(index["classes"]) == 10
+    images, labels = generate_shapes(23, 16, seed=0)
+    got = read_split(tmp_path / "out", "train")
+    assert [label for *_, label in got] == labels.tolist()
+    assert all(np.array_equal(pixels(d), img.permute(1, 2, 0).numpy()) for (_, _, d, _), img in zip(got, images))
+
+
+def test_maxsize_starts_a_new_shard_before_a_sample_that_would_pass_it(tmp_path):
+    root = write_image_folder(tmp_path / "src", {"train": 6, "val": 1}, pixels=lambda c, i: np.random.default_rng(i)
+                              .integers(0, 256, (20 + i, 20, 3), dtype=np.uint8))
+    files = [root / "train" / c / f"{i}.png" for c in ("a", "b") for i in range(6)]
+    in_tar = [512 + -(-f.stat().st_size // 512) * 512 + 1024 for f in files]  # header + padded data, .cls
+    maxsize = in_tar[0] + in_tar[1] + in_tar[2] - 1  # never 3 in a shard, mostly 2
+    index = write_shards(cfg(name="imagefolder", root=str(root)), tmp_path / "out", ["train"], maxsize=maxsize,
+                         progress=False)
+    expected, size = [], maxsize + 1
+    for s in in_tar:
+        if size + s > maxsize:
+            expected.append(0)
+            size = 0
+        expected[-1], size = expected[-1] + 1, size + s
+    assert [s["samples"] for s in index["splits"]["train"]["shards"]] == expected and 2 in expected
+    tiny = write_shards(cfg(name="imagefolder", root=str(root)), tmp_path / "out1", ["train"], maxsize=1,
+                        progress=False)  # each shard holds at least one sample
+    assert [s["samples"] for s in tiny["splits"]["train"]["shards"]] == [1] * 12
+
+
+def test_the_same_source_gives_the_same_shard_bytes(tmp_path):
+    for out in ("a", "b"):
+        write_shards(cfg(name="shapes", train_size=6, val_size=2), tmp_path / out, ["train", "val"], progress=False)
+    assert all((tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes()
+               for n in ("index.json", "train-000000.tar", "val-000000.tar"))
+
+
+def vit_shards(monkeypatch, capsys, *args) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["vit-shards", *args])
+    try:
+        shards_main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_command_writes_and_refuses_an_out_that_holds_shards_unless_overwrite(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    args = ["data=shapes", "data.train_size=6", "data.val_size=2", "model.img_size=16", f"out={out}", "progress=false"]
+    code, text, _ = vit_shards(monkeypatch, capsys, *args, "splits=train,val", "shard_size=4")
+    assert code == 0 and "6 train samples in 2 shards and 2 val samples in 1 shards" in text
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    code, _, err = vit_shards(monkeypatch, capsys, *args)
+    assert code == 2 and err.count("\n") == 1 and "overwrite=true" in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing lost
+    code, _, _ = vit_shards(monkeypatch, capsys, *args, "overwrite=true", "splits=train")
+    assert code == 0 and sorted(p.name for p in out.iterdir()) == ["index.json", "train-000000.tar"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["image_format=gif"], "image_format must be one of source, png, jpg, webp"),
+    (["splits=[train,test]"], "splits must be train, val or train,val"),
+    (["shard_size=0"], "shard_size and maxsize must be >= 1"),
+    (["shard_size=abc"], "shard_size (samples) and maxsize (bytes) are numbers"),
+    (["data=imagefolder"], "data=imagefolder needs data.root"),
+    (["colour=red"], "unknown option 'colour'"),
+])
+def test_bad_arguments_end_in_one_line(tmp_path, monkeypatch, capsys, args, words):
+    code, _, err = vit_shards(monkeypatch, capsys, "data=shapes", f"out={tmp_path / 'out'}", *args)
+    assert code == 2 and err.count("\n") == 1 and words in err, err
+    assert not (tmp_path / "out" / "index.json").exists()
+
+
+def test_an_out_that_cannot_be_made_ends_in_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("x")
+    code, _, err = vit_shards(monkeypatch, capsys, "data=shapes", f"out={tmp_path / 'file' / 'out'}")
+    assert code == 2 and err.count("\n") == 1 and "cannot write into out=" in err, err
+    code, _, err = vit_shards(monkeypatch, capsys, "data=shapes", f"out={tmp_path / 'file'}")
+    assert code == 2 and "is a file" in err
+
+
+def test_a_full_disk_mid_way_leaves_no_index_and_no_partial_shard(tmp_path, monkeypatch, capsys):
+    real, calls = tarfile.TarFile.addfile, {"n": 0}
+
+    def addfile(self, info, fileobj=None):
+        calls["n"] += 1
+        if calls["n"] == 13:  # the 7th sample's image: the 2nd shard of 4 is being written
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, info, fileobj)
+
+    monkeypatch.setattr(tarfile.TarFile, "addfile", addfile)
+    out = tmp_path / "out"
+    code, _, err = vit_shards(monkeypatch, capsys, "data=shapes", "data.train_size=10", "model.img_size=16",
+                              f"out={out}", "shard_size=4", "progress=false")
+    assert code == 2 and err.count("\n") == 1 and "No space left on device" in err and "no index.json" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["train-000000.tar"]  # the whole first shard; no index
+
+
+KILLED = """
+import os, signal, sys
+from vit_train.config.schema import Config
+from vit_train.tools import shards
+real, n = shards.SplitWriter.add, [0]
+def add(self, *args):
+    n[0] += 1
+    if n[0] == 7:
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(self, *args)
+shards.SplitWriter.add = add
+shards.write_shards(Config.from_dict({"data": {"train_size": 10}, "model": {"img_size": 16}}), sys.argv[1],
+                    ["train", "val"], shard_size=3, progress=False)
+"""
+
+
+def test_a_writer_killed_mid_way_leaves_no_index_and_a_rerun_is_refused_until_overwrite(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-c", KILLED, str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    assert not (out / "index.json").exists() and (out / "train-000001.tar").exists()
+    with pytest.raises(Exception, match="already holds shards"):
+        write_shards(cfg(name="shapes", train_size=10), out, ["train", "val"], shard_size=3, progress=False)
+    index = write_shards(cfg(name="shapes", train_size=10), out, ["train", "val"], shard_size=3, overwrite=True,
+                         progress=False)
+    assert index["splits"]["train"]["samples"] == 10 and (out / "index.json").exists()
+
+
+def test_unreadable_images_are_left_out_under_skip_and_stop_the_writer_under_error(tmp_path, caplog):
+    root = write_image_folder(tmp_path / "src", {"train": 3, "val": 1})
+    (root / "train" / "a" / "1.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(20))  # truncated
+    with pytest.raises(shards.DataError, match=r"1\.png cannot be read .*data\.bad_images=skip"):
+        write_shards(cfg(name="imagefolder", root=str(root), bad_images="error"), tmp_path / "e", ["train"],
+                     progress=False)
+    assert not (tmp_path / "e" / "index.json").exists()
+    index = write_shards(cfg(name="imagefolder", root=str(root), bad_images="skip"), tmp_path / "s", ["train"],
+                         progress=False)
+    keys = [key for key, *_ in read_split(tmp_path / "s", "train")]
+    assert keys == ["train_00000000", "train_00000002", "train_00000003", "train_00000004", "train_00000005"]
+    assert index["splits"]["train"]["samples"] == 5
+    assert [r.message for r in caplog.records if "left out" in r.message] == \
+        [f"1 unreadable train image(s) left out (data.bad_images=skip): {root / 'train' / 'a' / '1.png'}"]
