@@ -21,6 +21,8 @@ from vit_train.data.sampler import EpochSampler, ShardSampler
 from vit_train.data.shapes import CLASS_NAMES as SHAPES_CLASSES, generate_shapes
 from vit_train.data.transforms import build_transforms
 from vit_train.data.unreadable import CheckedLoader, UnreadableImages
+from vit_train.data.shard_index import load_index
+from vit_train.data.webdataset import build_stream_loaders, loader_workers
 
 log = logging.getLogger("vit_train")
 
@@ -109,6 +111,8 @@ def pipeline(cfg: Config, device: torch.device) -> str:
 def build_data(cfg: Config, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
     """Loaders for this process: with several, each gets its share of every global batch and of the val set.
     `labels`: whether the objective reads them (objectives' READS_LABELS); without, see `load_splits`."""
+    if cfg.data.name == "webdataset":
+        return _stream_data(cfg, device, rank, world_size, labels)
     train_base, val_base, class_names, stats, native = load_splits(cfg, labels)
     train_tf, eval_tf = build_transforms(cfg.aug, cfg.model.img_size, stats, native)
     d = cfg.data
@@ -140,3 +144,20 @@ def build_data(cfg: Config, device: torch.device, rank: int = 0, world_size: int
     val_unreadable = UnreadableImages(val_base, "val", d.bad_images, d.max_bad_fraction) if folders else None
     return Data(CheckedLoader(train_loader, train_unreadable), CheckedLoader(val_loader, val_unreadable), sampler,
                 class_names, steps, stats, train_unreadable)
+
+
+def _stream_data(cfg: Config, device: torch.device, rank: int, world_size: int, labels: bool) -> Data:
+    """data=webdataset: shards read as streams in a planned order (data/webdataset.py)."""
+    pipeline(cfg, device)  # refuses data.pipeline=device
+    if cfg.data.repeated_aug > 1:  # its copies must land in one global batch: a stream cannot place them
+        raise ConfigError(f"data.repeated_aug={cfg.data.repeated_aug} works with random-access data sets only, not "
+                          f"data=webdataset (a stream cannot repeat a sample inside one batch); use data.repeated_aug=1")
+    index = load_index(cfg.data.root, cfg.data.train_shards, cfg.data.val_shards)
+    stats = data_stats(cfg.data.name)
+    train_tf, eval_tf = build_transforms(cfg.aug, cfg.model.img_size, stats, None)
+    count = loader_workers(cfg.data.num_workers)
+    options = dict(pin_memory=device.type == "cuda", worker_init_fn=_worker_signals,
+                   multiprocessing_context=worker_context() if count else None)
+    train, val, plan, unreadable = build_stream_loaders(index, cfg, train_tf, eval_tf, device, rank, world_size,
+                                                        labels, options)
+    return Data(train, val, plan, list(index.classes), index.train.samples // cfg.data.batch_size, stats, unreadable)

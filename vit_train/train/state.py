@@ -26,6 +26,8 @@ from vit_train.models.architecture import identity
 from vit_train.outputs.identity import mixed_runs, mixed_text, run_id_of
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.data.preprocess import eval_spec
+from vit_train.data.webdataset import loader_workers
+from vit_train.runtime import distributed
 from vit_train.objectives import Objective, objective_state, section_owner
 from vit_train.objectives.score import better, checkpoint_best, winner
 
@@ -52,6 +54,8 @@ class TrainState:
     train_seconds: float = 0.0
     wall_seconds: float = 0.0  # wall time of every attempt of the run, up to this checkpoint
     run_id: str = ""  # made when the run starts fresh, kept across resumes (outputs/identity.py); "" = not yet
+    # data=webdataset: what the epoch's stream plan was made for, {"world_size", "loader_workers"} (else None)
+    stream_layout: Optional[dict] = None
     # checkpoints written before best_score kept these two: read into best_score (__post_init__)
     best_top1: InitVar[Optional[float]] = None
     best_loss: InitVar[Optional[float]] = None
@@ -117,6 +121,7 @@ def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: Averag
     return {
         "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict(), "ema": ema.state_dict() if ema is not None else None, **state.checkpoint_fields(),
+        "stream_layout": stream_layout(cfg),
         "rng": rng_state(),
         "config": cfg.to_dict(), "overrides": list(overrides), "class_names": list(class_names),
         "identity": identity(cfg.to_dict(), class_names, state.run_id),  # what the weights are, for every door
@@ -186,6 +191,7 @@ def check_data_position(state: TrainState, saved: dict, cfg: Config, train_image
     changed = [f"the training set holds {train_images} images, not {state.train_images}"] if (
         state.train_images and state.train_images != train_images) else []
     changed += [f"{key} is {now[key]}, not {before[key]}" for key in before if now[key] != before[key]]
+    changed += _stream_changes(state, saved, cfg)
     if changed:
         end = state.step - (-(state.epoch_end - state.sample_in_epoch) // saved["data"]["batch_size"])
         # (not trainer.max_steps=<end>: the warmup and cosine schedule would be fitted to that shorter run)
@@ -194,6 +200,30 @@ def check_data_position(state: TrainState, saved: dict, cfg: Config, train_image
                           f"resume with the saved settings past the epoch's end at step {end} (it writes "
                           f"checkpoints/step_{end:08d}.pt), then resume from that file with the change, or start a "
                           f"new run from these weights with model.pretrained=<the checkpoint>")
+
+
+def stream_layout(cfg: Config) -> dict[str, int] | None:
+    """data=webdataset: the world size and loader worker count (data.num_workers resolved) the epoch's stream
+    plan is cut for (data/stream_order.py); None for other data sets."""
+    if cfg.data.name != "webdataset":
+        return None
+    return {"world_size": distributed.context().world_size, "loader_workers": max(1, loader_workers(cfg.data.num_workers))}
+
+
+def _stream_changes(state: TrainState, saved: dict, cfg: Config) -> list[str]:
+    """What a webdataset epoch's stream plan depends on and a resume in its middle changed: the number of processes,
+    of loader workers, data.batch_size, data.shuffle_buffer (each cuts or shuffles the stream otherwise)."""
+    if cfg.data.name != "webdataset" or saved.get("data", {}).get("name") != "webdataset":
+        return []
+    was, now = state.stream_layout or {}, stream_layout(cfg)
+    changed = [f"{what} is {now[key]}, not {was[key]}" for key, what in (
+        ("world_size", "the number of processes"), ("loader_workers", "the loader worker count (data.num_workers, "
+                                                     "0 counting as 1)")) if key in was and now[key] != was[key]]
+    for key in ("batch_size", "shuffle_buffer"):
+        before, after = saved["data"].get(key), getattr(cfg.data, key)
+        if before is not None and before != after:
+            changed.append(f"data.{key} is {after}, not {before}")
+    return changed
 
 
 def rng_state() -> dict[str, Any]:

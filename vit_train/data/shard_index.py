@@ -1,0 +1,225 @@
+"""data=webdataset's index and shard reading: data.root/index.json (written by vit-shards) lists each split's
+shards and their sample counts, so an epoch's length and the classes are known before any shard is read.
+
+The format (docs/data.md, 'WebDataset shards'): {"format": "vit-train webdataset", "version": 1, "classes":
+[...], "image_size": [H, W] or null, "source": {...}, "splits": {"train": {"samples": N, "shards": [{"name":
+"train-000000.tar", "samples": n, "bytes": b}, ...]}, "val": {...}}}. A shard holds, per sample, "<key>.jpg|
+jpeg|png|webp" (the encoded image) and "<key>.cls" (the class index as ASCII decimal), members of one sample
+next to each other in any order; other members (.json, .txt) are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from vit_train.errors import DataError
+from vit_train.extras import require
+
+INDEX = "index.json"
+FORMAT, VERSION = "vit-train webdataset", 1
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+# What reading a tar stream raises when the shard is cut short or damaged (a truncated file, a dropped connection)
+READ_ERRORS = (tarfile.TarError, OSError, EOFError, ValueError)
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split's shards in index order: names, sample counts, where each is read from (a path or URL)."""
+
+    name: str
+    shards: list[str]
+    counts: list[int]
+    urls: list[str]
+
+    @property
+    def samples(self) -> int:
+        return sum(self.counts)
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    classes: list[str]
+    image_size: tuple[int, int] | None
+    train: Split
+    val: Split
+
+
+def load_index(root: str, train_shards: str | None = None, val_shards: str | None = None) -> ShardIndex:
+    """data.root's index.json, checked, with each shard's URL: data.train_shards / data.val_shards (a brace
+    URL or a `pipe:` command, expanded by braceexpand) when given, else the file next to the index.
+
+    Raises DataError (one line) for a missing or malformed index, a listed shard that is not there, or a
+    shard URL pattern that expands to another count of shards or in another order than the index's."""
+    require("webdataset", "data=webdataset", error=DataError)
+    path = Path(root).expanduser() / INDEX
+    if not path.is_file():
+        raise DataError(f"{path} does not exist; data=webdataset reads the shards' index there (vit-shards writes "
+                        f"it with the shards: vit-shards data=<a data set> out={Path(root).expanduser()})")
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"{path} is not a readable JSON index ({type(e).__name__}: {e}); write it again with "
+                        f"vit-shards") from None
+    what = f"{path} is not a vit-train shard index"
+    if not isinstance(index, dict) or index.get("format") != FORMAT or index.get("version") != VERSION:
+        raise DataError(f"{what} (it needs \"format\": \"{FORMAT}\", \"version\": {VERSION}); write it with vit-shards")
+    classes = index.get("classes")
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+        raise DataError(f"{what}: \"classes\" must be a non-empty list of class names; write it with vit-shards")
+    size = index.get("image_size")
+    splits = index.get("splits") if isinstance(index.get("splits"), dict) else {}
+    train, val = (_split(path, splits, name, root, url) for name, url in (("train", train_shards),
+                                                                           ("val", val_shards)))
+    return ShardIndex(list(classes), tuple(size) if isinstance(size, list) and len(size) == 2 else None, train, val)
+
+
+def _split(path: Path, splits: dict, name: str, root: str, pattern: str | None) -> Split:
+    entry = splits.get(name)
+    shards = entry.get("shards") if isinstance(entry, dict) else None
+    bad = f"{path} lists no valid {name} split"
+    if not isinstance(shards, list) or not shards:
+        raise DataError(f"{bad} (splits.{name}.shards: a list of {{\"name\", \"samples\"}}); write it with vit-shards")
+    names, counts = [], []
+    for shard in shards:
+        ok = isinstance(shard, dict) and isinstance(shard.get("name"), str) and "/" not in shard["name"]
+        if not ok or not isinstance(shard.get("samples"), int) or shard["samples"] < 0:
+            raise DataError(f"{bad}: shard entry {shard!r} needs a plain file \"name\" and a \"samples\" count >= 0")
+        names.append(shard["name"])
+        counts.append(shard["samples"])
+    if entry.get("samples", sum(counts)) != sum(counts):
+        raise DataError(f"{bad}: splits.{name}.samples is {entry['samples']} but its shards hold {sum(counts)}; "
+                        f"write the index again with vit-shards")
+    if not sum(counts):
+        raise DataError(f"{bad}: its shards hold no samples")
+    return Split(name, names, counts, _urls(path, name, names, root, pattern))
+
+
+def _urls(path: Path, split: str, names: list[str], root: str, pattern: str | None) -> list[str]:
+    if pattern is None:
+        folder = Path(root).expanduser()
+        missing = [n for n in names if not (folder / n).is_file()]
+        if missing:
+            raise DataError(f"{len(missing)} {split} shard(s) listed in {path} are not in {folder}: "
+                            f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; copy them there, or "
+                            f"give data.{split}_shards=<their brace URL or pipe: command>")
+        return [str(folder / n) for n in names]
+    from braceexpand import braceexpand  # webdataset's dependency
+
+    urls = list(braceexpand(pattern))
+    key = f"data.{split}_shards"
+    if len(urls) != len(names):
+        raise DataError(f"{key}={pattern} expands to {len(urls)} shard(s), but {path} lists {len(names)} {split} "
+                        f"shards; give a pattern with one URL per listed shard (e.g. {{000000..{len(names) - 1:06d}}})")
+    for url, name in zip(urls, names):
+        if name not in url:
+            raise DataError(f"{key}={pattern}: the URL {url} does not name {name}, which {path} lists in its place; "
+                            f"the pattern must list the index's shards in the index's order")
+    return urls
+
+
+@dataclass
+class Missing:
+    """A sample that could not be read (a truncated shard, a read error, a sample without an image)."""
+
+    key: str
+    reason: str
+
+
+def read_samples(url: str, shard: str, first: int, stop: int) -> Iterator[tuple[int, dict | Missing]]:
+    """(offset, {ext: bytes, "__key__": key} or Missing) of the samples at offsets first..stop-1 of the
+    shard at `url`, in order; samples before `first` are passed over (read, never kept or decoded).
+
+    A shard that ends early or cannot be read further gives Missing for the rest of the range (the
+    unreadable-image policy decides). A `pipe:` command that fails (exit status not 0) raises DataError."""
+    from webdataset.gopen import gopen
+    from webdataset.tariterators import base_plus_ext, tar_file_iterator
+
+    offset, group, key = 0, {}, None
+    stream, reason = None, None
+    try:
+        stream = gopen(url)
+        for member in tar_file_iterator(stream):
+            prefix, ext = base_plus_ext(member["fname"])
+            if prefix is None:
+                continue
+            if key is not None and prefix != key:
+                if offset >= first:
+                    yield offset, {**group, "__key__": key}
+                offset, group = offset + 1, {}
+                if offset >= stop:
+                    return
+            key = prefix
+            if offset >= first:
+                group[ext.lower()] = member["data"]
+        if key is not None:
+            if offset >= first:
+                yield offset, {**group, "__key__": key}
+            offset += 1
+        if offset < stop:
+            reason = f"{shard} ends after {offset} samples (truncated?)"
+    except READ_ERRORS as e:
+        _check_pipe(url, stream)
+        reason = f"{shard} cannot be read past sample {offset} ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+    finally:
+        _close(stream)
+    for lost in range(max(offset, first), stop):
+        yield lost, Missing(f"{shard}#{lost}", reason or "")
+
+
+def _check_pipe(url: str, stream) -> None:
+    proc = getattr(stream, "proc", None)
+    if proc is None:
+        return
+    status = proc.wait()
+    if status != 0:
+        raise DataError(f"the shard command {url[5:]!r} failed (exit status {status}); run it in a shell to see why, "
+                        f"and fix data.train_shards/val_shards")
+
+
+def _close(stream) -> None:
+    """Close a shard stream, also one left before its end (a pipe's command is ended, not waited for)."""
+    if stream is None:
+        return
+    proc = getattr(stream, "proc", None)
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+    try:
+        stream.close()
+    except OSError:
+        pass
+    if proc is not None:
+        proc.wait()
+
+
+def label_of(sample: dict, classes: int, where: str) -> int:
+    """The sample's class index from its .cls member; DataError (one line) when absent or out of range."""
+    raw = sample.get("cls")
+    if raw is None:
+        raise DataError(f"{where} has no .cls member (its class index); every training and val sample needs one "
+                        f"(write the shards with vit-shards)")
+    try:
+        label = int(raw.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        raise DataError(f"{where}.cls holds {raw[:20]!r}, not a class index; write the shards again") from None
+    if not 0 <= label < classes:
+        raise DataError(f"{where}.cls is {label}, outside the index's {classes} classes (0..{classes - 1}); the shards "
+                        f"and index.json do not belong together")
+    return label
+
+
+def image_of(sample: dict) -> tuple[bytes | None, str]:
+    """(the encoded image bytes or None, the member's extension)."""
+    for ext in IMAGE_EXTS:
+        if ext in sample:
+            return sample[ext], ext
+    return None, ""
+
+
+def shard_bytes(split: Split) -> int:
+    """Bytes of a split's local shard files (0 for URLs that are not files)."""
+    return sum(os.path.getsize(u) for u in split.urls if os.path.isfile(u))
