@@ -1,0 +1,207 @@
+"""data=hf: a Hugging Face dataset on local disk (save_to_disk folder or parquet files) read as a map-style
+base data set: the same pixels and labels as the images written, class names from the features, one line
+for what is missing, the unreadable-image policy, and exact mid-epoch resume through the EpochSampler."""
+
+import io
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+datasets = pytest.importorskip("datasets")
+
+from helpers.configs import tiny_config  # noqa: E402
+from helpers.files import assert_same_run  # noqa: E402
+from vit_train.data import build_data  # noqa: E402
+from vit_train.data.hf import load_hf_splits  # noqa: E402
+from vit_train.errors import DataError, RunStopped  # noqa: E402
+from vit_train.train.trainer import train  # noqa: E402
+
+HELPERS = Path(__file__).parent / "helpers"
+CLASSES = ["cat", "dog", "emu"]
+
+
+def picture(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+
+
+def png(seed: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(picture(seed)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def split(n: int, start: int, labels: str | None = "classlabel", names=CLASSES, bad: tuple = ()) -> "datasets.Dataset":
+    """`n` 8x8 PNG cells (picture(start + i)), labels i % 3 (a ClassLabel, plain ints, or none);
+    rows in `bad` hold bytes no decoder reads."""
+    columns = {"image": [{"bytes": b"not an image" if i in bad else png(start + i), "path": None} for i in range(n)]}
+    features = {"image": datasets.Image()}
+    if labels:
+        columns["label"] = [i % 3 for i in range(n)]
+        features["label"] = datasets.ClassLabel(names=names) if labels == "classlabel" else datasets.Value("int64")
+    return datasets.Dataset.from_dict(columns, features=datasets.Features(features))
+
+
+def save(root: Path, layout: str = "disk", val_name: str = "validation", **kwargs) -> Path:
+    """A train split of 64 and a val split of 16 at `root`: save_to_disk, or parquet files as the Hub lays them out."""
+    parts = {"train": split(64, 0, **kwargs), val_name: split(16, 1000, **kwargs)}
+    if layout == "disk":
+        datasets.DatasetDict(parts).save_to_disk(str(root))
+    else:
+        for name, ds in parts.items():
+            ds.to_parquet(str(root / "data" / f"{name}-00000-of-00001.parquet"))
+    return root
+
+
+@pytest.mark.parametrize("layout", ["disk", "parquet"])
+def test_a_dataset_reads_as_the_pixels_and_labels_written(tmp_path, layout):
+    train, val, names = load_hf_splits(save(tmp_path / "ds", layout), "image", "label", "train", None)
+    assert names == CLASSES and (len(train), len(val)) == (64, 16)
+    for base, start in ((train, 0), (val, 1000)):
+        for i in (0, 5, len(base) - 1):
+            image, label = base[i]
+            assert image.mode == "RGB" and np.array_equal(np.asarray(image), picture(start + i)) and label == i % 3
+    assert train.samples[5] == (f"{tmp_path / 'ds'} train[5]", 2)
+
+
+def test_parquet_is_read_offline_and_cached_outside_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home" / ".cache" / "huggingface"))
+    train, _, _ = load_hf_splits(save(tmp_path / "ds", "parquet"), "image", "label", "train", None)
+    assert len(train) == 64 and not (tmp_path / "home").exists()
+
+
+@pytest.mark.parametrize("val_name", ["val", "test"])
+def test_val_split_null_takes_validation_else_val_else_test(tmp_path, val_name):
+    _, val, _ = load_hf_splits(save(tmp_path / "ds", val_name=val_name), "image", "label", "train", None)
+    assert np.array_equal(np.asarray(val[0][0]), picture(1000))
+
+
+def test_a_missing_split_names_the_splits_there_are(tmp_path):
+    root = save(tmp_path / "ds")
+    with pytest.raises(DataError, match=r"has no split 'dev' \(data.val_split\); its splits: train, validation$"):
+        load_hf_splits(root, "image", "label", "train", "dev")
+
+
+def test_plain_integer_labels_are_named_by_number_in_one_log_line(tmp_path, caplog):
+    caplog.set_level(logging.INFO, "vit_train")
+    _, _, names = load_hf_splits(save(tmp_path / "ds", labels="int"), "image", "label", "train", None)
+    assert names == ["0", "1", "2"]
+    assert [r.message for r in caplog.records if "no class names" in r.message] == \
+        ["data=hf: the label column 'label' has no class names (no ClassLabel): classes are named 0..2"]
+
+
+@pytest.mark.parametrize("key, value", [("image_key", "img"), ("label_key", "fine_label")])
+def test_a_missing_column_names_the_columns_there_are(tmp_path, key, value):
+    keys = {"image_key": "image", "label_key": "label", key: value}
+    with pytest.raises(DataError, match=rf"split 'train' of .* has no column '{value}' \(data.{key}\); "
+                                        r"its columns: image, label$"):
+        load_hf_splits(save(tmp_path / "ds"), keys["image_key"], keys["label_key"], "train", None)
+
+
+def test_without_labels_the_label_column_may_be_absent(tmp_path):
+    train, val, names = load_hf_splits(save(tmp_path / "ds", labels=None), "image", "label", "train", None,
+                                       labels=False)
+    assert names == ["image"] and train[3][1] == 0 and np.array_equal(np.asarray(train[3][0]), picture(3))
+
+
+def test_class_names_that_differ_between_train_and_val_are_refused(tmp_path):
+    root = tmp_path / "ds"
+    datasets.DatasetDict(train=split(6, 0), validation=split(3, 10, names=["cat", "dog", "eel"])).save_to_disk(str(root))
+    with pytest.raises(DataError, match="names other classes in split 'validation' than in 'train'"):
+        load_hf_splits(root, "image", "label", "train", None)
+
+
+def test_a_column_of_file_paths_is_read_relative_to_the_root(tmp_path):
+    root = tmp_path / "ds"
+    (root / "img").mkdir(parents=True)
+    for i in range(4):
+        Image.fromarray(picture(i)).save(root / "img" / f"{i}.png")
+    ds = datasets.Dataset.from_dict({"file": [f"img/{i}.png" for i in range(4)], "label": [0, 1, 0, 1]})
+    for name in ("train", "validation"):
+        ds.to_parquet(str(root / f"{name}-00000.parquet"))
+    train, _, names = load_hf_splits(root, "file", "label", "train", None)
+    assert names == ["0", "1"] and np.array_equal(np.asarray(train[2][0]), picture(2))
+
+
+def hf_config(root: Path, resume: str | None = None, **data):
+    return tiny_config(data={"name": "hf", "root": str(root), "batch_size": 16, "num_workers": 0, **data},
+                       trainer={"epochs": 2, "log_every": 1, "ckpt_every": 3}, aug={"name": "basic"}, resume=resume)
+
+
+def test_an_unreadable_cell_is_replaced_under_skip_and_stops_the_run_under_error(tmp_path, caplog):
+    root = tmp_path / "ds"
+    datasets.DatasetDict(train=split(64, 0, bad=(3,)), validation=split(16, 1000)).save_to_disk(str(root))
+    with pytest.raises(DataError, match=rf"^{root} train\[3\] cannot be read \(UnidentifiedImageError: .*"
+                                        r"set data.bad_images=skip"):
+        train(hf_config(root, bad_images="error"), tmp_path / "error")
+    caplog.set_level(logging.WARNING, "vit_train")
+    results = train(hf_config(root, bad_images="skip", max_bad_fraction=0.05), tmp_path / "skip")
+    assert results["status"] == "completed"
+    replaced = [r.message for r in caplog.records if "image replaced" in r.message]
+    assert len(replaced) == 1 and replaced[0].startswith(
+        f"unreadable train image replaced: {root} train[3] (UnidentifiedImageError: cannot identify image file")
+
+
+def test_two_processes_take_the_same_global_batches_as_one(tmp_path):
+    cfg = hf_config(save(tmp_path / "ds"))
+    one = build_data(cfg, torch.device("cpu"))
+    two = [build_data(cfg, torch.device("cpu"), rank=r, world_size=2) for r in range(2)]
+    for data in (one, *two):
+        data.train_sampler.set_epoch(1)
+    for (x, y), (x0, y0), (x1, y1) in zip(one.train_loader, two[0].train_loader, two[1].train_loader):
+        assert torch.equal(x, torch.cat([x0, x1])) and torch.equal(y, torch.cat([y0, y1]))
+
+
+@pytest.fixture(scope="module")
+def hf_reference(tmp_path_factory):
+    """(dataset root, an uninterrupted run on it: 2 epochs of 4 steps, checkpoints at 3, 4, 6, 8)."""
+    root = save(tmp_path_factory.mktemp("hf") / "ds")
+    run_dir = tmp_path_factory.mktemp("hf_reference")
+    train(hf_config(root), run_dir)
+    return root, run_dir
+
+
+def test_a_run_stopped_mid_epoch_resumes_as_the_uninterrupted_run(tmp_path, hf_reference, monkeypatch):
+    from vit_train.models.vit import VisionTransformer
+
+    root, reference = hf_reference
+    forward, calls = VisionTransformer.forward, []
+
+    def signalling_forward(self, x):  # SIGUSR1 in the 7th step: it stops with a checkpoint at step 6 or 7
+        if self.training:
+            calls.append(1)
+            if len(calls) == 7:
+                os.kill(os.getpid(), signal.SIGUSR1)
+        return forward(self, x)
+
+    monkeypatch.setattr(VisionTransformer, "forward", signalling_forward)
+    with pytest.raises(RunStopped):
+        train(hf_config(root), tmp_path)
+    monkeypatch.undo()
+    assert 0 < torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["batch_in_epoch"] < 4
+    train(hf_config(root, resume="auto"), tmp_path)
+    assert_same_run(tmp_path, reference)
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_epoch_with_loader_workers_resumes_as_the_uninterrupted_run(tmp_path, hf_reference):
+    root, reference = hf_reference
+    cfg = hf_config(root, num_workers=2).to_dict()
+    sections = {k: cfg[k] for k in ("data", "trainer", "aug")}
+    done = subprocess.run([sys.executable, str(HELPERS / "killer.py"),  # killed at step 7: resumes at 6, mid-epoch
+                           json.dumps({"run_dir": str(tmp_path), "sections": sections, "fault": "row", "n": 7})],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == -9, done.stderr[-2000:]
+    last = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
+    assert (last["step"], last["batch_in_epoch"]) == (6, 2)
+    train(hf_config(root, num_workers=2, resume="auto"), tmp_path)
+    assert_same_run(tmp_path, reference)  # the reference read without workers: the same batches
