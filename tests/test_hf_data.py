@@ -161,6 +161,16 @@ def test_two_processes_take_the_same_global_batches_as_one(tmp_path):
         assert torch.equal(x, torch.cat([x0, x1])) and torch.equal(y, torch.cat([y0, y1]))
 
 
+def test_one_parquet_file_feeds_every_loader_worker_the_batches_of_one_process(tmp_path):
+    """datasets#8669: with fewer files than workers, workers of an iterable dataset get nothing. Here
+    the sampler hands out items, not files: 2 workers over 1 file give the batches that no worker gives."""
+    root = save(tmp_path / "ds", "parquet")
+    loaders = [build_data(hf_config(root, num_workers=n), torch.device("cpu")).train_loader for n in (0, 2)]
+    batches = [list(loader) for loader in loaders]
+    assert len(batches[0]) == len(batches[1]) == 4
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(*batches))
+
+
 @pytest.fixture(scope="module")
 def hf_reference(tmp_path_factory):
     """(dataset root, an uninterrupted run on it: 2 epochs of 4 steps, checkpoints at 3, 4, 6, 8)."""

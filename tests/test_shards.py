@@ -53,7 +53,7 @@ def pixels(data: bytes) -> np.ndarray:
     return np.asarray(decode_rgb(data, "test"))
 
 
-@pytest.mark.parametrize("image_format", ["source", "png"])
+@pytest.mark.parametrize("image_format", ["source", "png", "webp"])
 def test_an_ugly_image_folder_round_trips_to_the_same_pixels_and_labels(tmp_path, image_format):
     ugly = write_ugly_folder(tmp_path / "src")
     from vit_train.data.imagefolder import load_image_folders
@@ -69,8 +69,8 @@ def test_an_ugly_image_folder_round_trips_to_the_same_pixels_and_labels(tmp_path
             assert label == target
             assert np.array_equal(pixels(data), ugly.expected[Path(path)]), path
             assert np.array_equal(pixels(data), np.asarray(open_rgb(path)))
-            if image_format == "png":
-                assert ext == "png"
+            if image_format != "source":
+                assert ext == image_format  # png and webp (lossless): the same pixels
             elif Path(path).suffix.lower() in (".jpg", ".jpeg", ".png", ".webp"):
                 assert data == Path(path).read_bytes()  # kept as it is
 
@@ -215,6 +215,7 @@ shards.write_shards(Config.from_dict({"data": {"train_size": 10}, "model": {"img
 """
 
 
+@pytest.mark.slow  # ~15 s: a fresh interpreter imports torch
 def test_a_writer_killed_mid_way_leaves_no_index_and_a_rerun_is_refused_until_overwrite(tmp_path):
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "-c", KILLED, str(out)], capture_output=True, text=True, timeout=120)
@@ -241,3 +242,39 @@ def test_unreadable_images_are_left_out_under_skip_and_stop_the_writer_under_err
     assert index["splits"]["train"]["samples"] == 5
     assert [r.message for r in caplog.records if "left out" in r.message] == \
         [f"1 unreadable train image(s) left out (data.bad_images=skip): {root / 'train' / 'a' / '1.png'}"]
+
+
+def test_a_png_named_jpeg_and_names_with_dots_give_clean_keys_that_webdataset_reads_as_samples(tmp_path):
+    """ImageNet's n02105855_2933.JPEG is a PNG (soumith/imagenet-multiGPU.torch#43): its member says png.
+    Dots in a key split samples wrongly (webdataset#237, datasets#7150): keys never hold the file's name."""
+    import webdataset as wds
+
+    root = tmp_path / "src"
+    for split in ("train", "val"):
+        (root / split / "dog").mkdir(parents=True)
+        Image.fromarray(np.full((6, 6, 3), 40, np.uint8)).save(root / split / "dog" / "n02105855_2933.JPEG", "PNG")
+        Image.fromarray(np.full((6, 6, 3), 90, np.uint8)).save(root / split / "dog" / "22.05.v2.jpg", quality=90)
+    write_shards(cfg(name="imagefolder", root=str(root)), tmp_path / "out", ["train", "val"], progress=False)
+    got = read_split(tmp_path / "out", "train")
+    assert [(key, ext) for key, ext, _, _ in got] == [("train_00000000", "jpg"), ("train_00000001", "png")]
+    samples = list(wds.WebDataset(str(tmp_path / "out" / "train-000000.tar"), shardshuffle=False))
+    assert [sorted(k for k in s if not k.startswith("__")) for s in samples] == [["cls", "jpg"], ["cls", "png"]]
+    assert [s["__key__"] for s in samples] == ["train_00000000", "train_00000001"]
+    assert samples[1]["png"] == (root / "train" / "dog" / "n02105855_2933.JPEG").read_bytes()
+
+
+def test_a_hugging_face_dataset_round_trips_with_its_bytes_kept(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    cells = []
+    for i in range(5):
+        buffer = io.BytesIO()
+        Image.fromarray(np.random.default_rng(i).integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(buffer, "PNG")
+        cells.append({"bytes": buffer.getvalue(), "path": None})
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["x", "y"])})
+    part = datasets.Dataset.from_dict({"image": cells, "label": [0, 1, 1, 0, 1]}, features=features)
+    datasets.DatasetDict(train=part, validation=part).save_to_disk(str(tmp_path / "ds"))
+    index = write_shards(cfg(name="hf", root=str(tmp_path / "ds")), tmp_path / "out", ["train", "val"], progress=False)
+    assert index["classes"] == ["x", "y"] and index["image_size"] == [8, 8]
+    got = read_split(tmp_path / "out", "val")
+    assert [(ext, data, label) for _, ext, data, label in got] == \
+        [("png", c["bytes"], label) for c, label in zip(cells, [0, 1, 1, 0, 1])]
