@@ -1,16 +1,21 @@
 """The fault table of docs/reliability.md: each fault injected as an adversary would, how often, how
 many runs survived it, and the evidence. Prints a Markdown table (and writes it as JSON with --json).
 
-    OMP_NUM_THREADS=1 python scripts/fault_table.py [--only kill,bitflip,writers,diskfull,hostile] [--json PATH]
+    OMP_NUM_THREADS=1 python scripts/fault_table.py [--only kill,fs,sweep,bitflip,writers,diskfull,hostile]
+                                                    [--json PATH]
 
 "Survived" is judged against an uninterrupted reference run with the same seed (16 steps, every
-step logged, checkpoints at steps 3, 6, 8, 9, 12, 15 and 16): after the fault and `resume=auto`,
-every metrics.jsonl row appears once with the reference's values, TensorBoard holds the same
-scalars, the weights and optimiser state are bit-identical, no temporary file is left and
-results.json says completed (tests/helpers/files.py `assert_same_run`). Each refusal must be one line.
-The kills and pauses are real signals at chosen moments (tests/helpers/killer.py, in a forked child), the
-full disks real tmpfs mounts (tests/helpers/diskfull.py; needs `unshare`), the hostile files
-tests/test_hostile.py.
+step logged, evaluations at steps 4, 8, 12 and 16 with new bests at 4 and 12, checkpoints at steps 3,
+4, 6, 8, 9, 12, 15 and 16, two kept): after the fault and `resume=auto`, every file a user reads is the
+reference's (tests/helpers/files.py `assert_every_file_as_the_reference`): last.pt, best.pt and the
+step files (names and every entry: weights, optimiser, scheduler, torch's RNG, step, best step),
+results.json but for timings, metrics.jsonl row by row, every TensorBoard scalar tag, train.log's
+closing line, no temporary file; for sweep faults every job's files, no refusal record and the
+summary (summary.csv, summary.md) but for timing columns (`assert_same_sweep`). Each refusal must be
+one line. The kills and pauses are real signals at chosen moments (tests/helpers/killer.py) or before
+each file-system call of the checkpoint saves and results.json (tests/helpers/fs_killer.py, the
+equivalent of `strace -e inject=...:signal=SIGKILL:when=N`), in a forked child; the full disks real
+tmpfs mounts (tests/helpers/diskfull.py; needs `unshare`), the hostile files tests/test_hostile.py.
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 from helpers.configs import TINY, tiny_config  # noqa: E402
-from helpers.files import assert_same_run  # noqa: E402
+from helpers.files import assert_every_file_as_the_reference, assert_same_sweep  # noqa: E402
+from helpers.fs_killer import arm as arm_fs  # noqa: E402
 from helpers.killer import arm  # noqa: E402
+from helpers.sweep_runs import run_sweep_job, sweep  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -44,9 +51,11 @@ from vit_train.errors import UserError  # noqa: E402
 from vit_train.sweeps.job import run_job  # noqa: E402
 from vit_train.train.trainer import train  # noqa: E402
 
-SECTIONS = {"trainer": {"log_every": 1, "ckpt_every": 3, "keep_last": 2}}
-SAVES = 7  # checkpoint writes in the reference run
-KILLS = ([("row", n) for n in range(1, 17)] + [("val_row", 1), ("val_row", 2)]
+# seed 1, evaluations at 4, 8, 12, 16: new bests at 4 and 12 (the final evaluation is not better, so the
+# save at 16 rotates step 12's own file away and best.pt alone keeps its weights)
+SECTIONS = {"trainer": {"log_every": 1, "ckpt_every": 3, "keep_last": 2, "eval_every": 4}, "seed": 1}
+SAVES = 8  # checkpoint writes in the reference run
+KILLS = ([("row", n) for n in range(1, 17)] + [("val_row", n) for n in range(1, 5)]
          + [(fault, n) for fault in ("mid_write", "tmp_done", "renamed") for n in range(1, SAVES + 1)] + [("results", 1)])
 TWICE = [(("row", 2), ("mid_write", 1)), (("mid_write", 3), ("row", 4)), (("tmp_done", 2), ("renamed", 3))]
 PAUSES = [(("row", 1), "command"), (("mid_write", 2), "train"), (("val_row", 1), "sweep job"), (("row", 7), "command"),
@@ -76,10 +85,10 @@ def killed(run_dir: Path, fault: str, n: int, resume: str | None = None) -> None
         raise AssertionError(f"not killed at {fault} {n}: wait status {status}")
 
 
-def same(run_dir: Path, reference: Path) -> str | None:
-    """None when the run equals the reference, else why not."""
+def same(run_dir: Path, reference: Path, oracle=assert_every_file_as_the_reference) -> str | None:
+    """None when every file of the run (or sweep) is the reference's, else the first difference."""
     try:
-        assert_same_run(run_dir, reference)
+        oracle(run_dir, reference)
     except AssertionError as e:
         return str(e).splitlines()[0][:200] or "differs"
     return None
@@ -111,14 +120,100 @@ def kill_rows(work: Path, reference: Path) -> list[dict]:
         killed(run_dir, fault_a, n_a)
         killed(run_dir, fault_b, n_b, resume="auto")
         twice.append(resumed(run_dir, reference))
-    return [row("kill -9 at one moment: after each of the 16 train rows, after each val row, in the middle of each "
-                "of the 7 checkpoint writes, with each temporary file complete but not renamed, right after each "
-                "rename, before results.json", outcomes,
-                "`resume=auto` equal to the reference: rows once with its values, TensorBoard scalars, weights and "
-                "optimiser bit-identical, no *.tmp"),
+    return [row("kill -9 at one moment: after each of the 16 train rows, after each of the 4 val rows, in the middle "
+                f"of each of the {SAVES} checkpoint writes, with each temporary file complete but not renamed, right "
+                "after each rename, before results.json", outcomes,
+                "`resume=auto`: every file as the reference's (last.pt, best.pt, step files, results.json, "
+                "metrics.jsonl, every TensorBoard tag, train.log's closing line), no *.tmp"),
             row("kill -9 twice (the resumed run killed again: " + ", ".join(f"{a[0]} {a[1]} then {b[0]} {b[1]}"
                                                                          for a, b in TWICE) + ")", twice,
-                "the second `resume=auto` equal to the reference")]
+                "after the second `resume=auto` every file as the reference's")]
+
+
+def fs_killed(run_dir: Path, n: int, listing: list | None = None) -> bool:
+    """A forked child trains in `run_dir` and is SIGKILLed before its n-th file-system call on checkpoints/
+    or results.json (n = 0: never; the calls are appended to `listing`); whether it was killed."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        calls: list = []
+        try:
+            arm_fs(run_dir, n, calls)
+            train(tiny_config(**SECTIONS), run_dir)
+            os.write(write, json.dumps(calls).encode())
+        except BaseException:  # noqa: BLE001 - reported by the parent as "not killed"
+            traceback.print_exc()
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    if listing is not None and data:
+        listing += json.loads(data)
+    return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+def fs_rows(work: Path, reference: Path) -> list[dict]:
+    """A kill before each file-system call (open for writing, fsync, rename, link, unlink) of every save
+    of the run and of results.json, then `resume=auto`."""
+    calls: list = []
+    if fs_killed(work / "fs_calls", 0, calls) or not calls:
+        return [row("kill -9 before each file-system call of the saves", ["could not list the calls"], "")]
+    outcomes = []
+    for n in range(1, len(calls) + 1):
+        run_dir = work / f"fs_{n}"
+        if not fs_killed(run_dir, n):
+            outcomes.append(f"not killed at call {n} {calls[n - 1]}")
+            continue
+        outcome = resumed(run_dir, reference)
+        outcomes.append(outcome and f"call {n} {' '.join(calls[n - 1])}: {outcome}")
+    kinds = {}
+    for kind, _ in calls:
+        kinds[kind.replace("os.", "")] = kinds.get(kind.replace("os.", ""), 0) + 1
+    return [row(f"kill -9 before each file-system call of the run's {SAVES} checkpoint saves and results.json, "
+                f"{len(calls)} calls (" + ", ".join(f"{v} {k}" for k, v in kinds.items()) + ")", outcomes,
+                "`resume=auto`: every file as the reference's; best.pt names the step results.json names")]
+
+
+SWEEP_GRID = [["optim.lr=0.001"], ["optim.lr=0.0005"]]
+SWEEP_KILLS = [("row", 5), ("val_row", 2), ("mid_write", 4), ("tmp_done", 6), ("renamed", 6), ("results", 1)]
+
+
+def sweep_rows(work: Path) -> list[dict]:
+    """A sweep of 2 jobs (tests/helpers/sweep_runs.py: run_job and the summary, as `vit-train -m` runs them)
+    whose second job is killed at each moment, then re-run with the grid in the same and the reverse order."""
+    reference = work / "sweep_reference"
+    sweep(reference, SWEEP_GRID, SECTIONS)
+    outcomes = []
+    for k, (fault, n) in enumerate(SWEEP_KILLS):
+        for order in (1, -1):
+            sweep_dir = work / f"sweep_{k}_{order}"
+            run_sweep_job(sweep_dir, 0, SWEEP_GRID[0], SECTIONS)
+            pid = os.fork()
+            if pid == 0:
+                status = 1
+                try:
+                    arm(fault, n)
+                    run_sweep_job(sweep_dir, 1, SWEEP_GRID[1], SECTIONS)
+                except BaseException:  # noqa: BLE001 - reported by the parent as "not killed"
+                    traceback.print_exc()
+                os._exit(status)
+            _, status = os.waitpid(pid, 0)
+            if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
+                outcomes.append(f"job 1 not killed at {fault} {n}")
+                continue
+            try:
+                sweep(sweep_dir, SWEEP_GRID[::order], SECTIONS)
+            except Exception as e:  # noqa: BLE001 - a re-run that fails is a fault not survived
+                outcomes.append(f"re-run failed: {type(e).__name__}: {e}"[:200])
+                continue
+            outcome = same(sweep_dir, reference, assert_same_sweep)
+            outcomes.append(outcome and f"{fault} {n} ({'reversed' if order < 0 else 'same order'}): {outcome}")
+    return [row("a sweep job killed (kill -9 at " + ", ".join(f"{f} {n}" for f, n in SWEEP_KILLS) + "), then the "
+                "sweep re-run with its grid in the same and in the reverse order", outcomes,
+                "every job's files as the uninterrupted sweep's, no refused.json, summary.csv and summary.md the "
+                "same but for timing columns")]
 
 
 def flip(path: Path, offset: int, count: int = 16) -> None:
@@ -165,7 +260,8 @@ def bitflip_rows(work: Path, reference: Path) -> list[dict]:
         logging.getLogger("vit_train").removeHandler(handler)
         handler.close()
         text = log.read_text()
-        passed_over += "last.pt is damaged" in text and "step_00000015.pt at epoch 1, step 15" in text
+        passed_over += "last.pt is damaged" in text and bool(re.search(r"step_00000015\.pt at epoch \d+, step 15",
+                                                                         text))
         in_run.append(outcome)  # equal to the reference: passed over, or bytes the reader ignores
     return [row(f"16 bytes flipped in a checkpoint, at 200 places from its first byte to its last, then loaded "
                 f"({size} bytes)", outcomes, f"{refused} refused in one line (CRC-32 or zip structure), "
@@ -190,19 +286,20 @@ def files(run_dir: Path) -> dict:
 def second_writer(kind: str, run_dir: Path, holder: int) -> str | None:
     """None when the second writer is refused, in one line naming the holder, without touching run_dir."""
     if kind == "command":
-        done = subprocess.run([sys.executable, "-m", "vit_train", *TINY, "seed=1", f"hydra.run.dir={run_dir}"],
+        done = subprocess.run([sys.executable, "-m", "vit_train", *TINY, "seed=2", f"hydra.run.dir={run_dir}"],
                               capture_output=True, text=True, timeout=300)
         if done.returncode != 2 or done.stderr.count("\n") != 1 or f"(pid {holder} on " not in done.stderr:
             return f"second vit-train: status {done.returncode}: {done.stderr[-200:]}"
     elif kind == "train":
         try:
-            train(tiny_config(**SECTIONS, seed=1), run_dir)
+            train(tiny_config(**{**SECTIONS, "seed": 2}), run_dir)
             return "a second train() into the directory ran"
         except UserError as e:
             if f"(pid {holder} on " not in str(e) or "\n" in str(e):
                 return f"refused without naming the holder: {e}"
     else:
-        value = run_job(lambda: (tiny_config(**SECTIONS, seed=1), [], None), run_dir, ["seed=1"], 0, "best_top1")
+        value = run_job(lambda: (tiny_config(**{**SECTIONS, "seed": 2}), [], None), run_dir, ["seed=2"], 0,
+                        "best_top1")
         if not math.isnan(value):
             return "a sweep job ran in the directory"
     return None
@@ -276,7 +373,8 @@ def diskfull_rows(work: Path, reference: Path) -> list[dict]:
     for n in range(1, SAVES + 1):
         run_dir = work / f"enospc_{n}"
         outcomes.append(enospc_at(run_dir, n) or resumed(run_dir, reference))
-    rows.append(row("ENOSPC raised by the n-th checkpoint write, n = 1 ... 7 (simulated in torch.save)", outcomes,
+    rows.append(row(f"ENOSPC raised by the n-th checkpoint write, n = 1 ... {SAVES} (simulated in torch.save)",
+                    outcomes,
                     "one line (`no space left on ...`, 'there is no earlier checkpoint' only for the first), "
                     "train.log and results.json (`failed`) carry it; `resume=auto` equals the reference"))
     return rows
@@ -334,12 +432,13 @@ def hostile_rows() -> list[dict]:
                 "one line, exit 2, never a traceback; nothing pickled is run")]
 
 
-GROUPS = {"kill": kill_rows, "bitflip": bitflip_rows, "writers": writer_rows, "diskfull": diskfull_rows}
+GROUPS = {"kill": kill_rows, "fs": fs_rows, "bitflip": bitflip_rows, "writers": writer_rows,
+          "diskfull": diskfull_rows}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="kill,bitflip,writers,diskfull,hostile")
+    parser.add_argument("--only", default="kill,fs,sweep,bitflip,writers,diskfull,hostile")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     logging.getLogger("vit_train").addHandler(logging.NullHandler())  # the runs' own logs go to their train.log
@@ -350,7 +449,8 @@ def main() -> None:
         train(tiny_config(**SECTIONS), reference)
         for group in args.only.split(","):
             group_started = time.time()
-            table += hostile_rows() if group == "hostile" else GROUPS[group](work, reference)
+            table += hostile_rows() if group == "hostile" else sweep_rows(work) if group == "sweep" else \
+                GROUPS[group](work, reference)
             print(f"{group}: {time.time() - group_started:.0f} s", file=sys.stderr, flush=True)
     print("| fault injected | times tried | survived | evidence |\n|---|---|---|---|")
     for r in table:

@@ -1,6 +1,8 @@
 """Faults injected as an adversary would, each judged against an uninterrupted run with the same
-seed (per-step losses and val rows in metrics.jsonl, TensorBoard scalars, weights with torch.equal):
-kill -9 at chosen moments, bit rot, full disks, two writers, torn logs."""
+seed: every file a user reads (tests/helpers/files.py `assert_every_file_as_the_reference`: last.pt,
+best.pt, step files, results.json, metrics.jsonl, every TensorBoard tag, train.log's closing line) where
+the run's files are complete, else `assert_same_run`; for a sweep, every job's files and the summary:
+kill -9 at chosen moments, a killed sweep job, bit rot, full disks, two writers, torn logs."""
 
 import json
 import os
@@ -14,7 +16,8 @@ import pytest
 import torch
 
 from helpers.configs import TINY, tiny_config
-from helpers.files import assert_same_run, file_bytes, model_weights, rows
+from helpers.files import (assert_every_file_as_the_reference, assert_same_run, assert_same_sweep, file_bytes,
+                           model_weights, rows)
 from helpers.runs import hold_lock, lock_is_free, start_vit_train, vit_train
 from vit_train.outputs import integrity
 from vit_train.outputs.checkpoint import load_checkpoint
@@ -58,7 +61,7 @@ def test_kill_9_then_resume_auto_equals_the_uninterrupted_run(tmp_path, make_con
     fault, n = FAULTS[case]
     kill_at(tmp_path, fault, n)
     train(make_config(**SECTIONS, resume="auto"), tmp_path)
-    assert_same_run(tmp_path, reference)
+    assert_every_file_as_the_reference(tmp_path, reference)
 
 
 def test_resume_auto_on_a_finished_run_adds_no_row(tmp_path, make_config, reference):
@@ -66,7 +69,7 @@ def test_resume_auto_on_a_finished_run_adds_no_row(tmp_path, make_config, refere
     before = rows(tmp_path)
     train(make_config(**SECTIONS, resume="auto"), tmp_path)
     assert rows(tmp_path) == before
-    assert_same_run(tmp_path, reference)
+    assert_every_file_as_the_reference(tmp_path, reference)
 
 
 def test_a_fresh_start_cuts_an_earlier_log_back_to_step_0_and_skips_a_torn_line(tmp_path):
@@ -80,6 +83,90 @@ def test_a_fresh_start_cuts_an_earlier_log_back_to_step_0_and_skips_a_torn_line(
     logger.scalars("train", 2, {"loss": 3.0})
     logger.close()
     assert [(r["split"], r["step"], r["loss"]) for r in rows(tmp_path)] == [("train", 1, 2.0), ("train", 2, 3.0)]
+
+
+def test_the_oracle_finds_a_change_to_any_file_a_user_reads(tmp_path, reference):
+    """assert_every_file_as_the_reference passes a copy of the reference and fails on each file changed
+    alone: best.pt holding another step, a step file gone, results.json's best step, a TensorBoard tag
+    beyond loss and top-1, train.log's closing line, one row's value."""
+    import json as json_module
+
+    def damaged(name, change):
+        run_dir = tmp_path / name
+        shutil.copytree(reference, run_dir, ignore=shutil.ignore_patterns(".lock"))
+        change(run_dir)
+        return run_dir
+
+    assert_every_file_as_the_reference(damaged("copy", lambda r: None), reference)
+
+    def best_pt_stale(r):
+        shutil.copyfile(r / "checkpoints" / "step_00000015.pt", r / "checkpoints" / "best.pt")
+
+    def results_best_step(r):
+        results = json_module.loads((r / "results.json").read_text())
+        (r / "results.json").write_text(json_module.dumps({**results, "best_step": 8}))
+
+    def tb_lr_tag(r):
+        from torch.utils.tensorboard import SummaryWriter
+
+        with SummaryWriter(str(r / "tb")) as writer:
+            writer.add_scalar("train/lr", 1.0, 17)
+
+    def closing_line(r):
+        with open(r / "train.log", "a") as log:
+            log.write("[2026-12-02 00:00:00,000][INFO] stopped by SIGTERM at step 16\n")
+
+    def one_row(r):
+        lines = (r / "metrics.jsonl").read_text().splitlines()
+        row = json_module.loads(lines[3])
+        lines[3] = json_module.dumps({**row, "grad_norm": row["grad_norm"] + 1e-6})
+        (r / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+    changes = {"best.pt": best_pt_stale, "step file": lambda r: (r / "checkpoints" / "step_00000015.pt").unlink(),
+               "results.json": results_best_step, "tb": tb_lr_tag, "train.log": closing_line, "row": one_row}
+    for name, change in changes.items():
+        with pytest.raises(AssertionError):
+            assert_every_file_as_the_reference(damaged(name.replace(" ", "_"), change), reference)
+
+
+# ---------------------------------------------------------------- a sweep job killed, the sweep re-run
+
+SWEEP_BASE = {"trainer": {"log_every": 1, "ckpt_every": 3, "keep_last": 2, "eval_every": 4}, "seed": 1}
+GRID = [["optim.lr=0.001"], ["optim.lr=0.0005"]]
+
+
+@pytest.fixture(scope="module")
+def reference_sweep(tmp_path_factory):
+    from helpers.sweep_runs import sweep
+
+    sweep_dir = tmp_path_factory.mktemp("reference_sweep")
+    sweep(sweep_dir, GRID, SWEEP_BASE)
+    return sweep_dir
+
+
+@pytest.mark.parametrize("fault, n, order", [("renamed", 5, 1), ("results", 1, -1)],
+                         ids=["killed-after-a-rename-same-order", "killed-before-results-json-reversed-grid"])
+def test_a_killed_sweep_job_then_the_sweep_re_run_leaves_the_uninterrupted_sweeps_files(tmp_path, reference_sweep,
+                                                                                         fault, n, order):
+    """Job 1 killed (SIGKILL, a forked child) after its 5th checkpoint's rename, or before its results.json;
+    the sweep re-run (the grid reversed: each job is found where it ran): every job's files, no
+    refused.json, summary.csv and summary.md (but timings) as the uninterrupted sweep's."""
+    import signal
+
+    from helpers.killer import arm
+    from helpers.sweep_runs import run_sweep_job, sweep
+
+    run_sweep_job(tmp_path, 0, GRID[0], SWEEP_BASE)
+    pid = os.fork()
+    if pid == 0:
+        arm(fault, n)
+        run_sweep_job(tmp_path, 1, GRID[1], SWEEP_BASE)
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+    assert not (tmp_path / "1" / "results.json").exists()
+    sweep(tmp_path, GRID[::order], SWEEP_BASE)
+    assert_same_sweep(tmp_path, reference_sweep)
 
 
 # ---------------------------------------------------------------- bit rot
@@ -200,7 +287,7 @@ def test_a_full_tmpfs_says_so_and_resume_after_freeing_space_equals_the_uninterr
     assert report["results_after_failure"]["status"] == "failed"
     assert report["results_after_failure"]["error"] == message
     assert report["log_after_failure"].rstrip().splitlines()[-1].endswith(f"[ERROR] {message}")
-    assert_same_run(tmp_path / "run", reference)
+    assert_every_file_as_the_reference(tmp_path / "run", reference)
 
 
 @pytest.mark.parametrize("size_kb", [4, pytest.param(12, marks=pytest.mark.slow)])
@@ -213,7 +300,7 @@ def test_a_tmpfs_too_full_for_the_logs_names_the_file_in_one_line_and_resume_equ
     assert re.fullmatch(rf"could not write {re.escape(mount)}/run/(tb|metrics\.jsonl): no space left on "
                         rf"{re.escape(mount)} \(0\.0 MB free\); free some space, then continue with resume=auto",
                         report["first"]), report["first"]
-    assert_same_run(tmp_path / "run", reference)
+    assert_every_file_as_the_reference(tmp_path / "run", reference)
 
 
 def test_a_disk_full_write_in_torchs_own_words_is_named_as_such(tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from helpers.configs import tiny_config
-from helpers.files import assert_same_run, read_results
+from helpers.files import assert_every_file_as_the_reference, closing_line, read_results
 from helpers.fs_killer import SAVES, arm, fake_state, save_all
 from vit_train.outputs import rundir
 from vit_train.outputs.checkpoint import (checkpoint_file, find_resume_checkpoint, repair_run_checkpoints,
@@ -173,23 +173,10 @@ def kill_run_at(run_dir: Path, at) -> None:
     assert done.returncode == -signal.SIGKILL, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
 
 
-def assert_every_file_as_the_reference(run_dir: Path, reference: Path) -> None:
-    """assert_same_run (rows, TensorBoard scalars, last.pt's weights and optimiser, no *.tmp, completed),
-    plus best.pt and the step files (names, steps, weights), results.json but for timings, train.log's last line."""
-    assert_same_run(run_dir, reference)
-    names = sorted(p.name for p in (reference / "checkpoints").iterdir())
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == names
-    for name in names:
-        a, b = (torch.load(r / "checkpoints" / name, weights_only=True) for r in (run_dir, reference))
-        assert (a["step"], a["best_step"]) == (b["step"], b["best_step"]), name
-        assert all(torch.equal(a["model"][k], b["model"][k]) for k in b["model"]), name
-    timing = ("images_per_s", "wall_seconds", "wall_seconds_all_attempts", "run_dir", "run_id")
-    got, want = ({k: v for k, v in read_results(r).items() if k not in timing} for r in (run_dir, reference))
-    assert got == want
-    assert torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)["step"] == got["best_step"]
-    last = [(r / "train.log").read_text().splitlines()[-1].split("] ", 1)[1] for r in (run_dir, reference)]
-    drop = lambda line: line.split(" steps (")[0]  # noqa: E731 - images/s, seconds and the directory differ
-    assert drop(last[0]) == drop(last[1]) == "completed: best top-1 10.94% (step 12), 16"
+def assert_as_the_reference(run_dir: Path, reference: Path) -> None:
+    """Every file as the reference's (tests/helpers/files.py), and the run's closing line names step 12 as the best."""
+    assert_every_file_as_the_reference(run_dir, reference)
+    assert closing_line(run_dir).startswith("completed: best top-1 10.94% (step 12), 16 steps")
 
 
 def test_a_kill_between_last_pt_and_best_pt_at_a_new_best_then_resume_auto_keeps_the_best(tmp_path, reference):
@@ -200,7 +187,7 @@ def test_a_kill_between_last_pt_and_best_pt_at_a_new_best_then_resume_auto_keeps
     assert torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=True)["step"] == 4  # the window
     assert torch.load(checkpoint_file(tmp_path), weights_only=True)["step"] == 12
     train(tiny_config(**SECTIONS, seed=SEED, resume="auto"), tmp_path)
-    assert_every_file_as_the_reference(tmp_path, reference)
+    assert_as_the_reference(tmp_path, reference)
 
 
 # the calls of the save at step 12 (a new best) and of the final save and results.json, by their names
@@ -219,4 +206,4 @@ def test_a_kill_at_each_call_of_the_best_and_the_final_save_then_resume_auto_equ
         tmp_path, reference, at):
     kill_run_at(tmp_path, at)
     train(tiny_config(**SECTIONS, seed=SEED, resume="auto"), tmp_path)
-    assert_every_file_as_the_reference(tmp_path, reference)
+    assert_as_the_reference(tmp_path, reference)

@@ -1,5 +1,8 @@
 """What a run wrote, read back: metrics.jsonl rows, results.json, TensorBoard scalars, checkpoint
-weights, every file's bytes; and `assert_same_run`, a resumed run against an uninterrupted one."""
+weights, every file's bytes; and the comparison of a resumed run (or sweep) with an uninterrupted one:
+`assert_same_run` (rows, two TensorBoard tags, last.pt) and the wider oracle
+`assert_every_file_as_the_reference` (every file a user reads), `assert_same_sweep` (every job's files,
+the records and the summary)."""
 
 from __future__ import annotations
 
@@ -84,3 +87,125 @@ def assert_same_run(run_dir, reference):
         assert all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(flat_a, flat_b)), part
     assert not list(run_dir.rglob("*.tmp")), list(run_dir.rglob("*.tmp"))
     assert json.loads((run_dir / "results.json").read_text())["status"] == "completed"
+
+
+# What differs between two runs with the same seed however they ran: timings, the directory, the run's id.
+TIMING_ROW = ("images_per_s", "data_wait", "tflops", "mfu")
+TIMING_RESULTS = ("images_per_s", "wall_seconds", "wall_seconds_all_attempts", "run_dir", "run_id")
+TIMING_CHECKPOINT = ("train_seconds", "wall_seconds", "run_id")
+UNSEEDED_RNG = ("python", "numpy")  # a checkpoint's rng entries that start from the OS's randomness in each process
+TIMING_TAGS = tuple(f"train/{k}" for k in TIMING_ROW)  # TensorBoard: their steps are compared, not values
+
+
+def _same_value(a, b, where: str) -> None:
+    """Tensors equal bit for bit (dtype too), everything else ==, recursively; AssertionError naming `where`."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {sorted(set(a) ^ set(b), key=str)}"
+        for key in a:
+            _same_value(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{where}: length"
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same_value(x, y, f"{where}[{i}]")
+    else:
+        assert a == b or a != a and b != b, f"{where}: {a!r} != {b!r}"  # NaN == NaN here
+
+
+def closing_line(run_dir: Path) -> str:
+    """train.log's last line without its time stamp, images/s, wall time and directory."""
+    import re
+
+    last = (Path(run_dir) / "train.log").read_text().splitlines()[-1]
+    return re.sub(r", [\d.]+ images/s, .*$", "", last.split("] ", 1)[-1])
+
+
+def assert_every_file_as_the_reference(run_dir: Path, reference: Path) -> None:
+    """Every file a user reads equals the uninterrupted reference run's (same config and seed), but for
+    timings, the directory and the run's id: `assert_same_run` (rows, last.pt's weights and optimiser, no
+    *.tmp, completed); every metrics.jsonl row in order; every TensorBoard scalar tag (values, and for
+    the timing tags their steps); the checkpoint names, and in each (last.pt, best.pt, step files)
+    every entry (weights, optimiser, scheduler, torch's RNG, step, best step and score...); results.json;
+    best.pt holding the step results.json names; train.log's closing line. AssertionError naming the
+    first difference."""
+    import torch
+
+    run_dir, reference = Path(run_dir), Path(reference)
+    assert_same_run(run_dir, reference)
+    strip = lambda r: {k: v for k, v in r.items() if k not in TIMING_ROW}  # noqa: E731
+    assert [strip(r) for r in rows(run_dir)] == [strip(r) for r in rows(reference)], "metrics.jsonl rows or order"
+    got_tb, want_tb = tb_events(run_dir), tb_events(reference)
+    tags = want_tb.Tags()["scalars"]
+    assert sorted(got_tb.Tags()["scalars"]) == sorted(tags), "TensorBoard scalar tags"
+    for tag in tags:
+        got = sorted((e.step, e.value) for e in got_tb.Scalars(tag))
+        want = sorted((e.step, e.value) for e in want_tb.Scalars(tag))
+        if tag in TIMING_TAGS:
+            got, want = [s for s, _ in got], [s for s, _ in want]
+        assert got == want, f"TensorBoard {tag}"
+    names = sorted(p.name for p in (reference / "checkpoints").iterdir())
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == names, "checkpoint names"
+    for name in names:
+        a, b = (torch.load(r / "checkpoints" / name, weights_only=True) for r in (run_dir, reference))
+        for part in (a, b):
+            for key in TIMING_CHECKPOINT:
+                part.pop(key, None)
+            if isinstance(part.get("identity"), dict):
+                part["identity"] = {k: v for k, v in part["identity"].items() if k != "run_id"}
+            if isinstance(part.get("rng"), dict):  # Python's and NumPy's: never seeded by vit-train, so they
+                part["rng"] = {k: v for k, v in part["rng"].items() if k not in UNSEEDED_RNG}  # differ by process
+            if isinstance(part.get("config"), dict):  # how it was started: resume=auto, or not
+                part["config"] = {k: v for k, v in part["config"].items() if k != "resume"}
+        _same_value(a, b, f"checkpoints/{name}")
+    got, want = ({k: v for k, v in read_results(r).items() if k not in TIMING_RESULTS} for r in (run_dir, reference))
+    assert got == want, f"results.json: {sorted(k for k in want if got.get(k) != want[k])}"
+    if got.get("best_step") is not None and (run_dir / "checkpoints" / "best.pt").exists():
+        best = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)["step"]
+        assert best == got["best_step"], f"best.pt holds step {best}, results.json names {got['best_step']}"
+    assert closing_line(run_dir) == closing_line(reference), "train.log's closing line"
+
+
+def sweep_jobs(sweep_dir: Path) -> dict[tuple[str, ...], Path]:
+    """A sweep directory's jobs by their overrides (sorted: the same grid in another order is the same job)."""
+    import yaml
+
+    jobs = {}
+    for job in sorted(Path(sweep_dir).iterdir()):
+        record = job / ".hydra" / "overrides.yaml"
+        if record.is_file():
+            jobs[tuple(sorted(yaml.safe_load(record.read_text()) or []))] = job
+    return jobs
+
+
+def summary_tables(sweep_dir: Path) -> tuple[list[dict], list[list[str]]]:
+    """summary.csv's rows and summary.md's table rows (cells), the timing columns left out."""
+    import csv
+    import io
+
+    sweep_dir = Path(sweep_dir)
+    table = list(csv.DictReader(io.StringIO((sweep_dir / "summary.csv").read_text())))
+    csv_rows = [{k: v for k, v in r.items() if k not in ("images_per_s", "wall_seconds")} for r in table]
+    lines = [line for line in (sweep_dir / "summary.md").read_text().splitlines() if line.startswith("|")]
+    heads = [c.strip() for c in lines[0].strip("|").split("|")]
+    keep = [i for i, head in enumerate(heads) if head not in ("images/s", "wall s")]
+    md_rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    rest = [line for line in (sweep_dir / "summary.md").read_text().splitlines() if not line.startswith("|")]
+    return csv_rows, [[cells[i] for i in keep] for cells in md_rows if len(cells) == len(heads)] + [rest]
+
+
+def assert_same_sweep(sweep_dir: Path, reference: Path) -> None:
+    """A sweep's files equal an uninterrupted sweep's: the same jobs (by their overrides), each job's files
+    (`assert_every_file_as_the_reference`), no refusal record (refused.json) left beside any, and the
+    summary (summary.csv, summary.md) the same but for timing columns."""
+    got, want = sweep_jobs(sweep_dir), sweep_jobs(reference)
+    assert sorted(got) == sorted(want), f"sweep jobs {sorted(got)} != {sorted(want)}"
+    for overrides, job in want.items():
+        try:
+            assert_every_file_as_the_reference(got[overrides], job)
+        except AssertionError as e:
+            raise AssertionError(f"job {' '.join(overrides)}: {e}") from e
+        assert not (got[overrides] / "refused.json").exists(), f"{got[overrides]}/refused.json"
+    assert summary_tables(sweep_dir) == summary_tables(reference), "sweep summary"
