@@ -215,3 +215,19 @@ def test_a_run_killed_mid_epoch_with_loader_workers_resumes_as_the_uninterrupted
     assert (last["step"], last["batch_in_epoch"]) == (6, 2)
     train(hf_config(root, num_workers=2, resume="auto"), tmp_path)
     assert_same_run(tmp_path, reference)  # the reference read without workers: the same batches
+
+
+def test_an_image_cell_that_holds_only_a_path_is_read_from_that_file(tmp_path):
+    """A cell {"bytes": None, "path": ...} (datasets keeps paths for images it has not embedded; see
+    huggingface/datasets#8254's review): the file is read and decoded as any other image."""
+    from vit_train.data import hf
+
+    for i in range(2):
+        Image.fromarray(picture(i)).save(tmp_path / f"{i}.png")
+    ds = datasets.Dataset.from_dict({"image": [str(tmp_path / f"{i}.png") for i in range(2)], "label": [0, 1]},
+                                    features=datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")}))
+    images = hf._images(ds, "image", "label", 2, "memory", tmp_path)
+    assert images.dataset[1]["image"] == {"bytes": None, "path": str(tmp_path / "1.png")}
+    assert np.array_equal(np.asarray(images[1][0]), picture(1)) and images[1][1] == 1
+    (tmp_path / "1.png").unlink()
+    assert "FileNotFoundError" in images.describe_unreadable(1)

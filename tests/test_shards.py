@@ -167,6 +167,7 @@ def test_the_command_writes_and_refuses_an_out_that_holds_shards_unless_overwrit
     (["shard_size=abc"], "shard_size (samples) and maxsize (bytes) are numbers"),
     (["data=imagefolder"], "data=imagefolder needs data.root"),
     (["colour=red"], "unknown option 'colour'"),
+    (["data=webdataset", "data.root=/nowhere"], "data=webdataset is shards already"),
 ])
 def test_bad_arguments_end_in_one_line(tmp_path, monkeypatch, capsys, args, words):
     code, _, err = vit_shards(monkeypatch, capsys, "data=shapes", f"out={tmp_path / 'out'}", *args)

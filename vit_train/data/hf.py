@@ -21,7 +21,7 @@ import torch
 
 from vit_train.errors import DataError
 from vit_train.extras import require
-from vit_train.data.decode import IMAGE_ERRORS, decode_rgb, open_rgb
+from vit_train.data.decode import IMAGE_ERRORS, decode_rgb
 from vit_train.data.imagefolder import UNLABELLED_CLASS, UnreadableImage
 
 log = logging.getLogger("vit_train")
@@ -48,17 +48,21 @@ class HFImages:
 
     def image(self, index: int):
         """Item `index`'s image (PIL RGB); raises one of IMAGE_ERRORS when it cannot be read."""
+        return decode_rgb(self.encoded(index), f"{self.where}[{index}]")
+
+    def encoded(self, index: int) -> bytes:
+        """Item `index`'s encoded image: the cell's bytes, or the file its path names (relative to data.root);
+        raises OSError when there is neither (an empty cell, a missing file)."""
         cell = self.dataset[index][self.image_key]
-        name = f"{self.where}[{index}]"
-        if isinstance(cell, str):  # a column of file paths, relative to data.root
-            return open_rgb(self.root / cell)
+        if isinstance(cell, str):  # a column of file paths
+            return (self.root / cell).read_bytes()
         if cell is None:
-            raise OSError(f"{name} has no image (an empty cell)")
+            raise OSError(f"{self.where}[{index}] has no image (an empty cell)")
         if cell.get("bytes") is not None:
-            return decode_rgb(cell["bytes"], name)
+            return cell["bytes"]
         if cell.get("path"):
-            return open_rgb(self.root / cell["path"])
-        raise OSError(f"{name} has neither image bytes nor a path")
+            return (self.root / cell["path"]).read_bytes()
+        raise OSError(f"{self.where}[{index}] has neither image bytes nor a path")
 
     def describe_unreadable(self, index: int) -> str:
         """Why item `index`'s image cannot be read, in a few words."""

@@ -128,15 +128,10 @@ def encoded(base: Any, index: int, image_format: str) -> tuple[str, bytes, tuple
 
 
 def _source_bytes(base: Any, index: int) -> bytes | None:
+    """The encoded image of a Hugging Face row or an image file; None for an image held in memory."""
+    if hasattr(base, "encoded"):  # a Hugging Face split (data/hf.py)
+        return base.encoded(index)
     samples = getattr(base, "samples", None)
-    if hasattr(base, "dataset") and hasattr(base, "image_key"):  # a Hugging Face split (data/hf.py)
-        cell = base.dataset[index][base.image_key]
-        if isinstance(cell, dict) and cell.get("bytes") is not None:
-            return cell["bytes"]
-        path = cell if isinstance(cell, str) else (cell or {}).get("path")
-        if not path:
-            raise OSError(f"{_describe(base, index)} has no image")
-        return (base.root / path).read_bytes()
     if samples is not None:  # files (an image folder)
         return Path(samples[index][0]).expanduser().read_bytes()  # FileNotFoundError: unreadable, as in training
     return None
@@ -165,6 +160,9 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
     unknown = [s for s in splits if s not in ("train", "val")]
     if unknown or not splits:
         raise ConfigError(f"splits must be train, val or train,val; got {','.join(splits) or 'nothing'}")
+    if cfg.data.name == "webdataset":
+        raise ConfigError("data=webdataset is shards already; vit-shards writes them from image folders, CIFAR, shapes "
+                          "and Hugging Face datasets (to re-shard, write from the data set they came from)")
     out = _prepare(Path(out).expanduser(), overwrite)
     train, val, names, _, _ = load_splits(cfg)
     bases = {"train": train, "val": val}
