@@ -252,6 +252,15 @@ def test_timm_style_samples_with_extra_members_in_any_order_are_read(tmp_path):
     assert sorted(i for b, _ in got for i in b) == [0, 1, 2]
 
 
+def test_a_stream_without_labels_reads_samples_that_have_no_cls(tmp_path):
+    write_shards(tmp_path, [5, 4], [3], members=lambda split, i, key: [(f"{key}.webp", png(i, split))])
+    index = load_index(str(tmp_path))
+    s = ShardStream(index.train, 3, ids_of, True, 0, 3, 0, 1, 1, 4, labels=False)
+    got = list(DataLoader(s, batch_size=3))
+    assert sorted(i for images, _, _ in got for i in images.tolist()) == list(range(9))
+    assert all(labels.tolist() == [0, 0, 0] for _, labels, _ in got)
+
+
 # ---- whole runs: the loop, checkpoints, resume
 
 def run_config(root, workers=2, **sections):

@@ -15,7 +15,7 @@ import pytest
 
 from helpers.configs import tiny_config
 from helpers.files import assert_same_run, read_results
-from helpers.runs import torchrun
+from helpers.runs import torchrun, vit_train
 from helpers.shards import write_shards
 from vit_train.train.trainer import train
 
@@ -87,10 +87,20 @@ def test_two_processes_read_each_sample_once_per_epoch_with_equal_steps(tmp_path
 
 
 @pytest.mark.slow
-def test_torchrun_trains_on_shards_and_resumes(shards, tmp_path):
+def test_torchrun_trains_on_shards_and_another_world_size_mid_epoch_is_refused_in_one_line(shards, tmp_path):
     args = ["data=webdataset", f"data.root={shards}", "data.batch_size=8", "data.num_workers=1",
             "model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=16", "trainer.device=cpu",
-            "trainer.progress=false", "trainer.epochs=2", f"hydra.run.dir={tmp_path / 'run'}"]
-    done = torchrun(*args, cwd=tmp_path)
+            "trainer.progress=false", "trainer.epochs=2"]
+    done = torchrun(*args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert read_results(tmp_path / "run")["steps"] == 8
+    cut = torchrun(*args, "trainer.max_steps=2", f"hydra.run.dir={tmp_path / 'cut'}", cwd=tmp_path)  # mid-epoch 1
+    assert cut.returncode == 0, cut.stderr[-3000:]
+    alone = vit_train(f"resume={tmp_path / 'cut'}", cwd=tmp_path)  # one process
+    assert alone.returncode == 2, alone.stderr[-3000:]
+    assert alone.stderr.strip().splitlines()[-1].endswith(
+        "cannot resume in the middle of epoch 1 (16 of its 32 images trained on): the number of processes is 1, not 2, "
+        "which reorders the epoch; resume with the saved settings past the epoch's end at step 4 (it writes "
+        "checkpoints/step_00000004.pt), then resume from that file with the change, or start a new run from these "
+        "weights with model.pretrained=<the checkpoint>")
+    assert "Traceback" not in alone.stderr
