@@ -71,9 +71,9 @@ def test_bad_input_is_one_clear_line_and_leaves_nothing_behind(tmp_path, args, m
 
 
 def test_unknown_group_option_lists_the_valid_ones(tmp_path):
-    done = vit_train("model=vit_huge", cwd=tmp_path)
+    done = vit_train("model=vit_gigantic", cwd=tmp_path)  # no such option
     assert done.returncode == 1
-    assert "Could not find 'model/vit_huge'" in done.stderr and "vit_tiny" in done.stderr
+    assert "Could not find 'model/vit_gigantic'" in done.stderr and "vit_tiny" in done.stderr
 
 
 @pytest.mark.slow  # ~10 s on 2 cores; divergence is also covered in-process (test_stops.py)

@@ -41,6 +41,7 @@ class ModelConfig:
     qk_norm: bool = False  # LayerNorm on each head's queries and keys (timm's attn.q_norm/k_norm)
     distilled: bool = False  # DeiT's distillation token and head (dist_token, head_dist); eval averages the heads
     trainable: Literal["all", "head"] = "all"  # head: linear probe (the rest frozen, its dropout off)
+    grad_checkpointing: bool = False  # recompute each block's activations in backward (timm's name): less memory, ~1/3 more compute
 
 
 # data sets of encoded image files of any size: RandomResizedCrop, the unreadable-image policy, 224 by default
@@ -133,6 +134,8 @@ class TrainerConfig:
     max_bad_steps: int = 20  # consecutive steps with a non-finite loss or gradient norm before the run stops
     ema_decay: Optional[float] = None  # exponential moving average of the weights; null = off, e.g. 0.9998
     viz_every: Optional[int] = None  # figures (attention maps, confusion, ...) to TensorBoard every N evals; null = off
+    strategy: Literal["ddp", "fsdp"] = "ddp"  # several processes: ddp copies the weights, fsdp shards them (FSDP2; docs/multi-gpu.md)
+    fsdp_reshard_after_forward: Optional[bool] = None  # fsdp: free gathered weights after forward; null = blocks yes, root no (torchtitan)
 
 
 @dataclass

@@ -48,9 +48,11 @@ RULES: dict[str, tuple[Callable[[Config], bool], str, str]] = {
     "data.train_split": (lambda c: c.data.name != "hf", D, "data=hf"),
     "data.val_split": (lambda c: c.data.name != "hf", D, "data=hf"),
     "trainer.compile_mode": (lambda c: not c.trainer.compile, "trainer.compile=false", "trainer.compile=true"),
+    "trainer.fsdp_reshard_after_forward": (lambda c: c.trainer.strategy != "fsdp", "trainer.strategy={c.trainer.strategy}",
+                                           "trainer.strategy=fsdp"),
 }
 VIT_ONLY = ("embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "pool", "pos_embed", "dropout", "attn_dropout",
-            "drop_path", "reg_tokens", "init_values", "qk_norm")  # keys a ResNet (model.arch=resnet*) has no use for
+            "drop_path", "reg_tokens", "init_values", "qk_norm", "grad_checkpointing")  # keys a ResNet (model.arch=resnet*) has no use for
 RULES.update({f"model.{key}": (lambda c: c.model.arch != "vit", "model.arch={c.model.arch}", "ViTs (model.arch=vit)")
               for key in VIT_ONLY})
 

@@ -6,7 +6,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from vit_train.config.schema import ModelConfig
-from vit_train.models.vit import build_model
+from vit_train.models.vit import build_model, set_grad_checkpointing
 
 
 def flops_per_image(cfg: ModelConfig, num_classes: int) -> float:
@@ -15,6 +15,7 @@ def flops_per_image(cfg: ModelConfig, num_classes: int) -> float:
     skips most of the last block for the patch tokens, so it executes ~6% fewer FLOPs than this."""
     with torch.device("meta"):
         model = build_model(cfg, num_classes)
+        set_grad_checkpointing(model, False)  # model FLOPs: grad checkpointing's recomputation is not counted
         images = torch.empty(2, 3, cfg.img_size, cfg.img_size)  # two: a linear probe's BatchNorm needs a batch
     with FlopCounterMode(display=False) as counter:
         logits = model.forward_head(model.forward_features(images)) if cfg.arch == "vit" else model(images)

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from vit_train.config.schema import Config
-from vit_train.models.vit import Block, VisionTransformer, build_model, sincos_2d
+from vit_train.models.vit import Block, VisionTransformer, build_model, set_grad_checkpointing, sincos_2d
 
 NORM_PIX_EPS = 1e-6  # added to the patch variance before the square root, as in facebookresearch/mae
 EVAL_SEED = 12345  # seeds the val masks: the same at every evaluation and figure, so they compare across steps
@@ -205,14 +205,17 @@ def reconstruct(model: MaskedAutoencoder, images: torch.Tensor, noise: torch.Ten
 def build_autoencoder(cfg: Config) -> MaskedAutoencoder:
     """The encoder from `cfg.model` (no head: pre-training has no classes) and the decoder from `cfg.mae`."""
     e = cfg.mae
-    return MaskedAutoencoder(build_model(cfg.model, 0), e.mask_ratio, e.decoder_dim, e.decoder_depth, e.decoder_heads,
-                             e.norm_pix_loss)
+    model = MaskedAutoencoder(build_model(cfg.model, 0), e.mask_ratio, e.decoder_dim, e.decoder_depth, e.decoder_heads,
+                              e.norm_pix_loss)
+    set_grad_checkpointing(model, cfg.model.grad_checkpointing)  # the decoder's blocks too
+    return model
 
 
 def mae_flops_per_image(cfg: Config) -> float:
     """Training FLOPs (forward and backward) of one image in MAE pre-training, counted on the meta device."""
     with torch.device("meta"):
         model = build_autoencoder(cfg)
+        set_grad_checkpointing(model, False)  # model FLOPs: grad checkpointing's recomputation is not counted
         images = torch.empty(1, 3, cfg.model.img_size, cfg.model.img_size)
         noise = torch.empty(1, model.num_patches)
     with FlopCounterMode(display=False) as counter:

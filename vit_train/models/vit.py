@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from torchvision.ops import StochasticDepth
 
 from vit_train.config.schema import ModelConfig
@@ -121,12 +122,25 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = StochasticDepth(drop_path, mode="row")
 
+        # model.grad_checkpointing: keep only the block's input; backward recomputes the rest (set_grad_checkpointing)
+        self.grad_checkpointing = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
     def forward_first_tokens(self, x: torch.Tensor, count: int) -> torch.Tensor:
         """The block's output at the first `count` tokens only (B, count, D); the values forward() gives there."""
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            return checkpoint(self._forward_first_tokens, x, count, use_reentrant=False)
+        return self._forward_first_tokens(x, count)
+
+    def _forward_first_tokens(self, x: torch.Tensor, count: int) -> torch.Tensor:
         first = x[:, :count] + self.drop_path1(self.ls1(self.attn.forward_first_queries(self.norm1(x), count)))
         return first + self.drop_path2(self.ls2(self.mlp(self.norm2(first))))
 
@@ -289,4 +303,17 @@ def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
         init_values=cfg.init_values, qk_norm=cfg.qk_norm, distilled=cfg.distilled,
     )
     set_trainable(model, cfg.trainable)
+    set_grad_checkpointing(model, cfg.grad_checkpointing)
     return model
+
+
+def set_grad_checkpointing(model: nn.Module, enable: bool = True) -> int:
+    """Activation checkpointing per transformer block of `model` (any module holding `Block`s: a ViT,
+    the MAE's encoder and decoder): each block keeps only its input in forward and recomputes its
+    activations in backward (torch.utils.checkpoint, non-reentrant). The RNG state is saved and restored
+    around the recomputation, so dropout and drop path draw the same masks: losses and gradients equal
+    the run without it. Returns the number of blocks changed. Only when grad is enabled (not in eval)."""
+    blocks = [m for m in model.modules() if isinstance(m, Block)]
+    for block in blocks:
+        block.grad_checkpointing = enable
+    return len(blocks)
