@@ -231,3 +231,23 @@ def test_an_image_cell_that_holds_only_a_path_is_read_from_that_file(tmp_path):
     assert np.array_equal(np.asarray(images[1][0]), picture(1)) and images[1][1] == 1
     (tmp_path / "1.png").unlink()
     assert "FileNotFoundError" in images.describe_unreadable(1)
+
+
+def test_mae_pretrains_on_a_dataset_without_a_label_column(tmp_path):
+    datasets.DatasetDict(train=split(32, 0, labels=None), validation=split(8, 100, labels=None)).save_to_disk(
+        str(tmp_path / "ds"))
+    cfg = tiny_config(objective={"name": "mae"}, mae={"decoder_dim": 16, "decoder_depth": 1, "decoder_heads": 2},
+                      data={"name": "hf", "root": str(tmp_path / "ds"), "batch_size": 8, "num_workers": 0},
+                      trainer={"max_steps": 2})
+    results = train(cfg, tmp_path / "run")
+    assert results["steps"] == 2 and results["final_loss"] > 0
+    assert torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["class_names"] == ["image"]
+
+
+def test_without_the_datasets_package_data_hf_says_what_to_install(tmp_path, monkeypatch):
+    import vit_train.extras as extras
+
+    monkeypatch.setattr(extras, "available", lambda module: module != "datasets")
+    with pytest.raises(DataError) as error:
+        load_hf_splits(tmp_path, "image", "label", "train", None)
+    assert str(error.value) == "data=hf needs the datasets package: pip install 'vit-train[data]'"

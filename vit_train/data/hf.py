@@ -94,7 +94,7 @@ def load_hf_splits(root: str | Path, image_key: str, label_key: str, train_split
     labels 0..K-1. Without `labels` the label column may be absent and every item is class 0.
     Raises DataError naming what is missing (a split, a column) or inconsistent (the classes).
     """
-    require("datasets", "data=hf", error=DataError)
+    require("datasets", "data=hf", error=DataError, needs="the datasets package")
     root = Path(root).expanduser()
     if not root.is_dir():
         raise DataError(f"data.root {root} does not exist; point it at a save_to_disk folder or a folder of "
