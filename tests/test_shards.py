@@ -279,3 +279,27 @@ def test_a_hugging_face_dataset_round_trips_with_its_bytes_kept(tmp_path):
     got = read_split(tmp_path / "out", "val")
     assert [(ext, data, label) for _, ext, data, label in got] == \
         [("png", c["bytes"], label) for c, label in zip(cells, [0, 1, 1, 0, 1])]
+
+
+def test_data_webdataset_reads_what_vit_shards_wrote_as_the_folder_reads_it(tmp_path):
+    """End to end: the val batches of data=webdataset on the shards equal data=imagefolder's on the source
+    (same pixels, labels and order through the same eval transforms), and a run trains on the shards."""
+    import torch
+
+    from helpers.configs import tiny_config
+    from helpers.images import write_noisy_colours
+    from vit_train.data import build_data
+    from vit_train.train.trainer import train
+
+    root = write_noisy_colours(tmp_path / "src")
+    write_shards(cfg(name="imagefolder", root=str(root)), tmp_path / "out", ["train", "val"], shard_size=10,
+                 progress=False)
+    data = {name: tiny_config(data={"name": name, "root": str(where), "batch_size": 8, "num_workers": 0})
+            for name, where in (("imagefolder", root), ("webdataset", tmp_path / "out"))}
+    batches = {name: list(build_data(c, torch.device("cpu")).val_loader) for name, c in data.items()}
+    assert [len(b[1]) for b in batches["webdataset"]] == [len(b[1]) for b in batches["imagefolder"]]
+    for (x, y), (x_ref, y_ref) in zip(batches["webdataset"], batches["imagefolder"]):
+        assert torch.equal(x, x_ref) and torch.equal(y, y_ref)
+    results = train(tiny_config(data={"name": "webdataset", "root": str(tmp_path / "out"), "batch_size": 8,
+                                      "num_workers": 0}, trainer={"max_steps": 3}), tmp_path / "run")
+    assert results["steps"] == 3
