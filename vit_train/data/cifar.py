@@ -7,6 +7,7 @@ The batches are pickles, so they are read with an unpickler that admits only num
 
 from __future__ import annotations
 
+import os
 import pickle
 import urllib.error
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 from torchvision.datasets.utils import download_and_extract_archive
 
+from vit_train.data.regular import NotRegularFile, not_regular, open_regular
 from vit_train.errors import DataError
 
 
@@ -70,8 +72,13 @@ class _ArrayUnpickler(pickle.Unpickler):
 
 def _read(path: Path) -> dict:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             entry = _ArrayUnpickler(f, encoding="latin1").load()
+    except NotRegularFile as e:  # replaced since find_folder looked
+        raise DataError(f"{e}; put the CIFAR batch file there") from None
+    except OSError as e:  # no permission, a link loop
+        raise DataError(f"{path} cannot be read ({e.strerror or e}); make it readable, or delete the folder to "
+                        f"download it again") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
         raise DataError(f"{path} is not a readable CIFAR batch ({e}); delete the folder to download it again") from None
     if not isinstance(entry, dict):
@@ -83,8 +90,13 @@ def find_folder(name: str, root: Path, download: bool) -> Path:
     """The folder holding the batches: root/<folder>, or root itself; downloads when allowed."""
     fmt = FORMATS[name]
     for folder in (root / fmt.folder, root):
-        if folder.is_dir() and any((folder / f).exists() for f in fmt.files):
-            missing = [f for f in fmt.files if not (folder / f).is_file()]
+        if folder.is_dir() and any(os.path.lexists(folder / f) for f in fmt.files):
+            kinds = {f: not_regular(folder / f) for f in fmt.files}  # never opened unless regular: a FIFO blocks
+            special = [f"{f} is {kind}" for f, kind in kinds.items() if kind not in (None, "missing")]
+            if special:
+                raise DataError(f"{fmt.title} folder {folder}: {', '.join(special)}, not a regular file; put the "
+                                f"batch files there (delete the folder and rerun with data.download=true to fetch them)")
+            missing = [f for f, kind in kinds.items() if kind == "missing"]
             if missing:
                 raise DataError(f"{fmt.title} folder {folder} is missing {', '.join(missing)}; delete it and rerun "
                                 f"with data.download=true to fetch a complete copy")

@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from vit_train.data.regular import open_regular
+
 ORIENTATION = 0x0112  # the EXIF tag; 1 = upright
 SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
 # What Pillow raises for truncated, empty, foreign or oversized files. Its decompression-bomb guard
@@ -48,10 +50,12 @@ def open_rgb(path: str | Path) -> Image.Image:
 
     An image over Image.MAX_IMAGE_PIXELS (89.5 M pixels by default), which Pillow would decode after
     a warning up to twice that, raises Image.DecompressionBombError like a larger one (a small file
-    can claim a huge size and exhaust memory in every loader worker). Raises one of IMAGE_ERRORS for
-    a missing or unreadable file (FileNotFoundError first).
+    can claim a huge size and exhaust memory in every loader worker). Only a regular file is read: a
+    FIFO, device, socket or folder raises data/regular.py's NotRegularFile (an OSError) without
+    blocking. Raises one of IMAGE_ERRORS for a missing or unreadable file (FileNotFoundError first).
     """
-    return _decode(Path(path).expanduser(), path)
+    with open_regular(Path(path).expanduser()) as file:
+        return _decode(file, path)
 
 
 def decode_rgb(data: bytes, name: str) -> Image.Image:
@@ -64,6 +68,9 @@ def decode_rgb(data: bytes, name: str) -> Image.Image:
 def _decode(source, name) -> Image.Image:
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
+        # Pillow's warnings about a file's metadata (EXIF tags larger than the file, say) would print
+        # from every loader worker; the pixels are read all the same.
+        warnings.filterwarnings("ignore", category=UserWarning, module="PIL")
         try:
             with Image.open(source) as image:
                 image.load()

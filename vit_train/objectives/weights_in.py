@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from vit_train.data.regular import not_regular
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.models.architecture import architecture, differences, differing, head_classes, identity, revealed
 from vit_train.objectives.score import best_weights
@@ -84,8 +85,11 @@ def resolve(given: str | Path, key: str) -> Path:
             if plain is None:
                 raise ConfigError(f"{key}={given}: {e}") from None
             path = plain
-    if not path.is_file():
+    kind = not_regular(path)  # never opened when not a regular file: a FIFO would block the read forever
+    if kind == "missing":
         raise ConfigError(f"{key}={given} does not exist; give {INPUTS}")
+    if kind is not None:
+        raise ConfigError(f"{key}={given} is {kind}, not a file to read weights from; give {INPUTS}")
     return path
 
 

@@ -19,6 +19,7 @@ import torch
 import torchvision
 
 from vit_train import __version__
+from vit_train.data.regular import not_regular
 from vit_train.errors import CheckpointError
 from vit_train.outputs.identity import class_difference
 from vit_train.outputs.integrity import archive_damage, checkpoint_size, load_failure, mount_point, tensor_digest, write_failure
@@ -240,8 +241,10 @@ def find_resume_checkpoint(resume: str | None, run_dir: Path, mmap: bool = False
         path = Path(resume).expanduser()
         if path.is_file():
             return path, load_checkpoint(path, mmap)
-        if not path.exists():
-            raise CheckpointError(f"resume path {path} does not exist; give a run directory or a .pt checkpoint")
+        kind = not_regular(path)  # a FIFO, device or socket is never opened (a FIFO would block forever)
+        if kind != "a folder":
+            said = "does not exist" if kind in ("missing", "a broken link") else f"is {kind}, not a file or a folder"
+            raise CheckpointError(f"resume path {path} {said}; give a run directory or a .pt checkpoint")
         candidates = run_checkpoints(path.parent if path.name == "checkpoints" else path)
         if not candidates:
             raise CheckpointError(f"{path} holds no checkpoints; give a run directory that has some (in "

@@ -9,6 +9,7 @@ was installed before (a cluster tool's) is called once the loop has stopped.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 
@@ -29,8 +30,10 @@ class StopRequest:
         self.received: int | None = None  # the last signal this process got
         self.deferred = deferred
         self._previous: dict[int, object] = {}
+        self._pid = os.getpid()  # the process the handlers are for
 
     def __enter__(self) -> "StopRequest":
+        self._pid = os.getpid()
         if threading.current_thread() is threading.main_thread():  # Python allows handlers only there
             for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -46,6 +49,10 @@ class StopRequest:
             previous(self.signum, None)
 
     def _handle(self, signum: int, frame) -> None:
+        if os.getpid() != self._pid:
+            # A forked copy (a loader worker between its fork and its own handlers, data/__init__.py
+            # _worker_signals): the group's signal is the training process's to act on and to say.
+            return
         if signum == signal.SIGINT and self.received == signal.SIGINT:
             raise KeyboardInterrupt  # the second Ctrl-C
         self.received = signum

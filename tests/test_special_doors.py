@@ -1,0 +1,221 @@
+"""Every door that reads a file the user names refuses a FIFO, socket, device, folder named like a file
+or link loop in one line, without opening it (issue 23): ckpt=, resume=, model.pretrained=,
+distill.teacher=, vit-predict's images, CIFAR batch files and an image opened by decode.open_rgb
+(a FIFO opened for reading blocks until a writer comes: forever). Calls that could block run in a
+thread with a deadline, and every FIFO gets a writer at the end, so a regression fails, not hangs."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from helpers.images import write_cifar10, write_image, write_image_folder
+from vit_train.data.cifar import find_folder, load_cifar
+from vit_train.data.decode import open_rgb
+from vit_train.data.imagefolder import UnreadableImage, describe_unreadable, load_image_folders
+from vit_train.data.regular import NotRegularFile, not_regular
+from vit_train.errors import CheckpointError, ConfigError, DataError
+from vit_train.objectives.weights_in import resolve
+from vit_train.outputs.checkpoint import find_resume_checkpoint
+from vit_train.runtime.preemption import StopRequest
+from vit_train.tools.predict import read_image
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs and sockets are POSIX")
+
+DEADLINE = 20  # seconds; each call here takes milliseconds unless it blocks
+
+
+@pytest.fixture
+def specials(tmp_path):
+    """{kind: path} of special files named like files; FIFOs are given a writer at teardown, so that a
+    read left blocked on one by a failing test ends."""
+    folder = tmp_path / "specials"
+    folder.mkdir()
+    os.mkfifo(folder / "fifo.pt")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(folder / "sock.pt"))
+    listener.close()
+    (folder / "dev.pt").symlink_to("/dev/zero")  # endless: a read never ends
+    (folder / "loop.pt").symlink_to(folder / "loop.pt")
+    (folder / "dir.pt").mkdir()
+    yield {"a FIFO": folder / "fifo.pt", "a socket": folder / "sock.pt", "a character device": folder / "dev.pt",
+           "a link loop": folder / "loop.pt", "a folder": folder / "dir.pt"}
+    release(folder / "fifo.pt")
+
+
+def release(fifo: Path) -> None:
+    """Open `fifo` for writing and close it: a read blocked on it (a failing test's thread) ends."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:  # no reader waiting (ENXIO): nothing blocked
+        pass
+
+
+def within(deadline: float, call, *args):
+    """call(*args)'s result or exception, or a failure if it has not returned within `deadline` s."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = call(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(deadline)
+    assert not thread.is_alive(), f"{getattr(call, '__name__', call)}{args} blocked for {deadline} s"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def test_not_regular_names_each_kind_without_opening(specials, tmp_path):
+    (tmp_path / "broken.pt").symlink_to(tmp_path / "gone.pt")
+    (tmp_path / "file.pt").write_bytes(b"x")
+    for kind, path in specials.items():
+        assert within(DEADLINE, not_regular, path) == kind
+    assert not_regular(tmp_path / "broken.pt") == "a broken link"
+    assert not_regular(tmp_path / "nothing.pt") == "missing"
+    assert not_regular(tmp_path / "file.pt") is None
+
+
+@pytest.mark.parametrize("key", ["ckpt", "model.pretrained", "distill.teacher"])
+def test_weights_doors_refuse_special_files_in_one_line(specials, key):
+    for kind, path in specials.items():
+        if kind == "a folder":  # a folder is read as a run directory: its own message
+            with pytest.raises(ConfigError, match=f"^{key}={path} is a directory but no vit-train run directory"):
+                within(DEADLINE, resolve, str(path), key)
+            continue
+        with pytest.raises(ConfigError) as e:
+            within(DEADLINE, resolve, str(path), key)
+        assert str(e.value) == (f"{key}={path} is {kind}, not a file to read weights from; give a vit-train run "
+                                f"directory or checkpoint (.pt), a .safetensors file, or a timm, DeiT or "
+                                f"torchvision state dict")
+
+
+def test_resume_refuses_special_files_in_one_line(specials, tmp_path):
+    for kind, path in specials.items():
+        if kind == "a folder":
+            continue  # a run directory without checkpoints: test_cli's message
+        with pytest.raises(CheckpointError) as e:
+            within(DEADLINE, find_resume_checkpoint, str(path), tmp_path)
+        assert str(e.value) == f"resume path {path} is {kind}, not a file or a folder; give a run directory or a .pt checkpoint"
+
+
+def test_a_run_directory_whose_checkpoints_are_special_files_is_never_blocked_on(specials, tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    os.mkfifo(run / "checkpoints" / "last.pt")
+    (run / "checkpoints" / "best.pt").symlink_to("/dev/zero")
+    try:
+        with pytest.raises(CheckpointError, match="holds no checkpoints"):
+            within(DEADLINE, find_resume_checkpoint, str(run), run)
+        with pytest.raises(ConfigError, match="holds no checkpoints"):
+            within(DEADLINE, resolve, str(run), "ckpt")
+    finally:
+        release(run / "checkpoints" / "last.pt")
+
+
+@pytest.mark.parametrize("kind", ["a FIFO", "a socket", "a character device", "a folder"])
+def test_open_rgb_refuses_a_special_file_without_blocking(specials, tmp_path, kind):
+    named = tmp_path / f"x{kind.split()[-1]}.png"
+    named.symlink_to(specials[kind])
+    with pytest.raises(NotRegularFile) as e:
+        within(DEADLINE, open_rgb, named)
+    assert str(e.value) == f"{named} is {kind}, not a regular file"
+    with pytest.raises(DataError, match=rf"^{named} cannot be read as an image \(NotRegularFile: {named} is {kind}"):
+        within(DEADLINE, read_image, named)  # vit-predict's reader
+
+
+def test_open_rgb_on_a_link_loop_and_a_missing_file(specials, tmp_path):
+    with pytest.raises(OSError, match="Too many levels of symbolic links"):
+        open_rgb(specials["a link loop"])
+    with pytest.raises(FileNotFoundError):
+        open_rgb(tmp_path / "none.png")
+
+
+def test_an_image_replaced_by_a_fifo_after_listing_is_an_unreadable_image(tmp_path):
+    """The listing is taken at start-up; a file swapped for a FIFO later meets open_rgb's own check and
+    goes to the unreadable-image policy (skip or stop, docs/data.md), never a blocked worker."""
+    write_image_folder(tmp_path, {"train": 2, "val": 1}, classes=("a", "b"))
+    train, _, _ = load_image_folders(tmp_path)
+    victim = Path(train.samples[1][0])
+    victim.unlink()
+    os.mkfifo(victim)
+    try:
+        assert within(DEADLINE, train.__getitem__, 0)[1] == 0
+        with pytest.raises(UnreadableImage):
+            within(DEADLINE, train.__getitem__, 1)
+        assert within(DEADLINE, describe_unreadable, str(victim)) == f"NotRegularFile: {victim} is a FIFO, not a regular file"
+    finally:
+        release(victim)
+
+
+@pytest.mark.parametrize("kind", ["a FIFO", "a folder", "a character device", "a link loop"])
+def test_cifar_batch_files_that_are_not_regular_files_are_named(tmp_path, kind):
+    write_cifar10(tmp_path)
+    batch = tmp_path / "cifar-10-batches-py" / "data_batch_2"
+    batch.unlink()
+    if kind == "a FIFO":
+        os.mkfifo(batch)
+    elif kind == "a folder":
+        batch.mkdir()
+    elif kind == "a character device":
+        batch.symlink_to("/dev/zero")
+    else:
+        batch.symlink_to(batch)
+    with pytest.raises(DataError) as e:
+        within(DEADLINE, find_folder, "cifar10", tmp_path, False)
+    assert str(e.value) == (f"CIFAR-10 folder {tmp_path / 'cifar-10-batches-py'}: data_batch_2 is {kind}, not a "
+                            f"regular file; put the batch files there (delete the folder and rerun with "
+                            f"data.download=true to fetch them)")
+
+
+def test_cifar_reads_a_sound_folder_as_before(tmp_path):
+    write_cifar10(tmp_path)
+    (train_x, _), (test_x, _), names = load_cifar("cifar10", tmp_path, download=False)
+    assert len(names) == 10 and train_x.shape[1:] == (3, 32, 32) and len(test_x) > 0
+
+
+def test_a_stop_signal_in_a_forked_copy_is_left_to_the_training_process():
+    """A loader worker forked while the run's stop handler is installed has it until its own handlers
+    (data/__init__.py _worker_signals) replace it: a group SIGTERM in that window made the worker say
+    "received SIGTERM" as if it were the run. The copy now ignores it; the run's process still acts."""
+    read, write = os.pipe()
+    with StopRequest() as stop:
+        pid = os.fork()
+        if pid == 0:  # the copy
+            os.close(read)
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.write(write, b"said" if stop.received else b"quiet")
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as answer:
+            told = answer.read()
+        os.waitpid(pid, 0)
+        assert told == b"quiet"
+        os.kill(os.getpid(), signal.SIGTERM)  # the process that installed it still stops
+        assert stop.received == signal.SIGTERM
+
+
+def test_vit_eval_and_resume_refuse_a_fifo_in_one_line_and_exit_2(specials, tmp_path):
+    fifo = specials["a FIFO"]
+    runs = [
+        [sys.executable, "-c", "import sys; from vit_train.cli.commands import eval_main as m; sys.argv[0] = 'x'; m()",
+         f"ckpt={fifo}"],
+        [sys.executable, "-m", "vit_train", f"resume={fifo}", "trainer.device=cpu", f"hydra.run.dir={tmp_path / 'r'}"],
+    ]
+    said = [f"vit-eval: error: ckpt={fifo} is a FIFO, not a file to read weights from; give a vit-train run directory "
+            f"or checkpoint (.pt), a .safetensors file, or a timm, DeiT or torchvision state dict",
+            f"vit-train: error: resume path {fifo} is a FIFO, not a file or a folder; give a run directory or a .pt "
+            f"checkpoint"]
+    for argv, line in zip(runs, said):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().splitlines() == [line]
