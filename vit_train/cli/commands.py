@@ -95,7 +95,12 @@ def run(prog: str, work: Callable[[list[str]], tuple[Any, Callable[[Any], str]]]
         exit_with(prog, e)
     held.flush()
     held.capacity = 0  # from here on, lines go out as they come
-    print(json.dumps(results, indent=2) if "--json" in argv else render(results))
+    from vit_train.outputs.places import print_output
+
+    try:  # stdout on a full disk or /dev/full: one line, and a file it went to cut back to its size before
+        print_output(json.dumps(results, indent=2) if "--json" in argv else render(results))
+    except UserError as e:
+        exit_with(prog, e)
 
 
 def _eval(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
@@ -159,6 +164,7 @@ def _export(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
     if opts["format"] not in ("safetensors", "onnx"):
         raise ConfigError(f"format must be safetensors or onnx; got {opts['format']!r}")
     from vit_train.outputs.checkpoint import checkpoint_file
+    from vit_train.outputs.places import check_output_file
     from vit_train.tools.export import export
     from vit_train.tools.inference import load_for_inference
 
@@ -170,6 +176,7 @@ def _export(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
     if out.suffix != f".{fmt}":
         raise ConfigError(f"out={out} does not end in .{fmt}, the format written (format={fmt}); name it "
                           f"{out.with_suffix('.' + fmt).name}, or give format={out.suffix.lstrip('.') or '...'}")
+    check_output_file(out, "out")  # a FIFO, a read-only or missing place: said before the checkpoint is read
     model, cfg, ckpt, source = load_for_inference(ckpt_path, opts["weights"])
     return export(model, cfg, ckpt, source, fmt, out, bool(opts["verbose"])), export_text
 

@@ -18,6 +18,7 @@ import yaml
 from torch.utils.tensorboard import SummaryWriter
 
 from vit_train.errors import OutputError
+from vit_train.outputs import places
 from vit_train.outputs.integrity import write_failure
 from vit_train.runtime.logs import EarlyRecords  # train/run.py's name for it
 
@@ -203,15 +204,11 @@ class QuietFileHandler(logging.FileHandler):
             self.stream = None
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary file, then rename it over `path`: `path` is never half written."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Write `text` to `path` through `<path>.tmp`, fsynced, renamed over `path` and the folder fsynced
+    (outputs/places.py): `path` is never half written, and once this returns it survives a power
+    loss. Raises OSError, the temporary file removed and `path` as it was."""
+    places.write_atomic(path, text)
 
 
 def write_results(run_dir: Path, results: dict[str, Any]) -> None:

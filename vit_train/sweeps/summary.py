@@ -21,6 +21,7 @@ import yaml
 
 from vit_train.config.schema import SweepConfig
 from vit_train.errors import UserError, exit_with
+from vit_train.outputs.places import place_error, print_output, write_atomic
 from vit_train.sweeps.job import job_overrides, objective_value, read_refusal, read_results
 
 COLUMNS = ("job", "status", "objective", "best_top1", "final_top1", "epochs", "images_per_s", "wall_seconds",
@@ -95,7 +96,7 @@ def summarize(sweep_dir: Path, objective: str = "best_top1", direction: str = "m
     `sweep_dir`, prints the Markdown table to `out`, and writes TensorBoard HParams per job."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
-        raise UserError(f"sweep directory {sweep_dir} does not exist")
+        raise UserError(f"sweep directory {sweep_dir} " + ("is not a folder" if sweep_dir.exists() else "does not exist"))
     jobs = sorted((d for d in sweep_dir.iterdir() if (d / ".hydra" / "overrides.yaml").is_file()),
                   key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
     if not jobs:
@@ -110,9 +111,13 @@ def summarize(sweep_dir: Path, objective: str = "best_top1", direction: str = "m
         shown[job.name] = " ".join(short_override(o) for o in overrides[job] if split_override(o)[0] in swept)
     sign = -1 if direction == "maximize" else 1
     rows.sort(key=lambda r: (math.isnan(r["objective"]), sign * r["objective"] if not math.isnan(r["objective"]) else 0))
-    _write_csv(sweep_dir / "summary.csv", rows)
     table = _markdown(rows, objective, shown) + _refusals(jobs)
-    (sweep_dir / "summary.md").write_text(table)
+    for name, text in (("summary.csv", _csv(rows)), ("summary.md", table)):
+        try:  # each the earlier summary's or the complete new one, never half written (a full disk, read-only)
+            write_atomic(sweep_dir / name, text)
+        except OSError as e:
+            raise place_error(e, sweep_dir / name, "free some space, then run vit-sweep-summary again",
+                              "make the sweep directory writable, then run vit-sweep-summary again") from None
     if out is not None:
         print(f"sweep {sweep_dir}: {len(rows)} jobs, sorted by {objective} ({direction})\n{table}", file=out)
     _write_hparams(sweep_dir, jobs)
@@ -146,12 +151,12 @@ def _refusals(jobs: list[Path]) -> str:
     return "".join(lines)
 
 
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+def _csv(rows: list[dict[str, Any]]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
     writer.writeheader()
     writer.writerows(rows)
-    path.write_text(buffer.getvalue())
+    return buffer.getvalue()
 
 
 def _markdown(rows: list[dict[str, Any]], objective: str, shown: dict[str, str]) -> str:
@@ -186,6 +191,8 @@ def _write_hparams(sweep_dir: Path, jobs: list[Path]) -> None:
     from torch.utils.tensorboard import SummaryWriter
     from torch.utils.tensorboard.summary import hparams
 
+    from vit_train.outputs.metrics import quiet_event_writer_errors
+
     for job in jobs:
         results = read_results(job)
         if not results or not (job / "tb").is_dir():
@@ -197,11 +204,17 @@ def _write_hparams(sweep_dir: Path, jobs: list[Path]) -> None:
         metrics = {f"hparams/{k}": float(results[k]) for k in ("best_top1", "final_top1", "final_loss", "best_loss", "images_per_s")
                    if isinstance(results.get(k), (int, float))}
         shutil.rmtree(job / "tb" / "hparams", ignore_errors=True)  # written anew on each summary
-        with SummaryWriter(str(job / "tb" / "hparams")) as writer:  # what add_hparams does, in a fixed folder
-            for summary in hparams(params or {"job": job.name}, metrics):
-                writer.file_writer.add_summary(summary)
-            for name, value in metrics.items():
-                writer.add_scalar(name, value)
+        quiet_event_writer_errors()  # a full disk: raised below in one line, not printed by the writer's thread
+        try:
+            with SummaryWriter(str(job / "tb" / "hparams")) as writer:  # what add_hparams does, in a fixed folder
+                for summary in hparams(params or {"job": job.name}, metrics):
+                    writer.file_writer.add_summary(summary)
+                for name, value in metrics.items():
+                    writer.add_scalar(name, value)
+        except OSError as e:
+            raise place_error(e, job / "tb" / "hparams", "free some space, then run vit-sweep-summary again "
+                              "(summary.csv and summary.md are written)", "make it writable, then run "
+                              "vit-sweep-summary again (summary.csv and summary.md are written)") from None
 
 
 OBJECTIVES = typing.get_args(typing.get_type_hints(SweepConfig)["objective"])  # sweep.objective's values
@@ -235,8 +248,10 @@ def main(argv: list[str] | None = None) -> None:
     objective = args.objective or (own[0] if own else "best_top1")
     direction = args.direction or (own[1] if own and own[0] == objective else
                                    "minimize" if objective.endswith("_loss") else "maximize")
+    shown = io.StringIO()
     try:
-        rows = summarize(args.sweep_dir, objective, direction)
+        rows = summarize(args.sweep_dir, objective, direction, out=shown)
+        print_output(shown.getvalue().rstrip("\n"))  # stdout on a full disk: one line, as for the files
     except UserError as e:
         exit_with("vit-sweep-summary", e)
     incomplete = incomplete_jobs(args.sweep_dir, rows)

@@ -8,8 +8,9 @@ from typing import Any
 
 from vit_train.config.schema import Config
 from vit_train.data.preprocess import eval_spec
-from vit_train.errors import ConfigError
+from vit_train.errors import ConfigError, UserError
 from vit_train.models.vit import VisionTransformer
+from vit_train.outputs.places import atomic_file, os_error_of, place_error
 from vit_train.outputs.weights import export_safetensors, weights_identity
 from vit_train.tools.onnx_export import export_onnx
 
@@ -19,10 +20,21 @@ def export(model: VisionTransformer, cfg: Config, ckpt: dict, source: str, fmt: 
     """Write the weights as safetensors (config, class names, preprocessing in the metadata) or ONNX
     (input 'images' with a dynamic batch axis, output 'logits', the same metadata as metadata_props:
     `onnx_metadata`); returns what was written and checked. The ONNX exporter's progress messages are
-    shown only with `verbose`. Raises ConfigError (another format), CheckpointError."""
-    out.parent.mkdir(parents=True, exist_ok=True)
+    shown only with `verbose`. Raises ConfigError (another format), CheckpointError, OutputError (`out`
+    cannot be written: a full disk, a read-only folder; `out` left as it was, no temporary file)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise place_error(e, out, otherwise="give another out=") from None
     if fmt == "safetensors":
-        export_safetensors(ckpt, out, source)
+        try:
+            with atomic_file(out) as tmp:  # `out` is the earlier export or the complete new one, never half written
+                export_safetensors(ckpt, tmp, source)
+        except Exception as e:
+            failed = None if isinstance(e, UserError) else os_error_of(e)  # safetensors says "(os error 28)"
+            if failed is None:
+                raise
+            raise place_error(failed, out, otherwise="give another out=") from None
         return {"path": str(out), "format": fmt, "weights": source}
     if fmt != "onnx":
         raise ConfigError(f"format must be safetensors or onnx; got {fmt!r}")

@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from vit_train.extras import available
 from vit_train.models.mae import MaskedAutoencoder
 from vit_train.objectives import objective_of
 from vit_train.outputs.checkpoint import check_classes, checkpoint_file
-from vit_train.outputs.metrics import write_atomic
+from vit_train.outputs.places import FREE_SPACE, check_output_folder, fsync_dir, fsync_file, os_error_of, place_error
 from vit_train.runtime.device import autocast_dtype, pick_device
 from vit_train.tools.inference import Weights, load_for_inference
 from vit_train.viz.figures import first_images, model_figures, reconstruction_figures, save_figure
@@ -82,24 +84,35 @@ def _readable(value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]", "_", text)
 
 
-def clear_previous(out: Path) -> None:
-    """Remove the files of the evaluation written to `out` before (its metrics.json and the PNG figures
-    it lists), and nothing else: `out=` may be a folder that holds other things. ConfigError (one line)
-    when `out` holds a metrics.json of another tool (no "checkpoint" key): it is neither replaced nor
-    are the files it lists removed."""
+def previous_files(out: Path) -> list[Path]:
+    """The files of the evaluation written to `out` before: its metrics.json first, then the PNG figures
+    it lists; nothing else (`out=` may be a folder that holds other things). Raises ConfigError (one
+    line) when `out` holds a metrics.json of another tool (no "checkpoint" key), or one that is not a
+    regular file (a FIFO, which reading would block on; a folder): nothing there is replaced or removed."""
     previous = out / "metrics.json"
+    try:
+        mode = os.stat(previous).st_mode
+    except OSError:
+        return []
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"{previous} is not a regular file (a folder, a FIFO or a device); give another out= "
+                          f"folder")
     try:
         before = json.loads(previous.read_text())
     except (OSError, ValueError):
-        return
+        return [previous]
     if not isinstance(before, dict) or "checkpoint" not in before or not isinstance(before.get("figures", []), list):
         raise ConfigError(f"{out} holds a metrics.json that vit-eval did not write; give another out= folder, so "
                           f"that nothing of another tool's is replaced or removed")
-    for name in before.get("figures", []):
-        stale = out / Path(str(name)).name
-        if stale.suffix == ".png" and stale.is_file():  # vit-eval writes figures as PNG only
-            stale.unlink()
-    previous.unlink(missing_ok=True)
+    figures = [out / Path(str(name)).name for name in before.get("figures", [])]
+    return [previous] + [f for f in figures if f.suffix == ".png" and f.is_file()]  # vit-eval writes PNGs only
+
+
+def clear_previous(out: Path) -> None:
+    """Remove the files of the evaluation written to `out` before (`previous_files`), nothing else.
+    Raises ConfigError as `previous_files` does, removing nothing."""
+    for path in previous_files(out):
+        path.unlink(missing_ok=True)
 
 
 def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights: Weights = "auto",
@@ -111,6 +124,10 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights
     the metrics, with what was evaluated (checkpoint, step, weights, img_size, overrides)."""
     path = checkpoint_file(path)
     model, cfg, ckpt, source = load_for_inference(path, weights, overrides)
+    changed = changed_keys(ckpt["config"], cfg)
+    out = Path(out_dir) if out_dir else eval_dir(path, changed)
+    check_output_folder(out, "out")  # a read-only, missing or file-blocked place is said before the evaluation
+    previous_files(out)  # and another tool's metrics.json there
     objective = objective_of(cfg)
     device = pick_device(cfg.trainer.device)
     data = build_data(cfg, device, labels=objective.READS_LABELS)
@@ -119,8 +136,6 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights
     # the run's own evaluation (objectives/): a classifier's with its confusion matrix, MAE's reconstruction loss
     metrics = objective.evaluate(model, data.val_loader, device, autocast_dtype(cfg.trainer.precision, device), cfg,
                                  progress, confusion=True)
-    changed = changed_keys(ckpt["config"], cfg)
-    out = Path(out_dir) if out_dir else eval_dir(path, changed)
     what = {"checkpoint": str(path), "step": ckpt.get("step"), "weights": source, "data": cfg.data.name,
             "data_root": cfg.data.root, "img_size": cfg.model.img_size,
             "trained_img_size": ckpt["config"]["model"]["img_size"], "overrides": changed}
@@ -153,11 +168,40 @@ def report_pretraining(model: MaskedAutoencoder, cfg: Config, data, results: dic
 
 
 def write_evaluation(out: Path, results: dict[str, Any], figures: dict) -> dict[str, Any]:
-    """`figures` ({name: matplotlib figure}) as `out`/<name>.png and `results` as `out`/metrics.json,
-    written last, once the earlier evaluation's files are removed; returns the results with "figures"
-    (the PNGs' paths) and "out_dir"."""
-    out.mkdir(parents=True, exist_ok=True)
-    clear_previous(out)
-    results = {**results, "figures": [str(save_figure(fig, out / f"{name}.png")) for name, fig in figures.items()]}
-    write_atomic(out / "metrics.json", json.dumps(results, indent=2) + "\n")
+    """`figures` ({name: matplotlib figure}) as `out`/<name>.png and `results` as `out`/metrics.json;
+    returns the results with "figures" (the PNGs' paths) and "out_dir".
+
+    Every file is first written and fsynced under a temporary name; only then are the earlier
+    evaluation's files removed (`previous_files`) and the new ones renamed into place, metrics.json
+    last. A write that fails (a full disk, a read-only folder) removes the temporary files and leaves
+    the earlier evaluation as it was: OutputError, one line naming the file."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise place_error(e, out, f"{FREE_SPACE} (out=)", "give another out=") from None
+    stale = previous_files(out)
+    for left in [*out.glob(".*.tmp.png"), out / "metrics.json.tmp"]:  # what a killed vit-eval left there
+        left.unlink(missing_ok=True)
+    results = {**results, "figures": [str(out / f"{name}.png") for name in figures]}
+    staged: list[tuple[Path, Path]] = []  # (temporary, final)
+    try:
+        for name, fig in figures.items():
+            staged.append((out / f".{name}.tmp.png", out / f"{name}.png"))  # the suffix tells matplotlib the format
+            save_figure(fig, staged[-1][0])
+            fsync_file(staged[-1][0])
+        staged.append((out / "metrics.json.tmp", out / "metrics.json"))
+        staged[-1][0].write_text(json.dumps(results, indent=2) + "\n")
+        fsync_file(staged[-1][0])
+    except Exception as e:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        failed = os_error_of(e)
+        if failed is None:
+            raise
+        raise place_error(failed, staged[-1][1] if staged else out, f"{FREE_SPACE} (out=)", "give another out=") from None
+    for path in stale:  # renames and removals only from here: no write that a full disk can refuse
+        path.unlink(missing_ok=True)
+    for tmp, final in staged:
+        os.replace(tmp, final)
+    fsync_dir(out)
     return {**results, "out_dir": str(out)}
