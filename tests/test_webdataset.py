@@ -1,19 +1,20 @@
 """data=webdataset (issue 25, part A): the epoch plan, the stream read back, exact resume, refusals.
 
 Shards are written by tests/helpers/shards.py (8x8 PNGs whose pixels name the sample), not by vit-shards.
-Inputs from public reports: fewer shards than workers starve workers (HF datasets #8669, webdataset #434:
-here every worker gets a slot of exact length), resume loses the shuffle buffer (HF datasets #7901, webdataset
-#271: here the buffer's order is recomputed, the consumed part skipped), shard counts that do not divide the
-processes x workers (timm reader_wds's "an epoch can miss or repeat a shard's worth per worker").
+Inputs from public reports: one shard, or fewer shards than processes x workers, hangs DDP or starves workers
+(webdataset #188, #434, HF datasets #8669: SHARD_COUNTS "one-shard", and 4 workers x 3 processes on 5 shards:
+every worker gets a slot of exact length); a one-shard val split with more processes than shards never
+validates (webdataset #68: `test_val_reads_every_sample_once_across_processes`); steps per epoch change with
+num_workers (webdataset #303: the read-back tests count batches for 0 and 2 workers); resume loses the shuffle
+buffer or repeats samples (HF datasets #7901, PR #8408, webdataset #271: a resumed stream equals the rest of the
+uninterrupted one); shard counts that do not divide processes x workers (timm reader_wds's "an epoch can miss or
+repeat a shard's worth per worker"); empty shards in the index (SHARD_COUNTS "with-empty").
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import tarfile
-from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,7 +30,8 @@ from vit_train.data.webdataset import ShardStream, StreamUnreadable
 from vit_train.errors import ConfigError, DataError
 from vit_train.train.trainer import train
 
-SHARD_COUNTS = {"uneven": [7, 5, 9, 3, 11], "one-shard": [23], "many-small": [2, 3, 2, 3, 2, 3, 2, 3, 1]}
+SHARD_COUNTS = {"uneven": [7, 5, 9, 3, 11], "one-shard": [23], "many-small": [2, 3, 2, 3, 2, 3, 2, 3, 1],
+                "with-empty": [4, 0, 9, 0, 6]}
 
 
 def plan_ids(counts, seed, epoch, world, workers, batch, buffer, rank):
@@ -105,9 +107,10 @@ def read_back(s, workers, batch):
     return [(images.tolist(), problems) for images, labels, problems in loader]
 
 
+@pytest.mark.parametrize("shards", ["uneven", "with-empty"])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_the_loader_yields_the_planned_stream(tmp_path, workers):
-    counts = SHARD_COUNTS["uneven"]
+def test_the_loader_yields_the_planned_stream(tmp_path, workers, shards):
+    counts = SHARD_COUNTS[shards]
     write_shards(tmp_path, counts, [4, 3])
     slots = max(1, workers)
     for rank in range(2):
@@ -116,9 +119,10 @@ def test_the_loader_yields_the_planned_stream(tmp_path, workers):
         assert all(p == "" for _, problems in got for p in problems)
 
 
+@pytest.mark.parametrize("val", [[4, 3, 5], [12]])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_val_reads_every_sample_once_across_processes(tmp_path, workers):
-    write_shards(tmp_path, [6], [4, 3, 5])
+def test_val_reads_every_sample_once_across_processes(tmp_path, workers, val):
+    write_shards(tmp_path, [6], val)
     ids = [i for r in range(3) for b, _ in read_back(stream(tmp_path, "val", r, 3, max(1, workers)), workers, 2)
            for i in b]
     assert sorted(ids) == list(range(12))
@@ -205,7 +209,8 @@ def test_a_corrupt_member_is_replaced_by_the_slots_next_readable_sample_under_sk
     with pytest.raises(DataError, match=r"^train sample train-000000\.tar:train_00000004\.jpg .* cannot be read; fix "
                                         r"or replace its shard, or set data\.bad_images=skip"):
         StreamUnreadable("train", "error", 0.5, 12).check(problems)
-    with pytest.raises(DataError, match=r"1 of 12 train samples are unreadable, more than data\.max_bad_fraction=0\.01"):
+    with pytest.raises(DataError, match=r"1 of 12 train samples are unreadable, more than "
+                                        r"data\.max_bad_fraction=0\.01"):
         StreamUnreadable("train", "skip", 0.01, 12).check(problems)
 
 

@@ -88,7 +88,7 @@ class ShardStream(IterableDataset):
                 item = next(samples, None)
                 if item is None:
                     return
-                position, opened = item[0], self._open(slot, *item)
+                position, opened = item[0], self._open(item[1])
             problem = ""
             if opened[0] is None:
                 problem = opened[2]
@@ -107,7 +107,7 @@ class ShardStream(IterableDataset):
             item = next(samples, None)
             if item is None:
                 break
-            ahead.append((item[0], self._open(slot, *item)))
+            ahead.append((item[0], self._open(item[1])))
             if ahead[-1][1][0] is not None:
                 return ahead[-1][1]
         if len(ahead) >= MAX_REPLACEMENTS:
@@ -115,7 +115,7 @@ class ShardStream(IterableDataset):
                             f"check the shards, then resume")
         # nothing readable after it: the slot's first readable sample (read again from the slot's start)
         for position, raw in self._raw(slot, list(range(len(slot)))):
-            opened = self._open(slot, position, raw)
+            opened = self._open(raw)
             if opened[0] is not None:
                 return opened
         raise DataError(f"no sample of {problem.split(':')[0]} and the shards after it can be read; check the shards")
@@ -133,17 +133,17 @@ class ShardStream(IterableDataset):
             for at, raw in read_samples(self.split.urls[shard], self.split.shards[shard], offset, stop):
                 local = position + at - offset - slot.start
                 if local in wanted:
-                    kept[local] = raw
+                    kept[local] = raw if isinstance(raw, Missing) else {**raw, "__shard__": self.split.shards[shard]}
                 while i < len(order) and order[i] in kept:
                     yield order[i], kept.pop(order[i])
                     i += 1
             position += stop - offset
 
-    def _open(self, slot: Slot, position: int, raw: dict | Missing):
+    def _open(self, raw: dict | Missing):
         """(PIL image or None, label, problem) of a raw sample; decoding is the only costly step."""
         if isinstance(raw, Missing):
             return None, 0, f"{raw.key} ({raw.reason})"
-        where = f"{self._shard_of(slot, position)}:{raw['__key__']}"
+        where = f"{raw['__shard__']}:{raw['__key__']}"
         label = label_of(raw, self.classes, where) if self.labels else 0
         data, ext = image_of(raw)
         name = f"{where}.{ext or '?'}"
@@ -153,10 +153,6 @@ class ShardStream(IterableDataset):
             return decode.decode_rgb(data, name), label, ""
         except decode.IMAGE_ERRORS as e:
             return None, label, f"{name} ({type(e).__name__}: {e})"
-
-    def _shard_of(self, slot: Slot, position: int) -> str:
-        shards = self.shard_order()
-        return self.split.shards[locate(slot.start + position, shards, stream_starts(shards, self.split.counts))[0]]
 
     def _transform(self, image, seed: int | None) -> torch.Tensor:
         if seed is None:
@@ -179,8 +175,8 @@ class StreamPlan(EpochSampler):
         data.batch_size in the middle of a webdataset epoch); `end` (0: the fresh epoch's) likewise."""
         super().set_epoch(epoch, start, end)
         if start % self.batch_size or self.end != self.full_end():
-            raise DataError(f"data=webdataset cannot continue epoch {epoch + 1} from image {start} with data.batch_size="
-                            f"{self.batch_size}; resume with the batch size the epoch began with")
+            raise DataError(f"data=webdataset cannot continue epoch {epoch + 1} from image {start} with "
+                            f"data.batch_size={self.batch_size}; resume with the batch size the epoch began with")
         self.stream.epoch, self.stream.start_step = epoch, start // self.batch_size
 
     def __iter__(self):
@@ -266,5 +262,5 @@ def build_stream_loaders(index: ShardIndex, cfg, train_tf: Callable, eval_tf: Ca
     own = [s for s in val.slots() if s.rank == rank]
     val_batches = sum(-(-len(s) // eval_batch) for s in own)
     unreadable = StreamUnreadable("train", d.bad_images, d.max_bad_fraction, index.train.samples)
-    return (StreamLoader(train_loader, unreadable, plan.batches_left), StreamLoader(val_loader, None, lambda: val_batches),
-            plan, unreadable)
+    return (StreamLoader(train_loader, unreadable, plan.batches_left),
+            StreamLoader(val_loader, None, lambda: val_batches), plan, unreadable)
