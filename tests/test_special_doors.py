@@ -219,3 +219,42 @@ def test_vit_eval_and_resume_refuse_a_fifo_in_one_line_and_exit_2(specials, tmp_
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert done.returncode == 2, done.stderr
         assert done.stderr.strip().splitlines() == [line]
+
+
+WORKER_SIGNALS = """
+import os, signal, sys
+import torch.utils.data._utils.worker as worker
+real_loop = worker._worker_loop
+
+def loop(*args, **kwargs):  # a loader worker as it starts, before its own handlers: the group is signalled
+    if args[10] == 0 and not os.path.exists("signalled"):  # worker_id; the first start-up only
+        open("signalled", "w").close()
+        os.killpg(os.getpgid(0), signal.SIGTERM)
+    return real_loop(*args, **kwargs)
+
+worker._worker_loop = loop
+from vit_train.cli.train import train_main
+sys.argv = ["vit-train", *sys.argv[1:]]
+train_main()
+"""
+
+
+@pytest.mark.slow
+def test_a_group_sigterm_at_loader_start_up_leaves_only_the_runs_own_lines(tmp_path):
+    """SIGTERM to the process group while loader workers start (as SLURM sends it): the run stops with
+    143 and a checkpoint; its console and train.log say "received SIGTERM" once (the workers said it too)."""
+    write_image_folder(tmp_path / "data", {"train": 16, "val": 4}, classes=("a", "b"))
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-c", WORKER_SIGNALS, "data=imagefolder", f"data.root={tmp_path / 'data'}",
+                           "data.num_workers=2", "model.embed_dim=32", "model.depth=2", "model.num_heads=2",
+                           "model.img_size=16", "data.batch_size=8", "trainer.device=cpu", "trainer.progress=false",
+                           "trainer.epochs=2", f"hydra.run.dir={run}"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    output = done.stdout + done.stderr
+    assert (tmp_path / "signalled").exists()
+    assert done.returncode == 143, output
+    assert output.count("received SIGTERM") == 1, output
+    assert "Traceback" not in output and "Error" not in output, output
+    assert (run / "train.log").read_text().count("received SIGTERM") == 1
+    assert (run / "checkpoints" / "last.pt").is_file()
+    assert output.strip().splitlines()[-1].startswith("vit-train: stopped by SIGTERM at step 0;")
