@@ -168,11 +168,12 @@ def test_the_command_writes_and_refuses_an_out_that_holds_shards_unless_overwrit
     (["data=imagefolder"], "data=imagefolder needs data.root"),
     (["colour=red"], "unknown option 'colour'"),
     (["data=webdataset", "data.root=/nowhere"], "data=webdataset is shards already"),
+    (["data=hf", "data.root=/nowhere"], "data.root /nowhere does not exist"),
 ])
 def test_bad_arguments_end_in_one_line(tmp_path, monkeypatch, capsys, args, words):
     code, _, err = vit_shards(monkeypatch, capsys, "data=shapes", f"out={tmp_path / 'out'}", *args)
     assert code == 2 and err.count("\n") == 1 and words in err, err
-    assert not (tmp_path / "out" / "index.json").exists()
+    assert not (tmp_path / "out").exists()  # refused before anything is made
 
 
 def test_an_out_that_cannot_be_made_ends_in_one_line(tmp_path, monkeypatch, capsys):

@@ -163,8 +163,10 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
     if cfg.data.name == "webdataset":
         raise ConfigError("data=webdataset is shards already; vit-shards writes them from image folders, CIFAR, shapes "
                           "and Hugging Face datasets (to re-shard, write from the data set they came from)")
-    out = _prepare(Path(out).expanduser(), overwrite)
+    out = Path(out).expanduser()
+    old = _refuse_used(out, overwrite)  # before the data set is read: a mistake is said at once
     train, val, names, _, _ = load_splits(cfg)
+    _prepare(out, old)  # after: a data set that cannot be read leaves no folder behind
     bases = {"train": train, "val": val}
     index: dict[str, Any] = {"format": FORMAT, "version": VERSION, "classes": list(names), "image_size": None,
                              "source": {"data": cfg.data.name, "root": cfg.data.root, "image_format": image_format},
@@ -203,14 +205,19 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
     return index
 
 
-def _prepare(out: Path, overwrite: bool) -> Path:
-    """`out`, created; refuses a folder holding shards or an index unless `overwrite`, which removes them."""
+def _refuse_used(out: Path, overwrite: bool) -> list[Path]:
+    """The shards and index in `out` that `overwrite` replaces; refuses them without it, and a file as `out`."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out={out} is a file; give a folder for the shards")
     old = sorted(out.glob("*.tar")) + ([out / INDEX] if (out / INDEX).exists() else []) if out.is_dir() else []
     if old and not overwrite:
         raise ConfigError(f"out={out} already holds shards or an {INDEX} ({old[0].name}, {len(old)} in all); "
                           f"choose another out= or add overwrite=true to replace them")
+    return old
+
+
+def _prepare(out: Path, old: list[Path]) -> None:
+    """`out` created, its `old` shards and index removed (the index first), and checked to be writable."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         (out / INDEX).unlink(missing_ok=True)  # first: while shards are replaced, no index says they are whole
@@ -222,7 +229,6 @@ def _prepare(out: Path, overwrite: bool) -> Path:
         probe.unlink()
     except OSError as e:
         raise OutputError(f"cannot write into out={out} ({e.strerror or e}); choose a folder you can write to") from None
-    return out
 
 
 def _write_index(out: Path, index: dict) -> None:
