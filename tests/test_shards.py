@@ -169,6 +169,7 @@ def test_the_command_writes_and_refuses_an_out_that_holds_shards_unless_overwrit
     (["colour=red"], "unknown option 'colour'"),
     (["data=webdataset", "data.root=/nowhere"], "data=webdataset is shards already"),
     (["data=hf", "data.root=/nowhere"], "data.root /nowhere does not exist"),
+    (["workers=many"], "workers is a number of processes"),
 ])
 def test_bad_arguments_end_in_one_line(tmp_path, monkeypatch, capsys, args, words):
     code, _, err = vit_shards(monkeypatch, capsys, "data=shapes", f"out={tmp_path / 'out'}", *args)
@@ -304,3 +305,17 @@ def test_data_webdataset_reads_what_vit_shards_wrote_as_the_folder_reads_it(tmp_
     results = train(tiny_config(data={"name": "webdataset", "root": str(tmp_path / "out"), "batch_size": 8,
                                       "num_workers": 0}, trainer={"max_steps": 3}), tmp_path / "run")
     assert results["steps"] == 3
+
+
+def test_worker_processes_write_the_same_shards_and_skip_the_same_images(tmp_path, caplog):
+    root = write_image_folder(tmp_path / "src", {"train": 9, "val": 2}, pixels=lambda c, i: (i * 20, 9, 99))
+    (root / "train" / "b" / "4.png").write_bytes(b"GIF89a")  # truncated
+    for workers in (0, 2):
+        write_shards(cfg(name="imagefolder", root=str(root)), tmp_path / f"w{workers}", ["train", "val"], shard_size=4,
+                     progress=False, workers=workers)
+    assert sorted(p.name for p in (tmp_path / "w2").iterdir()) == sorted(p.name for p in (tmp_path / "w0").iterdir())
+    assert all(p.read_bytes() == (tmp_path / "w2" / p.name).read_bytes() for p in (tmp_path / "w0").iterdir())
+    assert [len(r.message.split(", ")) for r in caplog.records if "left out" in r.message] == [1, 1]
+    with pytest.raises(shards.DataError, match="4.png cannot be read"):
+        write_shards(cfg(name="imagefolder", root=str(root), bad_images="error"), tmp_path / "e", ["train"],
+                     progress=False, workers=2)

@@ -5,7 +5,7 @@
     vit-predict ckpt=PATH images=[a.jpg,FOLDER,'PATTERN'] [top_k=5] [weights=auto|model|ema] [--json]
     vit-export ckpt=PATH format=safetensors|onnx [out=PATH] [weights=auto|model|ema] [verbose=true]
     vit-shards data=NAME [data.root=DIR] out=DIR [shard_size=1000] [maxsize=BYTES] [splits=train,val]
-               [image_format=source|png|jpg|webp] [overwrite=true] [--json]
+               [image_format=source|png|jpg|webp] [overwrite=true] [workers=N] [--json]
 
 Bad input ends with one line on stderr and exit status 2, as for vit-train.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import logging.handlers
+import os
 import sys
 import unicodedata
 from pathlib import Path
@@ -195,17 +196,21 @@ def _shards(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
     # splits=train,val is one value here, not Hydra's sweep over two
     argv = [f"splits=[{a[7:]}]" if a.startswith("splits=") and "," in a and a[7:8] not in "[\"'" else a for a in argv]
     opts, overrides = parse_args(argv, {"out": ..., "shard_size": 1000, "maxsize": None, "splits": ["train", "val"],
-                                        "image_format": "source", "overwrite": False, "progress": True}, config=True)
+                                        "image_format": "source", "overwrite": False, "progress": True,
+                                        "workers": None}, config=True)
     from vit_train.tools.shards import write_shards
 
     splits = opts["splits"] if isinstance(opts["splits"], list) else str(opts["splits"]).split(",")
     if not isinstance(opts["shard_size"], int) or not (opts["maxsize"] is None or isinstance(opts["maxsize"], (int, float))):
         raise ConfigError(f"shard_size (samples) and maxsize (bytes) are numbers; got shard_size={opts['shard_size']}, "
                           f"maxsize={opts['maxsize']}")
+    if not (opts["workers"] is None or isinstance(opts["workers"], int) and opts["workers"] >= 0):
+        raise ConfigError(f"workers is a number of processes (0: none besides this one); got {opts['workers']}")
     cfg = Config.from_dict(overrides)
     index = write_shards(cfg, str(opts["out"]), [str(s) for s in splits], opts["shard_size"],
                          None if opts["maxsize"] is None else int(opts["maxsize"]), str(opts["image_format"]),
-                         bool(opts["overwrite"]), bool(opts["progress"]))
+                         bool(opts["overwrite"]), bool(opts["progress"]),
+                         min(8, os.cpu_count() or 1) if opts["workers"] is None else int(opts["workers"]))
     return {"out": str(Path(str(opts["out"])).expanduser()), **index}, shards_text
 
 

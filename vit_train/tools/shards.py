@@ -12,17 +12,19 @@ from __future__ import annotations
 import io
 import json
 import logging
+import multiprocessing
 import os
+import signal
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from PIL import Image
 
 from vit_train.config.schema import Config
 from vit_train.errors import ConfigError, DataError, OutputError
-from vit_train.data import load_splits
+from vit_train.data import load_splits, worker_context
 from vit_train.data.decode import IMAGE_ERRORS, decode_rgb
 
 log = logging.getLogger("vit_train")
@@ -127,6 +129,39 @@ def encoded(base: Any, index: int, image_format: str) -> tuple[str, bytes, tuple
     return ext, buffer.getvalue(), (rgb.height, rgb.width)
 
 
+def encoded_all(base: Any, image_format: str, workers: int = 0) -> Iterator[tuple | str]:
+    """For each sample of `base` in order: (extension, bytes, (H, W), label), or a few words saying why its
+    image cannot be read; read and encoded by `workers` processes (0: this one), in order whatever their number."""
+    if workers <= 0:
+        yield from (_encode_one(base, i, image_format) for i in range(len(base)))
+        return
+    # forked workers inherit the data set (CIFAR's arrays, a folder's listing) instead of receiving a pickle
+    with multiprocessing.get_context(worker_context()).Pool(workers, _set_worker, (base, image_format)) as pool:
+        yield from pool.imap(_encode_in_worker, range(len(base)), chunksize=16)
+
+
+_worker: tuple = ()  # a pool worker's (base, image_format)
+
+
+def _set_worker(base: Any, image_format: str) -> None:
+    global _worker
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    _worker = (base, image_format)
+
+
+def _encode_in_worker(index: int) -> tuple | str:
+    return _encode_one(_worker[0], index, _worker[1])
+
+
+def _encode_one(base: Any, index: int, image_format: str) -> tuple | str:
+    try:
+        ext, data, size = encoded(base, index, image_format)
+    except IMAGE_ERRORS as e:
+        return f"{type(e).__name__}: {e}"
+    label = base.samples[index][1] if hasattr(base, "samples") else base[index][1]
+    return ext, data, size, int(label)
+
+
 def _source_bytes(base: Any, index: int) -> bytes | None:
     """The encoded image of a Hugging Face row or an image file; None for an image held in memory."""
     if hasattr(base, "encoded"):  # a Hugging Face split (data/hf.py)
@@ -143,8 +178,9 @@ def _describe(base: Any, index: int) -> str:
 
 
 def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: int = 1000, maxsize: int | None = None,
-                 image_format: str = "source", overwrite: bool = False, progress: bool = True) -> dict:
+                 image_format: str = "source", overwrite: bool = False, progress: bool = True, workers: int = 0) -> dict:
     """Write `cfg.data`'s `splits` (train, val) as shards into `out` and index.json last; returns the index.
+    `workers` processes read and encode the images (0: this process); the shards are the same for any number.
 
     Unreadable source images follow data.bad_images: skip leaves them out (one warning lists them),
     error stops at the first (DataError). Raises ConfigError for bad arguments or an `out` that already
@@ -174,20 +210,20 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
     sizes: set[tuple[int, int]] = set()
     for split in splits:
         base, writer, skipped = bases[split], SplitWriter(out, split, shard_size, maxsize), []
+        stream = iter(())
         try:
-            for i in tqdm(range(len(base)), desc=f"vit-shards {split}", unit="img", disable=not progress):
-                try:
-                    ext, data, size = encoded(base, i, image_format)
-                except IMAGE_ERRORS as e:
+            stream = encoded_all(base, image_format, workers)
+            items = tqdm(stream, total=len(base), desc=f"vit-shards {split}", unit="img", disable=not progress)
+            for i, item in enumerate(items):
+                if isinstance(item, str):  # why it cannot be read
                     if cfg.data.bad_images == "error" or split == "val":
-                        raise DataError(f"{_describe(base, i)} cannot be read ({type(e).__name__}: {e}); fix or "
-                                        f"remove it, or set data.bad_images=skip to leave unreadable training "
-                                        f"images out") from None
+                        raise DataError(f"{_describe(base, i)} cannot be read ({item}); fix or remove it, or set "
+                                        f"data.bad_images=skip to leave unreadable training images out")
                     skipped.append(_describe(base, i))
                     continue
+                ext, data, size, label = item
                 sizes.add(size)
-                writer.add(sample_key(split, i), ext, data, int(base.samples[i][1]) if hasattr(base, "samples")
-                           else int(base[i][1]))
+                writer.add(sample_key(split, i), ext, data, label)
             writer.close()
         except OSError as e:
             writer.abandon()
@@ -196,6 +232,8 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
         except BaseException:
             writer.abandon()
             raise
+        finally:
+            stream.close()  # its worker processes end now, not when the generator is collected
         if skipped:
             log.warning("%d unreadable %s image(s) left out (data.bad_images=skip): %s", len(skipped), split,
                         ", ".join(skipped))
