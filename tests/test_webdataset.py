@@ -156,6 +156,15 @@ def test_a_failing_pipe_command_is_named_in_one_line(tmp_path):
     assert "\n" not in str(e.value)
 
 
+def test_without_the_webdataset_package_the_run_says_which_extra_installs_it(tmp_path, monkeypatch):
+    import vit_train.extras as extras
+
+    monkeypatch.setattr(extras, "available", lambda module: module != "webdataset")
+    with pytest.raises(ConfigError, match=r"^data=webdataset needs the webdataset package: pip install "
+                                          r"'vit-train\[data\]'$"):
+        load_index(str(tmp_path))
+
+
 @pytest.mark.parametrize("case, args, message", [
     ("no index", {}, r"index\.json does not exist; data=webdataset reads the shards' index there"),
     ("not json", {}, r"index\.json is not a readable JSON index"),

@@ -55,7 +55,7 @@ def load_index(root: str, train_shards: str | None = None, val_shards: str | Non
 
     Raises DataError (one line) for a missing or malformed index, a listed shard that is not there, or a
     shard URL pattern that expands to another count of shards or in another order than the index's."""
-    require("webdataset", "data=webdataset", error=DataError)
+    require("webdataset", "data=webdataset", needs="the webdataset package")
     path = Path(root).expanduser() / INDEX
     if not path.is_file():
         raise DataError(f"{path} does not exist; data=webdataset reads the shards' index there (vit-shards writes "
