@@ -55,13 +55,17 @@ def save(root: Path, layout: str = "disk", val_name: str = "validation", **kwarg
     parts = {"train": split(64, 0, **kwargs), val_name: split(16, 1000, **kwargs)}
     if layout == "disk":
         datasets.DatasetDict(parts).save_to_disk(str(root))
-    else:
+    elif layout == "parquet":  # the Hub's data/SPLIT-NNNNN-of-NNNNN.parquet
         for name, ds in parts.items():
             ds.to_parquet(str(root / "data" / f"{name}-00000-of-00001.parquet"))
+    else:  # a folder a split, as the Hub's parquet conversion lays them out (SPLIT/0000.parquet)
+        for name, ds in parts.items():
+            ds.select(range(len(ds) // 2)).to_parquet(str(root / name / "0000.parquet"))
+            ds.select(range(len(ds) // 2, len(ds))).to_parquet(str(root / name / "0001.parquet"))
     return root
 
 
-@pytest.mark.parametrize("layout", ["disk", "parquet"])
+@pytest.mark.parametrize("layout", ["disk", "parquet", "parquet-folders"])
 def test_a_dataset_reads_as_the_pixels_and_labels_written(tmp_path, layout):
     train, val, names = load_hf_splits(save(tmp_path / "ds", layout), "image", "label", "train", None)
     assert names == CLASSES and (len(train), len(val)) == (64, 16)
