@@ -324,3 +324,19 @@ def test_a_run_resumed_at_an_epoch_boundary_may_change_workers(shards, reference
     train(run_config(shards, workers=0, resume=str(tmp_path / "checkpoints" / "last.pt"),
                      trainer={"epochs": 3}), tmp_path)
     assert json.loads((tmp_path / "results.json").read_text())["steps"] == 12
+
+
+@pytest.mark.parametrize("mode", ["skip", "error"])
+def test_a_run_on_a_shard_with_a_corrupt_member_follows_data_bad_images(tmp_path, mode, caplog):
+    write_shards(tmp_path / "shards", [10, 10, 10, 7], [6, 5], members=corrupt)
+    config = run_config(tmp_path / "shards", data={"bad_images": mode, "max_bad_fraction": 0.1},
+                        trainer={"epochs": 1})
+    if mode == "error":  # raised in a loader worker: the message is still its one line
+        with pytest.raises(DataError, match=r"^train sample train-000000\.tar:train_00000004\.jpg \(Unidentified"
+                                            r"ImageError: .*\) cannot be read; fix or replace its shard, or set "
+                                            r"data\.bad_images=skip to replace unreadable samples$") as e:
+            train(config, tmp_path / "run")
+        assert "\n" not in str(e.value)
+        return
+    assert train(config, tmp_path / "run")["steps"] == 4
+    assert "unreadable train sample replaced: train-000000.tar:train_00000004.jpg" in caplog.text
