@@ -124,6 +124,22 @@ def test_class_names_that_differ_between_train_and_val_are_refused(tmp_path):
         load_hf_splits(root, "image", "label", "train", None)
 
 
+def test_one_split_with_a_classlabel_names_the_classes_of_both(tmp_path):
+    root = tmp_path / "ds"
+    datasets.DatasetDict(train=split(6, 0, labels="int"), validation=split(3, 10)).save_to_disk(str(root))
+    train, _, names = load_hf_splits(root, "image", "label", "train", None)
+    assert names == CLASSES and train[4][1] == 1
+
+
+def test_a_label_outside_the_classes_is_refused_in_one_line(tmp_path):
+    root = tmp_path / "ds"
+    bad = split(3, 10, labels="int").map(lambda row, i: {"label": -1 if i == 2 else row["label"]}, with_indices=True)
+    datasets.DatasetDict(train=split(6, 0), validation=bad).save_to_disk(str(root))
+    with pytest.raises(DataError, match=r"validation row 2 has label -1, outside 0..2 \(1 such rows; an unlabelled "
+                                        r"split has -1\); use a labelled split$"):
+        load_hf_splits(root, "image", "label", "train", None)
+
+
 def test_a_column_of_file_paths_is_read_relative_to_the_root(tmp_path):
     root = tmp_path / "ds"
     (root / "img").mkdir(parents=True)

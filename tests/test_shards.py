@@ -124,6 +124,7 @@ def test_maxsize_starts_a_new_shard_before_a_sample_that_would_pass_it(tmp_path)
             size = 0
         expected[-1], size = expected[-1] + 1, size + s
     assert [s["samples"] for s in index["splits"]["train"]["shards"]] == expected and 2 in expected
+    assert index["image_size"] is None  # heights 20..25
     tiny = write_shards(cfg(name="imagefolder", root=str(root)), tmp_path / "out1", ["train"], maxsize=1,
                         progress=False)  # each shard holds at least one sample
     assert [s["samples"] for s in tiny["splits"]["train"]["shards"]] == [1] * 12

@@ -177,12 +177,13 @@ def _class_names(train, val, label_key: str, train_split: str, val_split: str, r
     from datasets import ClassLabel
 
     features = [ds.features[label_key] for ds in (train, val)]
-    if all(isinstance(f, ClassLabel) for f in features):
-        if features[0].names != features[1].names:
-            raise DataError(f"the label column {label_key!r} of {root} names other classes in split {val_split!r} "
-                            f"than in {train_split!r} ({_short(features[1].names)} vs {_short(features[0].names)}); "
-                            f"both splits need one ClassLabel")
-        return list(features[0].names)
+    if all(isinstance(f, ClassLabel) for f in features) and features[0].names != features[1].names:
+        raise DataError(f"the label column {label_key!r} of {root} names other classes in split {val_split!r} "
+                        f"than in {train_split!r} ({_short(features[1].names)} vs {_short(features[0].names)}); "
+                        f"both splits need one ClassLabel")
+    named = [f for f in features if isinstance(f, ClassLabel)]
+    if named:  # one split's integers are read with the other's names (their range is checked)
+        return list(named[0].names)
     for f, split in zip(features, (train_split, val_split)):
         dtype = getattr(f, "dtype", "")
         if not (dtype.startswith("int") or dtype.startswith("uint")):
