@@ -320,3 +320,25 @@ def test_worker_processes_write_the_same_shards_and_skip_the_same_images(tmp_pat
     with pytest.raises(shards.DataError, match="4.png cannot be read"):
         write_shards(cfg(name="imagefolder", root=str(root), bad_images="error"), tmp_path / "e", ["train"],
                      progress=False, workers=2)
+
+
+@pytest.mark.parametrize("image_format", ["source", "jpg"])
+def test_a_cmyk_jpeg_is_kept_as_it_is_or_re_encoded_from_its_rgb_pixels(tmp_path, image_format):
+    """ImageNet holds ~20 CMYK JPEGs (tensorflow/datasets#590, pytorch/vision#6538): kept, the member decodes as
+    the file does; re-encoded (jpg), it becomes an RGB JPEG of the pixels training reads."""
+    root = tmp_path / "src"
+    rgb = np.kron(np.random.default_rng(0).integers(0, 256, (4, 4, 3), dtype=np.uint8), np.ones((8, 8, 1), np.uint8))
+    for split in ("train", "val"):
+        (root / split / "cat").mkdir(parents=True)
+        Image.fromarray(rgb).convert("CMYK").save(root / split / "cat" / "cmyk.jpg", quality=95)
+    write_shards(cfg(name="imagefolder", root=str(root)), tmp_path / "out", ["train"], image_format=image_format,
+                 progress=False)
+    (_, ext, data, _), = read_split(tmp_path / "out", "train")
+    source = np.asarray(open_rgb(root / "train" / "cat" / "cmyk.jpg")).astype(int)
+    assert ext == "jpg" and Image.open(io.BytesIO(data)).mode == ("CMYK" if image_format == "source" else "RGB")
+    if image_format == "source":
+        assert np.array_equal(pixels(data), source)
+    else:  # Pillow's JPEG of the RGB pixels training reads (quality 95, no chroma subsampling)
+        buffer = io.BytesIO()
+        Image.fromarray(source.astype(np.uint8)).save(buffer, "JPEG", quality=95, subsampling=0)
+        assert data == buffer.getvalue() and np.abs(pixels(data).astype(int) - source).mean() < 2

@@ -32,7 +32,7 @@ log = logging.getLogger("vit_train")
 FORMAT, VERSION = "vit-train webdataset", 1
 INDEX = "index.json"
 KEEP = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}  # image_format=source: these files are copied as they are
-ENCODE = {"png": ("PNG", {}), "jpg": ("JPEG", {"quality": 95}), "webp": ("WEBP", {"lossless": True})}
+ENCODE = {"png": ("PNG", {}), "jpg": ("JPEG", {"quality": 95, "subsampling": 0}), "webp": ("WEBP", {"lossless": True})}
 IMAGE_FORMATS = ("source", *ENCODE)
 MTIME = 0  # every member's time: the same input gives the same shard bytes
 BLOCK = 512  # a tar header, and the unit a member's data is padded to
