@@ -271,3 +271,25 @@ def test_without_the_datasets_package_data_hf_says_what_to_install(tmp_path, mon
     with pytest.raises(DataError) as error:
         load_hf_splits(tmp_path, "image", "label", "train", None)
     assert str(error.value) == "data=hf needs the datasets package: pip install 'vit-train[data]'"
+
+
+@pytest.mark.slow  # torchrun: ~30 s on 2 cores
+def test_torchrun_with_two_processes_trains_like_one_on_a_hugging_face_dataset(tmp_path):
+    from helpers.files import logged, model_weights
+    from helpers.runs import torchrun, vit_train
+
+    root = save(tmp_path / "ds")
+    args = ["data=hf", f"data.root={root}", "model=vit_micro", "model.embed_dim=32", "model.depth=2",
+            "model.num_heads=2", "model.img_size=16", "model.patch_size=4", "data.batch_size=16", "data.num_workers=1",
+            "trainer.device=cpu", "trainer.progress=false", "trainer.log_every=1", "trainer.epochs=2"]
+    one = vit_train(*args, f"hydra.run.dir={tmp_path / 'one'}", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    two = torchrun(*args, f"hydra.run.dir={tmp_path / 'two'}", cwd=tmp_path)
+    assert two.returncode == 0, two.stdout + two.stderr
+    ones, twos = logged(tmp_path / "one", "train"), logged(tmp_path / "two", "train")
+    assert [e["step"] for e in twos] == [e["step"] for e in ones] == list(range(1, 9))
+    assert all(abs(a["loss"] - b["loss"]) < 1e-5 * a["loss"] for a, b in zip(ones, twos)), (ones, twos)
+    for key, value in model_weights(tmp_path / "one").items():
+        torch.testing.assert_close(value, model_weights(tmp_path / "two")[key], rtol=1e-4, atol=1e-5, msg=key)
+    # the 16 val images split 8 + 8: the val top-1 is the whole set's, as one process measures it
+    assert logged(tmp_path / "two", "val")[-1]["top1"] == logged(tmp_path / "one", "val")[-1]["top1"]
