@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import hydra
+import hydra.core.utils as hydra_core_utils
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -34,7 +35,7 @@ from vit_train.config.checks import LOSSES
 from vit_train.errors import ConfigError, RunStopped, UserError, exit_with
 from vit_train.extras import require
 from vit_train.outputs.rundir import RunDirBusy
-from vit_train.runtime.logs import EarlyRecords
+from vit_train.runtime.logs import EarlyRecords, QuietStdout
 from vit_train.config.unused_keys import override_keys
 
 GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer", "objective", "experiment", "hparams_search", "hydra")
@@ -76,6 +77,27 @@ OmegaConf.register_new_resolver("vit_output_subdir", _output_subdir, replace=Tru
 # key of every section exists whatever group option is chosen (each YAML sets only what differs), and
 # `aug=autoaug aug.switch_prob=0.3` or `data=shapes data.bad_images=error` are settable overrides.
 ConfigStore.instance().store(name="schema", node=Config().to_dict())
+
+
+def _save_hydra_record(cfg: DictConfig, filename: str, output_dir: Path) -> None:
+    """Hydra's writer of a run's (or a sweep job's) .hydra/*.yaml, through write_atomic: never half
+    written; a full disk or a read-only place stops in one line, exit 2, a fresh run directory removed."""
+    from vit_train.outputs.places import place_error, write_atomic
+
+    path = Path(output_dir) / filename
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, OmegaConf.to_yaml(cfg))
+    except OSError as e:
+        error = place_error(e, path, "free some space, then run the same command again",
+                            "give a writable hydra.run.dir=... (hydra.sweep.dir=... for -m)")
+        run_dir = path.parent.parent
+        if not _resumes_existing(OmegaConf.select(cfg, "resume", default=None)) and torchrun.unused(run_dir):
+            shutil.rmtree(run_dir, ignore_errors=True)  # a run that never started leaves no directory
+        exit_with("vit-train", error)
+
+
+hydra_core_utils._save_config = _save_hydra_record  # run_job calls it by this module-level name
 
 
 def parse_override(arg: str, sweep: bool = False) -> tuple[str, object]:
@@ -150,12 +172,17 @@ def check_writable(args: list[str]) -> None:
     folder = target.absolute()
     while not folder.exists():
         folder = folder.parent
+    kind = "sweep" if multirun else "run"
+    if not folder.is_dir():  # a file (or a FIFO) where the directory or one above it would be
+        raise ConfigError(f"cannot create the {kind} directory {target}: {folder} is a file, not a folder; give "
+                          f"another one with {key}=/path/to/dir")
     try:
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
-        raise ConfigError(f"cannot create the {'sweep' if multirun else 'run'} directory {target} in {folder} "
-                          f"({e.strerror}); give a writable one with {key}=/path/to/dir, or run from a writable "
-                          f"directory") from None
+        where = f"the {kind} directory {target} cannot be written" if folder == target.absolute() else \
+            f"cannot create the {kind} directory {target} in {folder}"
+        raise ConfigError(f"{where} ({e.strerror}); give a writable one with {key}=/path/to/dir, or run from a "
+                          f"writable directory") from None
 
 
 def apply_overrides(saved: dict, overrides: list[str]) -> dict:
@@ -202,6 +229,8 @@ def compose_config(cfg: DictConfig) -> tuple[Config, list[str], tuple[Path, dict
 
 @hydra.main(version_base="1.3", config_path=_config_dir(), config_name="train")
 def _train_app(cfg: DictConfig) -> float:
+    if sys.stdout is not None and not isinstance(sys.stdout, QuietStdout):
+        sys.stdout = QuietStdout(sys.stdout)  # stdout on a full disk or a closed pipe: one warning, the run goes on
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
     with EarlyRecords():  # every line the console prints from here is written to train.log too, once it exists
         return _run_or_job(cfg)

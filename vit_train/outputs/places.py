@@ -6,7 +6,7 @@ Every file a command leaves (results.json, metrics.json, an export, a figure, a 
 written to `<name>.tmp` beside it, flushed and fsynced, renamed over `<name>` and the folder fsynced:
 `<name>` is the old file or the complete new one, also after a power loss; a failed write removes
 its temporary file. `place_error` turns the OSError of a write into one OutputError line naming the
-file and what to do.
+file and what to do. No torch here: the command line uses it before the config is known to be valid.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Iterator
 
 from vit_train.errors import OutputError
-from vit_train.outputs.integrity import write_failure
 
 FREE_SPACE = "free some space or give another place"
 
@@ -99,6 +98,8 @@ def place_error(error: BaseException, path: Path, advice: str = FREE_SPACE,
     elif code in (errno.EACCES, errno.EPERM):
         why = "permission denied"
     else:
+        from vit_train.outputs.integrity import write_failure  # torch: only once a write has failed
+
         why = write_failure(error, path, 0, None)
     return OutputError(f"could not write {path}: {why}; {advice}")
 

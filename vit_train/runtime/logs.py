@@ -4,6 +4,8 @@ the command line uses it before the config is known to be valid)."""
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
 log = logging.getLogger("vit_train")
 
@@ -49,3 +51,45 @@ class EarlyRecords(logging.Handler):
             return
         log.removeHandler(self)
         self.records.clear()
+
+
+
+class QuietStdout:
+    """Standard output for a training run (`sys.stdout = QuietStdout(sys.stdout)`): a failed write (a
+    full disk, /dev/full, a closed pipe) is said once on stderr instead of a traceback per log line,
+    and what is written after it is dropped; the run goes on, and train.log keeps every line. Anything
+    else is the wrapped stream's (tqdm and logging see it as the console)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.failed = False
+
+    def write(self, text: str) -> int:
+        if not self.failed:
+            self._guarded(self._stream.write, text)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.failed:
+            self._guarded(self._stream.flush)
+
+    def _guarded(self, call, *args) -> None:
+        try:
+            call(*args)
+        except (OSError, ValueError) as e:  # ValueError: the stream was closed
+            self.failed = True
+            why = getattr(e, "strerror", None) or str(e) or type(e).__name__
+            try:
+                print(f"vit-train: warning: cannot write to standard output ({why}); its lines are dropped from "
+                      f"here on, train.log keeps them", file=sys.stderr)
+            except (OSError, ValueError):
+                pass
+            try:  # the unwritten rest of the buffer goes nowhere, so the exit does not fail on it again
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self._stream.fileno())
+                os.close(devnull)
+            except (OSError, ValueError, AttributeError):
+                pass
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
