@@ -167,8 +167,8 @@ def test_an_unreadable_cell_is_replaced_under_skip_and_stops_the_run_under_error
     results = train(hf_config(root, bad_images="skip", max_bad_fraction=0.05), tmp_path / "skip")
     assert results["status"] == "completed"
     replaced = [r.message for r in caplog.records if "image replaced" in r.message]
-    assert len(replaced) == 1 and replaced[0].startswith(
-        f"unreadable train image replaced: {root} train[3] (UnidentifiedImageError: cannot identify image file")
+    assert len(replaced) == 1 and replaced[0] == (
+        f"unreadable train image replaced: {root} train[3] (UnidentifiedImageError: cannot identify image file the bytes)")
 
 
 def test_two_processes_take_the_same_global_batches_as_one(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -69,8 +70,14 @@ class HFImages:
         try:
             self.image(index)
         except IMAGE_ERRORS as e:
-            return f"{type(e).__name__}: {e}"
+            return describe_error(e)
         return "it could not be read"
+
+
+def describe_error(error: Exception) -> str:
+    """"Type: message" of an image error, with Pillow's "<_io.BytesIO object at 0x...>" (bytes decoded
+    from memory) said as "the bytes"."""
+    return f"{type(error).__name__}: {re.sub(r'<_io.BytesIO object at 0x[0-9a-f]+>', 'the bytes', str(error))}"
 
 
 class _Samples:

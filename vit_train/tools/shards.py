@@ -26,6 +26,7 @@ from vit_train.config.schema import Config
 from vit_train.errors import ConfigError, DataError, OutputError
 from vit_train.data import load_splits, worker_context
 from vit_train.data.decode import IMAGE_ERRORS, decode_rgb
+from vit_train.data.hf import describe_error
 
 log = logging.getLogger("vit_train")
 
@@ -157,7 +158,7 @@ def _encode_one(base: Any, index: int, image_format: str) -> tuple | str:
     try:
         ext, data, size = encoded(base, index, image_format)
     except IMAGE_ERRORS as e:
-        return f"{type(e).__name__}: {e}"
+        return describe_error(e)
     label = base.samples[index][1] if hasattr(base, "samples") else base[index][1]
     return ext, data, size, int(label)
 
