@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import vit_train.outputs.checkpoint as checkpoint_module
-from helpers.files import logged, read_results, rows
+from helpers.files import assert_identical, logged, read_results, rows
 from vit_train.outputs.checkpoint import check_classes, load_checkpoint, save_checkpoint
 from vit_train.data.datasets import TransformedDataset
 from vit_train.errors import CheckpointError, RunStopped
@@ -21,22 +21,6 @@ from vit_train.train.trainer import train
 # Everything a resumed run must reproduce; timing fields (images_seen, train_seconds) aside.
 EXACT_KEYS = ("model", "optimizer", "scheduler", "scaler", "ema", "epoch", "step", "batch_in_epoch", "best_top1",
               "best_step", "skipped_steps", "rng")
-
-
-def assert_identical(a, b, where="checkpoint"):
-    """Tensors equal bit for bit (torch.equal), everything else ==, recursively."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), where
-        for key in a:
-            assert_identical(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_identical(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
 def train_losses(run_dir):

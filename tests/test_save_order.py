@@ -207,3 +207,79 @@ def test_a_kill_at_each_call_of_the_best_and_the_final_save_then_resume_auto_equ
     kill_run_at(tmp_path, at)
     train(tiny_config(**SECTIONS, seed=SEED, resume="auto"), tmp_path)
     assert_as_the_reference(tmp_path, reference)
+
+
+# ---------------------------------------------------------------- what a power loss keeps at each commit
+
+NOT_PROMISED = ("train.log", ".lock")  # docs/reliability.md: train.log is not fsynced; the lock holds no data
+
+
+def calls_of_a_run(run_dir: Path, killed_at_row: int | None = None) -> list[list[str]]:
+    """Every file-system call on run_dir's files by a run (forked child) there; with `killed_at_row` the calls
+    of its resume=auto after a first attempt killed after that train row."""
+    from helpers.killer import arm as arm_kill
+
+    if killed_at_row:
+        pid = os.fork()
+        if pid == 0:
+            arm_kill("row", killed_at_row)
+            train(tiny_config(**SECTIONS, seed=SEED), run_dir)
+            os._exit(1)
+        os.waitpid(pid, 0)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        calls: list = []
+        arm(run_dir, 0, calls, everything=True)
+        train(tiny_config(**SECTIONS, seed=SEED, resume="auto" if killed_at_row else None), run_dir)
+        os.write(write, json.dumps(calls).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        calls = json.loads(pipe.read() or b"[]")
+    os.waitpid(pid, 0)
+    return calls
+
+
+def not_durable_at_commits(calls: list[list[str]]) -> list[str]:
+    """At each commit of a checkpoint (last.pt's rename), what a power loss could still take of what the
+    docs promise it keeps: a name made (a file created, renamed, removed) in the run directory or tb/
+    whose folder was not fsynced since, or a write to metrics.jsonl or an event file (each opened per write)
+    not fsynced since."""
+    names: dict[str, str] = {}  # folder -> the last change to its names not yet fsynced
+    data: dict[str, bool] = {}  # file -> written and not yet fsynced
+    found, commits = [], 0
+    for kind, name, *new in calls:
+        if kind == "os.rename" and name == "checkpoints/last.pt.tmp -> checkpoints/last.pt":
+            commits += 1
+            found += [f"{folder or '.'}/ ({change}) at commit {commits}" for folder, change in names.items()]
+            found += [f"{file}'s data at commit {commits}" for file, dirty in data.items() if dirty]
+            continue
+        targets = name.split(" -> ")
+        if kind == "os.fsync":
+            if name.endswith("/"):
+                names.pop(name.rstrip("/").replace(".", "", 1) if name == "./" else name.rstrip("/"), None)
+            else:
+                data[name] = False
+            continue
+        if any(t.startswith(NOT_PROMISED) or t.startswith("checkpoints/") for t in targets):
+            continue  # the save sequence's own names: test_save_order's kills above
+        if kind == "open" and new or kind in ("os.rename", "os.link", "os.remove"):
+            for target in targets:
+                names[os.path.dirname(target)] = f"{kind} {name}"
+        if kind == "open":
+            data[targets[0]] = True
+    return found
+
+
+@pytest.mark.parametrize("start", ["fresh", "resumed"])
+def test_every_name_and_row_the_docs_promise_after_a_power_loss_is_fsynced_before_each_checkpoint(tmp_path, start):
+    """Power loss keeps what was fsynced: at each last.pt rename (the commit), the metrics.jsonl rows and
+    TensorBoard events up to that step are fsynced (their data, and their names: metrics.jsonl and the
+    event file created, the resume's rewrites renamed into place, in their folders). fresh: a whole run;
+    resumed: resume=auto after a kill at row 13, which cuts metrics.jsonl and rewrites the event file."""
+    calls = calls_of_a_run(tmp_path / "run", killed_at_row=13 if start == "resumed" else None)
+    assert sum(call[:2] == ["os.rename", "checkpoints/last.pt.tmp -> checkpoints/last.pt"] for call in calls) == \
+        (8 if start == "fresh" else 2), calls
+    assert not_durable_at_commits(calls) == []

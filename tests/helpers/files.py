@@ -97,8 +97,9 @@ UNSEEDED_RNG = ("python", "numpy")  # a checkpoint's rng entries that start from
 TIMING_TAGS = tuple(f"train/{k}" for k in TIMING_ROW)  # TensorBoard: their steps are compared, not values
 
 
-def _same_value(a, b, where: str) -> None:
-    """Tensors equal bit for bit (dtype too), everything else ==, recursively; AssertionError naming `where`."""
+def assert_identical(a, b, where: str = "checkpoint") -> None:
+    """Tensors equal bit for bit (dtype too), everything else ==, recursively (dict keys, list lengths);
+    AssertionError naming the first entry that differs (`where`.key[i]...)."""
     import torch
 
     if isinstance(a, torch.Tensor):
@@ -106,13 +107,13 @@ def _same_value(a, b, where: str) -> None:
     elif isinstance(a, dict):
         assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {sorted(set(a) ^ set(b), key=str)}"
         for key in a:
-            _same_value(a[key], b[key], f"{where}.{key}")
+            assert_identical(a[key], b[key], f"{where}.{key}")
     elif isinstance(a, (list, tuple)):
         assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{where}: length"
         for i, (x, y) in enumerate(zip(a, b)):
-            _same_value(x, y, f"{where}[{i}]")
+            assert_identical(x, y, f"{where}[{i}]")
     else:
-        assert a == b or a != a and b != b, f"{where}: {a!r} != {b!r}"  # NaN == NaN here
+        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
 def closing_line(run_dir: Path) -> str:
@@ -159,7 +160,7 @@ def assert_every_file_as_the_reference(run_dir: Path, reference: Path) -> None:
                 part["rng"] = {k: v for k, v in part["rng"].items() if k not in UNSEEDED_RNG}  # differ by process
             if isinstance(part.get("config"), dict):  # how it was started: resume=auto, or not
                 part["config"] = {k: v for k, v in part["config"].items() if k != "resume"}
-        _same_value(a, b, f"checkpoints/{name}")
+        assert_identical(a, b, f"checkpoints/{name}")
     got, want = ({k: v for k, v in read_results(r).items() if k not in TIMING_RESULTS} for r in (run_dir, reference))
     assert got == want, f"results.json: {sorted(k for k in want if got.get(k) != want[k])}"
     if got.get("best_step") is not None and (run_dir / "checkpoints" / "best.pt").exists():

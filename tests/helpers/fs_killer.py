@@ -43,24 +43,29 @@ def save_all(folder: Path, saves=SAVES) -> None:
         save_run_checkpoint(fake_state(step, best_step), folder, keep_last=2, best=best_step == step)
 
 
-def arm(run_dir: Path, n: int | list, calls: list | None = None) -> None:
-    """Count the file-system calls on run_dir/checkpoints/* and run_dir/results.json(.tmp) in this process;
-    SIGKILL it at the n-th (before the call is made), or with n = [kind, name, k] at the k-th call
-    [kind, name] (e.g. ["os.rename", "best.pt.tmp -> best.pt", 2]); append each call to `calls` when given."""
+def arm(run_dir: Path, n: int | list, calls: list | None = None, everything: bool = False) -> None:
+    """Count the file-system calls on run_dir/checkpoints/* and run_dir/results.json(.tmp) in this process
+    (everything=True: on every file under run_dir, named by their path there: metrics.jsonl, tb/..., the
+    lock, train.log too); SIGKILL it at the n-th (before the call is made), or with n = [kind, name, k] at
+    the k-th call [kind, name] (e.g. ["os.rename", "best.pt.tmp -> best.pt", 2]); append each call to
+    `calls` when given (everything=True: an open that creates its file as [kind, name, "new"], a folder's
+    fsync as its name and "/", the run directory's as "./")."""
     run_dir = Path(os.path.realpath(run_dir))  # as /proc/self/fd names it
     checkpoints, results = str(run_dir / "checkpoints") + os.sep, str(run_dir / "results.json")
     count, matching = [0], [0]
 
     def watched(path) -> str | None:
         path = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else None
+        if path and everything and path.startswith(str(run_dir) + os.sep):
+            return os.path.relpath(path, run_dir)
         if path and (path.startswith(checkpoints) or path.startswith(results)):
             return os.path.basename(path)
         return None
 
-    def hit(kind: str, name: str) -> None:
+    def hit(kind: str, name: str, new: bool = False) -> None:
         count[0] += 1
         if calls is not None:
-            calls.append([kind, name])
+            calls.append([kind, name, "new"] if new else [kind, name])
         if isinstance(n, list) and [kind, name] == n[:2]:
             matching[0] += 1
         if count[0] == n or isinstance(n, list) and matching[0] == n[2] and [kind, name] == n[:2]:
@@ -74,8 +79,10 @@ def arm(run_dir: Path, n: int | list, calls: list | None = None) -> None:
                                     or isinstance(args[2], int) and args[2] & (os.O_WRONLY | os.O_RDWR)):
             return  # reads (verifying, peeking at a step) change nothing
         names = [watched(a) for a in args[:2] if event in ("os.rename", "os.link", "shutil.copyfile")] or [watched(args[0])]
-        if any(names):
-            hit(event, " -> ".join(name or "?" for name in names))
+        if any(names):  # everything=True: an open that creates its file is listed as [open, name, "new"]
+            new = everything and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)) \
+                and not os.path.exists(args[0])
+            hit(event, " -> ".join(name or "?" for name in names), new)
 
     real_fsync = os.fsync
 
@@ -83,6 +90,10 @@ def arm(run_dir: Path, n: int | list, calls: list | None = None) -> None:
         target = os.readlink(f"/proc/self/fd/{fd}")
         if target == checkpoints.rstrip(os.sep):
             hit("os.fsync", "checkpoints/")
+        elif everything and target == str(run_dir):
+            hit("os.fsync", "./")
+        elif everything and watched(target) and os.path.isdir(target):
+            hit("os.fsync", watched(target) + "/")
         elif watched(target):
             hit("os.fsync", watched(target))
         real_fsync(fd)

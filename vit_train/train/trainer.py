@@ -216,13 +216,21 @@ def save(run: Run, best: bool = False) -> None:
 
 
 def sync_logs(run: Run) -> None:
-    """fsync metrics.jsonl and the TensorBoard event files (after a power loss the resume keeps the rows up
-    to its checkpoint's step and logs none of them again, so they must be on disk before it)."""
+    """fsync metrics.jsonl and the TensorBoard event files, then their folders (after a power loss the resume
+    keeps the rows up to its checkpoint's step and logs none of them again, so they must be on disk before
+    it: their bytes, and their names: a file created, a resume's rewrite renamed into place)."""
     if run.logger.tb is not None:
         run.logger.tb.flush()
     for path in [run.run_dir / "metrics.jsonl", *sorted((run.run_dir / "tb").glob("events.out.tfevents.*"))]:
         with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
             os.fsync(f.fileno())
+    for folder in (run.run_dir / "tb", run.run_dir):
+        with contextlib.suppress(OSError):  # no tb/ (TensorBoard off); a file system that cannot fsync a folder
+            fd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 def evaluate(run: Run, stop: StopRequest | None = None) -> dict[str, float] | None:
