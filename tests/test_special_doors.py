@@ -204,6 +204,7 @@ def test_a_stop_signal_in_a_forked_copy_is_left_to_the_training_process():
         assert stop.received == signal.SIGTERM
 
 
+@pytest.mark.slow  # two command starts (~20 s here); the doors' lines are checked in the fast tests above
 def test_vit_eval_and_resume_refuse_a_fifo_in_one_line_and_exit_2(specials, tmp_path):
     fifo = specials["a FIFO"]
     runs = [
