@@ -165,6 +165,7 @@ def drop_events_after(tb_dir: Path, step: int) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        places.fsync_dir(tb_dir)  # the rewritten file's name durable too: a power loss keeps one or the other
 
 
 class NullLogger:
