@@ -114,8 +114,10 @@ def test_a_run_directory_whose_checkpoints_are_special_files_is_never_blocked_on
     os.mkfifo(run / "checkpoints" / "last.pt")
     (run / "checkpoints" / "best.pt").symlink_to("/dev/zero")
     try:
-        with pytest.raises(CheckpointError, match="holds no checkpoints"):
+        with pytest.raises(CheckpointError) as e:
             within(DEADLINE, find_resume_checkpoint, str(run), run)
+        assert str(e.value) == (f"{run} holds no checkpoints (best.pt is a character device, last.pt is a FIFO); give "
+                                f"a run directory that has some (in checkpoints/), or a .pt file")
         with pytest.raises(ConfigError, match="holds no checkpoints"):
             within(DEADLINE, resolve, str(run), "ckpt")
     finally:

@@ -247,8 +247,10 @@ def find_resume_checkpoint(resume: str | None, run_dir: Path, mmap: bool = False
             raise CheckpointError(f"resume path {path} {said}; give a run directory or a .pt checkpoint")
         candidates = run_checkpoints(path.parent if path.name == "checkpoints" else path)
         if not candidates:
-            raise CheckpointError(f"{path} holds no checkpoints; give a run directory that has some (in "
-                                  f"checkpoints/), or a .pt file")
+            folder = path if path.name == "checkpoints" else path / "checkpoints"
+            odd = [f"{p.name} is {kind}" for p in sorted(folder.glob("*.pt")) if (kind := not_regular(p)) != "missing"]
+            raise CheckpointError(f"{path} holds no checkpoints{' (' + ', '.join(odd) + ')' if odd else ''}; give a run "
+                                  f"directory that has some (in checkpoints/), or a .pt file")
     failures = []
     for candidate in candidates:
         try:
