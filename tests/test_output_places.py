@@ -291,3 +291,16 @@ def test_vit_sweep_summary_on_a_file_says_it_is_not_a_folder(tmp_path):
     (tmp_path / "sweep").write_text("x")
     done = vit_sweep_summary(str(tmp_path / "sweep"))
     assert one_line_error(done, "vit-sweep-summary").endswith(f"sweep directory {tmp_path / 'sweep'} is not a folder")
+
+
+@pytest.mark.parametrize("code, says", [(errno.ENOSPC, "no space left on "),
+                                        (errno.EROFS, "the file system there is read-only; make it writable, then "
+                                                      "continue with resume=auto"),
+                                        (errno.EACCES, "permission denied; make it writable")])
+def test_a_runs_own_file_that_cannot_be_written_says_why_and_what_to_do(tmp_path, code, says):
+    """metrics.jsonl, tb/ or results.json on a disk that filled or was remounted read-only mid-run."""
+    from vit_train.outputs.metrics import writing
+
+    with pytest.raises(OutputError, match=re.escape(f"could not write {tmp_path / 'metrics.jsonl'}: {says}")):
+        with writing(tmp_path / "metrics.jsonl"):
+            raise OSError(code, os.strerror(code))

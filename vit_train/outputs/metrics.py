@@ -113,8 +113,8 @@ def writing(path: Path) -> Iterator[None]:
     """A failed write of one of the run's files or folders (a full disk, a quota) becomes an OutputError naming it."""
     try:
         yield
-    except OSError as e:
-        raise OutputError(f"could not write {path}: {write_failure(e, path, 0, None)}; {FREE_SPACE}") from None
+    except OSError as e:  # a full disk or quota: free space; a read-only remount, lost permission: make it writable
+        raise places.place_error(e, path, FREE_SPACE, "make it writable, then continue with resume=auto") from None
 
 
 def output_error(error: Exception, run_dir: Path) -> Exception:
