@@ -105,6 +105,13 @@ def test_an_output_file_that_is_a_fifo_a_folder_or_under_a_file_is_refused_witho
     assert (tmp_path / "m.safetensors").is_fifo() and (tmp_path / "file").read_text() == "x"
 
 
+def test_a_missing_output_folder_is_checked_without_being_made(tmp_path):
+    """A command that fails later for another reason (its data, its checkpoint) leaves no empty folder."""
+    places.check_output_folder(tmp_path / "a" / "b" / "eval", "out")
+    places.check_output_file(tmp_path / "c" / "m.onnx", "out")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.slow  # the real command (12 s); check_output_file's own test above is fast
 def test_vit_export_to_a_fifo_is_one_line_and_never_blocks(checkpoint, tmp_path):
     fifo = tmp_path / "m.safetensors"

@@ -141,17 +141,21 @@ def check_output_file(path: Path, key: str) -> None:
 
 
 def check_output_folder(folder: Path, key: str, of: Path | None = None) -> None:
-    """Before any work: files can be made in `folder` (made with its parents if missing). Raises
-    OutputError (one line naming `key`) when `folder` is a file or a FIFO, or cannot be made or
-    written (read-only, missing permission, a full disk with no room for an empty file)."""
-    folder = Path(folder)
+    """Before any work: files can be made in `folder`, or it can be made (its nearest existing folder
+    is tried, with an empty file made and removed; nothing is left, so a command that fails later for
+    another reason leaves no empty folder). Raises OutputError (one line naming `key`) when `folder`
+    or a folder above it is a file or a FIFO, or cannot be written (read-only, missing permission, a
+    full disk with no room for an empty file)."""
+    folder = Path(folder).absolute()
     target = of or folder
+    existing = folder
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
     try:
-        if folder.exists() and not folder.is_dir():
-            raise OutputError(f"{key}={target} cannot be written: {folder} is {_kind(os.stat(folder).st_mode) or 'a file'}, not "
-                              f"a folder; give another {key}=")
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".vit-probe-")
+        if not existing.is_dir():
+            raise OutputError(f"{key}={target} cannot be written: {existing} is "
+                              f"{_kind(os.stat(existing).st_mode) or 'a file'}, not a folder; give another {key}=")
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".vit-probe-")
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
