@@ -311,3 +311,20 @@ def test_a_runs_own_file_that_cannot_be_written_says_why_and_what_to_do(tmp_path
     with pytest.raises(OutputError, match=re.escape(f"could not write {tmp_path / 'metrics.jsonl'}: {says}")):
         with writing(tmp_path / "metrics.jsonl"):
             raise OSError(code, os.strerror(code))
+
+
+def test_output_into_a_closed_pipe_ends_quietly_with_sigpipes_status(monkeypatch):
+    """`vit-predict ... | head -1` (openvax/mhctools#387, trailofbits/graphtage#156: a traceback, or an
+    argument error with exit 2): the reader has what it wanted; status 141 as SIGPIPE gives, nothing said."""
+    read, write = os.pipe()
+    os.close(read)
+    stream = io.TextIOWrapper(io.FileIO(write, "w"))
+    monkeypatch.setattr(sys, "stdout", stream)
+    monkeypatch.setattr(places, "_drop_stdout", lambda: None)
+    with pytest.raises(SystemExit) as exited:
+        places.print_output("a.png: circle 0.910")
+    assert exited.value.code == 141
+    try:
+        stream.close()
+    except OSError:  # what the buffer still holds cannot go anywhere
+        pass
