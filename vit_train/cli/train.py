@@ -335,7 +335,10 @@ class SweepSummary(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         if not sweep_dir.is_dir():
             return
-        rows = summarize(sweep_dir, str(config.sweep.objective), str(config.sweep.direction))
+        try:
+            rows = summarize(sweep_dir, str(config.sweep.objective), str(config.sweep.direction))
+        except UserError as e:  # the sweep directory full or read-only by now: one line, the jobs' records kept
+            exit_with("vit-train", e)
         incomplete = incomplete_jobs(sweep_dir, rows)
         if incomplete:
             print(f"vit-train: {incomplete}", file=sys.stderr)
