@@ -328,3 +328,22 @@ def test_output_into_a_closed_pipe_ends_quietly_with_sigpipes_status(monkeypatch
         stream.close()
     except OSError:  # what the buffer still holds cannot go anywhere
         pass
+
+
+def test_a_sweep_whose_summary_does_not_fit_at_its_end_is_one_line_and_keeps_the_jobs(tmp_path, monkeypatch, capsys):
+    from omegaconf import OmegaConf
+
+    from vit_train.cli.train import SweepSummary
+    from vit_train.sweeps import summary
+
+    sweep = fake_sweep(tmp_path / "sweep")
+    before = file_bytes(sweep)
+    monkeypatch.setattr(summary, "write_atomic", lambda path, text: (_ for _ in ()).throw(FULL))
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}},
+                               "sweep": {"objective": "best_top1", "direction": "maximize"}})
+    with pytest.raises(SystemExit) as exited:
+        SweepSummary().on_multirun_end(config)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"vit-train: error: could not write {sweep / 'summary.csv'}: no space left on ")
+    assert file_bytes(sweep) == before
