@@ -42,7 +42,8 @@ def check_config(cfg) -> None:
         ("trainer.max_bad_steps", t.max_bad_steps), ("data.repeated_aug", d.repeated_aug),
     )
     _require(t.ema_decay is None or 0.0 < t.ema_decay < 1.0, f"trainer.ema_decay must be in (0, 1), got {t.ema_decay}")
-    _require(t.strategy == "ddp", "trainer.strategy=fsdp is not available yet; use trainer.strategy=ddp")  # until FSDP lands
+    _require(not (t.strategy == "fsdp" and t.precision == "fp16"), "trainer.strategy=fsdp does not take "
+             "trainer.precision=fp16 (its GradScaler cannot see sharded gradients); use bf16 or fp32")
     for key, value in (("data.eval_batch_size", d.eval_batch_size), ("trainer.max_steps", t.max_steps),
                        ("trainer.eval_every", t.eval_every), ("trainer.ckpt_every", t.ckpt_every), ("trainer.viz_every", t.viz_every),
                        ("trainer.cpu_threads", t.cpu_threads), ("trainer.limit_val_batches", t.limit_val_batches),

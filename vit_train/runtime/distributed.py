@@ -136,10 +136,16 @@ def wrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def no_sync(model: torch.nn.Module, last: bool):
-    """DDP's no_sync for all but the last micro-batch of an accumulated step (one all-reduce per step)."""
-    if not _context.enabled or last:
+    """DDP's no_sync for all but the last micro-batch of an accumulated step (one all-reduce per step);
+    FSDP2's set_requires_gradient_sync the same way (one reduce-scatter per step; each block keeps its
+    whole gradient between micro-batches)."""
+    if not _context.enabled:
         return nullcontext()
-    return getattr(model, "_orig_mod", model).no_sync()  # through torch.compile's wrapper
+    model = getattr(model, "_orig_mod", model)  # through torch.compile's wrapper
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2 (train/sharding.py)
+        model.set_requires_gradient_sync(last)
+        return nullcontext()
+    return nullcontext() if last else model.no_sync()
 
 
 def mean_loss_and_hits(loss: torch.Tensor, hits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

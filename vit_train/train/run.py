@@ -29,7 +29,8 @@ from vit_train.objectives import Objective, build_objective, check_objective, re
 from vit_train.objectives.weights_in import load_pretrained
 from vit_train.outputs.identity import new_run_id
 from vit_train.train.optim import build_optimizer, build_scheduler
-from vit_train.train.state import TrainState, build_ema, check_data_position, restore
+from vit_train.train import sharding
+from vit_train.train.state import TrainState, build_ema, check_data_position, restore, restore_weights
 from vit_train.train.skips import SkippedSteps, skips_on_device
 from vit_train.train.throughput import TrainWindow, peak_tflops
 from vit_train.viz.figures import TrainingVisuals
@@ -108,13 +109,20 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
     if cfg.model.pretrained and not ckpt:
         load_pretrained(kind.pretrained_target(model), cfg.model.pretrained, data.class_names, cfg.model.reset_head)
     model.to(device)
-    optimizer = build_optimizer(model, cfg.optim, device, lr=cfg.lr)
     amp_dtype = autocast_dtype(t.precision, device)
+    if ckpt:  # into the whole model, before any sharding: checkpoints hold whole tensors whatever wrote them
+        check_classes(ckpt, data.class_names)
+        restore_weights(ckpt, model)
+    ema = build_ema(model, t.ema_decay, ckpt)
+    if sharding.wanted(cfg, ctx):  # trainer.strategy=fsdp: model and EMA sharded in place (FSDP2)
+        sharding.shard(model, ema, cfg, amp_dtype)
+    elif t.strategy == "fsdp":
+        log.info("trainer.strategy=fsdp with one process: nothing to shard, the model trains whole")
+    optimizer = build_optimizer(model, cfg.optim, device, lr=cfg.lr)  # on the shards when sharded
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     state = TrainState(run_id=new_run_id())  # os.urandom: no RNG of the run moves
     if ckpt:
-        check_classes(ckpt, data.class_names)
-        state = restore(ckpt, model, optimizer, scaler)
+        state = restore(ckpt, model, optimizer, scaler, weights=False)
         if not state.run_id:  # a checkpoint written before run ids were kept
             state.run_id = new_run_id()
             log.info("the checkpoint records no run id; this run is run %s from here on", state.run_id[:8])
@@ -124,10 +132,11 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
     total_steps = min(state.step + steps_left, t.max_steps or math.inf)
     if ctx.enabled:  # dropout and drop path draw differently on each process
         torch.manual_seed(cfg.seed * 1_000_003 + 7919 * state.step + ctx.rank)
-    ema = build_ema(model, t.ema_decay, ckpt)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.schedule, data.steps_per_epoch, total_steps, state.step,
                                 lr=cfg.lr)
-    ddp = distributed.wrap(model)  # DistributedDataParallel with several processes, else the model itself
+    # DistributedDataParallel with several processes (FSDP's model is its own wrapper), else the model itself
+    ddp = model if sharding.is_sharded(model) else distributed.wrap(model)
+    compiled = t.compile and not sharding.is_sharded(model)  # FSDP: its blocks were compiled before sharding
     classes = len(data.class_names)
     objective = build_objective(cfg, model, classes, data.class_names)
     restore_objective(objective, ckpt)
@@ -142,7 +151,7 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
         logger.close()
         raise
     return Run(cfg=cfg, run_dir=run_dir, overrides=list(overrides), ctx=ctx, device=device, amp_dtype=amp_dtype,
-               data=data, model=model, step_fn=torch.compile(ddp, mode=t.compile_mode) if t.compile else ddp,
+               data=data, model=model, step_fn=torch.compile(ddp, mode=t.compile_mode) if compiled else ddp,
                objective=objective, mix=mix, ema=ema, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                skips=SkippedSteps(state, device, skips_on_device(optimizer, scaler), t.max_bad_steps),
                logger=logger, visuals=visuals, window=window, state=state, total_steps=total_steps,

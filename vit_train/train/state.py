@@ -30,6 +30,7 @@ from vit_train.data.webdataset import loader_workers
 from vit_train.runtime import distributed
 from vit_train.objectives import Objective, objective_state, section_owner
 from vit_train.objectives.score import better, checkpoint_best, winner
+from vit_train.train.sharding import load_optimizer_state
 
 log = logging.getLogger("vit_train")
 
@@ -115,12 +116,15 @@ def build_ema(model: nn.Module, decay: float | None, ckpt: dict | None) -> Avera
 
 def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: AveragedModel | None, state: TrainState,
                      cfg: Config, overrides: Sequence[str], class_names: list[str],
-                     objective: Objective | None = None) -> dict[str, Any]:
+                     objective: Objective | None = None, gathered: tuple | None = None) -> dict[str, Any]:
     """Everything a resumed run needs, as plain tensors and primitives (see docs/resuming.md, 'What is in a checkpoint');
-    `objective`'s own state (MAE's mask counter, the distillation teacher's identity) under "objective"."""
+    `objective`'s own state (MAE's mask counter, the distillation teacher's identity) under "objective".
+    `gathered`: a sharded run's (model, optimiser, EMA) state dicts, gathered whole (sharding.full_states)."""
+    weights, moments, averaged = gathered or (model.state_dict(), optimizer.state_dict(),
+                                              ema.state_dict() if ema is not None else None)
     return {
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict(), "ema": ema.state_dict() if ema is not None else None, **state.checkpoint_fields(),
+        "model": weights, "optimizer": moments, "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(), "ema": averaged, **state.checkpoint_fields(),
         "stream_layout": stream_layout(cfg),
         "rng": rng_state(),
         "config": cfg.to_dict(), "overrides": list(overrides), "class_names": list(class_names),
@@ -132,8 +136,17 @@ def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: Averag
     }
 
 
-def restore(ckpt: dict, model: nn.Module, optimizer, scaler) -> TrainState:
-    """Load weights, optimiser, scaler and RNG states; returns the loop's position.
+def restore_weights(ckpt: dict, model: nn.Module) -> None:
+    """The checkpoint's weights into the whole (not yet sharded) model; CheckpointError when they do not fit."""
+    try:
+        model.load_state_dict(ckpt["model"])
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"the checkpoint's weights do not fit this model: {str(e).splitlines()[0]}") from None
+
+
+def restore(ckpt: dict, model: nn.Module, optimizer, scaler, weights: bool = True) -> TrainState:
+    """Load weights (unless `weights` is false: `restore_weights` did), optimiser (sharded or not), scaler
+    and RNG states; returns the loop's position.
 
     The optimiser keeps its saved state (moments, step counts) but takes its hyperparameters
     (weight_decay, betas, eps, momentum, fused) from this run's config, as built: torch's
@@ -141,9 +154,10 @@ def restore(ckpt: dict, model: nn.Module, optimizer, scaler) -> TrainState:
     resume. The lr is the schedule's (build_scheduler). Unchanged, they are the saved values.
     """
     configured = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    if weights:
+        restore_weights(ckpt, model)
     try:
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer_state(model, optimizer, ckpt["optimizer"])
     except (RuntimeError, ValueError, KeyError) as e:
         raise CheckpointError(f"the checkpoint's weights do not fit this model: {str(e).splitlines()[0]}") from None
     for group, hyper in zip(optimizer.param_groups, configured):

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from vit_train.runtime import distributed
 from vit_train.outputs.checkpoint import run_checkpoints
+from vit_train.train.sharding import clip_grad_norm
 from vit_train.train.state import TrainState
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> None:
     counted = False  # whether the objective gave logits to count top-1 hits from
     chunks = list(zip(images.chunk(t.accum_steps), targets.chunk(t.accum_steps)))
     for i, (x, y) in enumerate(chunks):
-        with distributed.no_sync(run.step_fn, last=i == len(chunks) - 1):  # one gradient all-reduce per step
+        with distributed.no_sync(run.step_fn, last=i == len(chunks) - 1):  # one gradient all-reduce (FSDP: reduce-scatter) per step
             with torch.autocast(images.device.type, dtype=run.amp_dtype, enabled=run.amp_dtype is not None):
                 loss, logits = run.objective(run.step_fn, x, y)
                 # each micro-batch weighs as its images: a short last batch (batch size changed mid-epoch)
@@ -55,7 +55,8 @@ def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> None:
             hits += (logits.detach().argmax(1) == (y.argmax(1) if y.ndim == 2 else y)).sum()
     total, hits = distributed.mean_loss_and_hits(total, hits)  # over processes: the same on each
     scaler.unscale_(optimizer)
-    grad_norm = nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.optim.clip_grad or math.inf)
+    # over every process's shards with FSDP: the same norm, and so the same skip decision, on each
+    grad_norm = clip_grad_norm(run.model.parameters(), run.cfg.optim.clip_grad or math.inf)
     # With fp16 an overflowing gradient is routine: the scaler skips that step and lowers its scale.
     finite = torch.isfinite(total) if scaler.is_enabled() else torch.isfinite(total) & torch.isfinite(grad_norm)
     run.skips.add(finite)

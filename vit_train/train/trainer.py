@@ -32,6 +32,7 @@ from vit_train.objectives.score import shown
 from vit_train.outputs.metrics import output_error, results_summary, write_results
 from vit_train.runtime.logs import EarlyRecords
 from vit_train.runtime.preemption import StopRequest
+from vit_train.train import sharding
 from vit_train.train.run import Run, build_run
 from vit_train.train.state import check_compatible, check_own_run, checkpoint_state
 from vit_train.train.step import diverged_message, train_step
@@ -207,9 +208,10 @@ def save(run: Run, best: bool = False) -> None:
     run.state.wall_seconds = run.earlier_seconds + time.time() - run.started
     with run.window.paused():
         distributed.barrier()
+        gathered = sharding.full_states(run.model, run.optimizer, run.ema)  # FSDP: every process sends rank 0 its shards
         if run.ctx.is_main:
             ckpt = checkpoint_state(run.model, run.optimizer, run.scheduler, run.scaler, run.ema, run.state, run.cfg,
-                                    run.overrides, run.data.class_names, run.objective)
+                                    run.overrides, run.data.class_names, run.objective, gathered)
             sync_logs(run)  # the rows up to this step reach the disk before the checkpoint that will not log them again
             save_run_checkpoint(ckpt, run.run_dir / "checkpoints", run.cfg.trainer.keep_last, best)
         distributed.barrier()
@@ -239,7 +241,7 @@ def evaluate(run: Run, stop: StopRequest | None = None) -> dict[str, float] | No
     Returns None, having logged and recorded nothing, when `stop` cut it short (`cut_short`)."""
     state, objective = run.state, objective_of(run.cfg)
     progress, metric, limit = run.cfg.trainer.progress and run.ctx.is_main, objective.METRIC, run.cfg.trainer.limit_val_batches
-    with run.window.paused():
+    with run.window.paused(), sharding.gathered(run.cfg, run.model, run.ema):  # FSDP: no collective per val batch
         val = FirstBatches(run.data.val_loader, limit)  # trainer.limit_val_batches: a partial validation, said so
         passes = UntilStop(val, stop)
         metrics = objective.evaluate(run.eval_fn, passes, run.device, run.amp_dtype, run.cfg, progress,

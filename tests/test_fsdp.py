@@ -1,0 +1,168 @@
+"""trainer.strategy=fsdp (FSDP2 fully_shard, train/sharding.py): torchrun with gloo on the CPU, 2 processes.
+
+The oracle is the one tests/test_distributed.py uses for 2 processes against 1: per-step losses within
+1e-5 relative, weights within rtol 1e-4 / atol 1e-5 (`assert_weights_close`). FSDP against DDP on the
+same 2 processes draws the same dropout masks (the same per-rank seeds), so that holds with dropout on.
+Checkpoints do not care how they were written: an FSDP one resumes under DDP and under one process, a
+DDP one under FSDP, continuing as the uninterrupted run within the same tolerance.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from helpers.configs import tiny_config
+from helpers.files import logged, model_weights, read_results
+from helpers.runs import torchrun, vit_train
+from test_distributed import TINY, assert_weights_close
+from vit_train.config.schema import Config
+from vit_train.errors import ConfigError
+from vit_train.config.unused_keys import ignored_keys
+from vit_train.tools.report import evaluate_checkpoint
+from vit_train.train.sharding import reshard_policy
+
+EXTRAS = ["trainer.ema_decay=0.9", "optim.clip_grad=0.05", "model.drop_path=0.2"]  # EMA, clipping that bites, RNG
+FSDP = "trainer.strategy=fsdp"
+
+
+def _ckpt(run, name="last.pt"):
+    return torch.load(run / "checkpoints" / name, weights_only=True)
+
+
+def _assert_losses_close(a, b):
+    la, lb = logged(a, "train"), logged(b, "train")
+    assert [e["step"] for e in la] == [e["step"] for e in lb] and la
+    for x, y in zip(la, lb):
+        assert abs(x["loss"] - y["loss"]) <= 1e-5 * x["loss"], (x, y)
+        assert abs(x["grad_norm"] - y["grad_norm"]) <= 1e-4 * x["grad_norm"], (x, y)
+
+
+def _assert_same_layout_and_close(a: dict, b: dict):
+    """Two checkpoints' model, EMA and optimiser: the same keys, shapes and layout, values within tolerance."""
+    assert_weights_close(a["model"], b["model"])
+    assert a["model"].keys() == b["model"].keys()
+    assert (a["ema"] is None) == (b["ema"] is None)
+    if a["ema"] is not None:
+        assert a["ema"].keys() == b["ema"].keys()
+        assert_weights_close(a["ema"], b["ema"])
+    oa, ob = a["optimizer"], b["optimizer"]
+    assert oa["param_groups"] == ob["param_groups"]  # hyperparameters and parameter indices as torch numbers them
+    assert sorted(oa["state"]) == sorted(ob["state"])
+    for i in oa["state"]:
+        assert oa["state"][i].keys() == ob["state"][i].keys()
+        for key, value in oa["state"][i].items():
+            assert not hasattr(value, "placements")  # a plain tensor, not a DTensor
+            torch.testing.assert_close(value, ob["state"][i][key], rtol=1e-4, atol=1e-7, msg=f"{i}.{key}")
+
+
+def test_fsdp_trains_as_ddp_and_as_one_process_and_saves_the_same_checkpoint(tmp_path):
+    fsdp = torchrun(*TINY, *EXTRAS, "trainer.epochs=2", FSDP, "hydra.run.dir=fsdp", cwd=tmp_path)
+    assert fsdp.returncode == 0, fsdp.stdout + fsdp.stderr
+    ddp = torchrun(*TINY, *EXTRAS, "trainer.epochs=2", "hydra.run.dir=ddp", cwd=tmp_path)
+    assert ddp.returncode == 0, ddp.stdout + ddp.stderr
+    _assert_losses_close(tmp_path / "ddp", tmp_path / "fsdp")
+    _assert_same_layout_and_close(_ckpt(tmp_path / "ddp"), _ckpt(tmp_path / "fsdp"))
+    # against one process (drop path off: its draws are per process)
+    quiet = [a for a in EXTRAS if not a.startswith("model.drop_path")]
+    one = vit_train(*TINY, *quiet, "trainer.epochs=2", "hydra.run.dir=one", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    fsdp_quiet = torchrun(*TINY, *quiet, "trainer.epochs=2", FSDP, "hydra.run.dir=fsdp_quiet", cwd=tmp_path)
+    assert fsdp_quiet.returncode == 0, fsdp_quiet.stdout + fsdp_quiet.stderr
+    _assert_losses_close(tmp_path / "one", tmp_path / "fsdp_quiet")
+    assert_weights_close(model_weights(tmp_path / "one"), model_weights(tmp_path / "fsdp_quiet"))
+    # the whole val set evaluated once (101 images: 51 + 50), as vit-eval reads the FSDP run's checkpoint
+    results = read_results(tmp_path / "fsdp")
+    alone = evaluate_checkpoint(tmp_path / "fsdp" / "checkpoints" / "last.pt", weights="model", attention_images=0,
+                                out_dir=tmp_path / "eval", progress=False)  # final_top1 is the model's
+    assert alone["images"] == 101 and alone["top1"] == results["final_top1"]
+    assert alone["loss"] == pytest.approx(results["final_loss"], rel=1e-5)
+
+
+def test_an_fsdp_checkpoint_resumes_under_ddp_and_one_process_and_a_ddp_one_under_fsdp(tmp_path):
+    quiet = [a for a in EXTRAS if not a.startswith("model.drop_path")]  # one process draws no per-rank masks
+    for name, strategy in (("fsdp", FSDP), ("ddp", "trainer.strategy=ddp")):
+        done = torchrun(*TINY, *quiet, "trainer.epochs=2", strategy, f"hydra.run.dir={name}", cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+    for source, into, launch in (("fsdp", "ddp", torchrun), ("fsdp", "one", vit_train), ("ddp", "fsdp", torchrun)):
+        copy = tmp_path / f"{source}_into_{into}"
+        shutil.copytree(tmp_path / source, copy)
+        for name in ("last.pt", "step_00000016.pt", "best.pt"):
+            (copy / "checkpoints" / name).unlink(missing_ok=True)  # the newest left is step 8, the end of epoch 1
+        strategy = FSDP if into == "fsdp" else "trainer.strategy=ddp"
+        done = launch(f"resume={copy}", strategy, cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "step_00000008.pt" in done.stdout
+        _assert_losses_close(tmp_path / source, copy)
+        _assert_same_layout_and_close(_ckpt(tmp_path / source), _ckpt(copy))
+
+
+@pytest.mark.slow  # 4 torchrun runs, ~60 s on 2 cores
+@pytest.mark.parametrize("objective", ["mae", "distill"])
+def test_every_objective_trains_under_fsdp_as_under_ddp(tmp_path, objective):
+    extra = ["objective=mae", "mae.decoder_dim=16", "mae.decoder_depth=2", "mae.decoder_heads=2"]
+    if objective == "distill":
+        teacher = vit_train(*TINY, "model.depth=1", "trainer.max_steps=2", "hydra.run.dir=teacher", cwd=tmp_path)
+        assert teacher.returncode == 0, teacher.stderr
+        extra = ["objective=distill", "model.distilled=true", f"distill.teacher={tmp_path / 'teacher/checkpoints/last.pt'}"]
+    for name, strategy in (("fsdp", FSDP), ("ddp", "trainer.strategy=ddp")):
+        done = torchrun(*TINY, *EXTRAS, *extra, "trainer.max_steps=6", strategy, f"hydra.run.dir={name}", cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+    _assert_losses_close(tmp_path / "ddp", tmp_path / "fsdp")
+    _assert_same_layout_and_close(_ckpt(tmp_path / "ddp"), _ckpt(tmp_path / "fsdp"))
+
+
+@pytest.mark.slow  # 2 torchrun runs
+def test_grad_checkpointing_under_fsdp_gives_the_run_without_it_exactly(tmp_path):
+    for name, on in (("plain", "false"), ("checkpointed", "true")):
+        done = torchrun(*TINY, *EXTRAS, "trainer.max_steps=6", FSDP, f"model.grad_checkpointing={on}",
+                        f"hydra.run.dir={name}", cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert [e["loss"] for e in logged(tmp_path / "plain", "train")] == \
+        [e["loss"] for e in logged(tmp_path / "checkpointed", "train")]
+    a, b = model_weights(tmp_path / "plain"), model_weights(tmp_path / "checkpointed")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow  # 2 torchrun runs
+@pytest.mark.parametrize("reshard", ["true", "false"])
+def test_resharding_after_forward_or_not_changes_nothing_but_memory(tmp_path, reshard):
+    for name, extra in (("auto", []), ("set", [f"trainer.fsdp_reshard_after_forward={reshard}"])):
+        done = torchrun(*TINY, "trainer.max_steps=4", FSDP, *extra, f"hydra.run.dir={name}", cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert [e["loss"] for e in logged(tmp_path / "auto", "train")] == [e["loss"] for e in logged(tmp_path / "set", "train")]
+
+
+def test_fsdp_in_one_process_trains_the_whole_model_as_ddp_would(tmp_path):
+    from vit_train.train.trainer import train
+
+    train(tiny_config(trainer={"max_steps": 3, "log_every": 1, "strategy": "fsdp"}), tmp_path / "fsdp")
+    train(tiny_config(trainer={"max_steps": 3, "log_every": 1}), tmp_path / "ddp")
+    assert [e["loss"] for e in logged(tmp_path / "fsdp", "train")] == [e["loss"] for e in logged(tmp_path / "ddp", "train")]
+    assert "trainer.strategy=fsdp with one process: nothing to shard" in (tmp_path / "fsdp" / "train.log").read_text()
+
+
+def test_reshard_policy_defaults_to_blocks_yes_root_no():
+    assert reshard_policy(tiny_config(trainer={"strategy": "fsdp"})) == (True, False)
+    assert reshard_policy(tiny_config(trainer={"strategy": "fsdp", "fsdp_reshard_after_forward": False})) == (False, False)
+    assert reshard_policy(tiny_config(trainer={"strategy": "fsdp", "fsdp_reshard_after_forward": True})) == (True, True)
+
+
+def test_fsdp_with_fp16_is_refused_in_one_line_and_the_reshard_key_warns_without_fsdp():
+    with pytest.raises(ConfigError, match="trainer.strategy=fsdp does not take trainer.precision=fp16"):
+        Config.from_dict({"trainer": {"strategy": "fsdp", "precision": "fp16"}})
+    with pytest.raises(ConfigError, match="trainer.strategy"):
+        Config.from_dict({"trainer": {"strategy": "zero3"}})
+    lines = ignored_keys(tiny_config(trainer={"fsdp_reshard_after_forward": False}))
+    assert lines == ["trainer.fsdp_reshard_after_forward=False has no effect with trainer.strategy=ddp; it applies "
+                     "only to trainer.strategy=fsdp"]
+    assert ignored_keys(tiny_config(trainer={"strategy": "fsdp", "fsdp_reshard_after_forward": False})) == []
+
+
+def test_a_bad_strategy_on_the_command_line_is_one_line(tmp_path):
+    done = vit_train("trainer.strategy=fsdp", "trainer.precision=fp16", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("vit-train: error: trainer.strategy=fsdp does not take")

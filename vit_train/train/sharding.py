@@ -1,0 +1,176 @@
+"""trainer.strategy=fsdp: the model's weights, gradients and optimiser state sharded over the processes
+with PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`), as torchtitan and OpenCLIP do.
+
+Each transformer block (`Block`: a ViT's, the MAE decoder's) is one FSDP unit, then the root takes
+what is left (patch embedding, tokens, positions, final norm, heads); a ResNet is one unit. The order
+is OpenCLIP's: compile (per block) -> activation checkpointing (inside the block, models/vit.py) ->
+shard. Every parameter becomes a DTensor holding this process's dim-0 shard; the optimiser is built
+on those, so its moments are sharded too. A block's weights are all-gathered just before its forward
+(and again before its backward when resharded after forward), its gradients reduce-scattered after.
+
+- Mixed precision: trainer.precision=bf16 gathers and computes in bf16, reduces gradients in fp32 and
+  keeps fp32 shards (MixedPrecisionPolicy); fp32 (and the CPU) has no policy. fp16 is refused: its
+  GradScaler does not see sharded gradients (torchtitan refuses it too).
+- The EMA (trainer.ema_decay) is sharded like the model: each process averages its own shards, with no
+  communication; checkpoints hold it gathered.
+- Checkpoints do not depend on the strategy: the full state dict (model, optimiser in torch's own
+  layout keyed like the unsharded model's, EMA) is gathered to rank 0 on the CPU
+  (torch.distributed.checkpoint.state_dict, full_state_dict + cpu_offload) and written in the usual
+  format; resuming loads the weights into the whole model before sharding and the optimiser state with
+  set_optimizer_state_dict. So an FSDP run resumes under DDP or one process and the other way round.
+- Evaluation (and rank 0's figures) runs with every unit gathered and kept gathered (`gathered`): the
+  processes evaluate different numbers of val batches, which per-batch all-gathers could not follow.
+- With one process (no torchrun) trainer.strategy=fsdp shards nothing: the run is the plain model's.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from typing import Iterable, Iterator
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor
+from torch.optim.swa_utils import AveragedModel
+
+from vit_train.config.schema import Config
+from vit_train.errors import ConfigError
+from vit_train.models.vit import Block
+from vit_train.runtime.distributed import Context
+
+log = logging.getLogger("vit_train")
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0 only, on the CPU
+
+
+def wanted(cfg: Config, ctx: Context) -> bool:
+    """Whether this run shards: trainer.strategy=fsdp with more than one process."""
+    return cfg.trainer.strategy == "fsdp" and ctx.enabled
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def reshard_policy(cfg: Config) -> tuple[bool, bool]:
+    """(blocks, root): whether each frees its gathered weights after forward. trainer.fsdp_reshard_after_forward
+    null = torchtitan's default: blocks yes (gathered again for backward), the root no (its backward comes
+    right after the forward ends, so freeing it would only gather it again)."""
+    choice = cfg.trainer.fsdp_reshard_after_forward
+    return (True, False) if choice is None else (choice, choice)
+
+
+def shard(model: nn.Module, ema: AveragedModel | None, cfg: Config, amp_dtype: torch.dtype | None) -> None:
+    """FSDP2 on `model` (and the EMA's copy), in place: each Block, then the root.
+
+    Call it with the process group joined, the model on its device and its weights final (a checkpoint's
+    loaded), before the optimiser is built. With trainer.compile each block is compiled first (the root
+    runs eagerly). Raises ConfigError for trainer.precision=fp16.
+    """
+    if amp_dtype == torch.float16:
+        raise ConfigError("trainer.strategy=fsdp does not take fp16 (its GradScaler cannot see sharded gradients); "
+                          "use trainer.precision=bf16 or fp32")
+    policy = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32) if amp_dtype else MixedPrecisionPolicy()
+    blocks_reshard, root_reshard = reshard_policy(cfg)
+    for module in (model, ema.module if ema is not None else None):
+        if module is None:
+            continue
+        for block in [m for m in module.modules() if isinstance(m, Block)]:
+            if cfg.trainer.compile and module is model:
+                block.compile(mode=cfg.trainer.compile_mode)
+            fully_shard(block, mp_policy=policy, reshard_after_forward=blocks_reshard)
+            register_fsdp_forward_method(block, "forward_first_tokens")  # the class-token model's last block
+        fully_shard(module, mp_policy=policy, reshard_after_forward=root_reshard)
+    if ema is not None and ema.multi_avg_fn is not None:
+        ema.multi_avg_fn = _apart(ema.multi_avg_fn)
+
+
+def _apart(multi_avg_fn):
+    """The EMA's foreach update, once over the sharded parameters and once over the plain buffers (the
+    fixed sin-cos positions): one foreach call cannot take DTensors and tensors together."""
+    def update(averaged: list, current: list, num_averaged) -> None:
+        for sharded in (True, False):
+            pairs = [(a, c) for a, c in zip(averaged, current) if isinstance(a, DTensor) == sharded]
+            if pairs:
+                multi_avg_fn([a for a, _ in pairs], [c for _, c in pairs], num_averaged)
+    return update
+
+
+def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """clip_grad_norm_ that also takes sharded (DTensor) gradients: the norm is over every shard of
+    every process, the same scalar tensor on each (a plain tensor, not a DTensor)."""
+    norm = nn.utils.clip_grad_norm_(parameters, max_norm)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+@contextmanager
+def gathered(cfg: Config, *modules: nn.Module | None) -> Iterator[None]:
+    """Every FSDP unit of `modules` all-gathered on entry (every process, in the same order) and kept
+    gathered until exit, so forwards need no communication: the processes may run different numbers of
+    them (evaluation shares, rank 0's figures). A no-op for modules that are not sharded."""
+    units = [m for module in modules if module is not None for m in module.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        yield
+        return
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+        unit.unshard()
+    try:
+        yield
+    finally:
+        blocks_reshard, root_reshard = reshard_policy(cfg)
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(blocks_reshard if isinstance(unit, Block) else root_reshard, recurse=False)
+
+
+def full_states(model: nn.Module, optimizer: torch.optim.Optimizer,
+                ema: AveragedModel | None) -> tuple[dict, dict, dict | None] | None:
+    """(model, optimiser, EMA) state dicts of a sharded run, gathered whole onto rank 0's CPU, in the
+    layout an unsharded run saves (the optimiser keyed by parameter index as torch's own state_dict);
+    empty dicts on the other ranks. A collective: every process calls it. None when not sharded."""
+    if not is_sharded(model):
+        return None
+    weights = get_model_state_dict(model, options=FULL)
+    moments = get_optimizer_state_dict(model, optimizer, options=FULL)
+    averaged = get_model_state_dict(ema, options=FULL) if ema is not None else None
+    if not weights:  # not rank 0
+        return {}, {}, {} if ema is not None else None
+    return weights, _by_index(model, optimizer, moments), averaged
+
+
+def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """An optimiser state dict in torch's layout (as any run saves it) into `optimizer`, sharded or not."""
+    if not is_sharded(model):
+        optimizer.load_state_dict(saved)
+        return
+    names = _names(model, optimizer)
+    if len(names) != sum(len(g["params"]) for g in saved["param_groups"]):
+        raise ValueError(f"the saved optimiser has {sum(len(g['params']) for g in saved['param_groups'])} "
+                         f"parameters, this model {len(names)}")
+    # keys the scheduler added to the saved groups (initial_lr) are not this optimiser's yet: set them after,
+    # as torch's load_state_dict would have
+    extra = [{k: v for k, v in g.items() if k not in now} for g, now in zip(saved["param_groups"], optimizer.param_groups)]
+    keyed = {"state": {names[i]: s for i, s in saved["state"].items()},
+             "param_groups": [{k: v for k, v in g.items() if k not in more} | {"params": [names[i] for i in g["params"]]}
+                              for g, more in zip(saved["param_groups"], extra)]}
+    set_optimizer_state_dict(model, optimizer, keyed, options=StateDictOptions(full_state_dict=True))
+    for group, more in zip(optimizer.param_groups, extra):
+        group.update(more)
+
+
+def _names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The parameters' names in the order torch's optimizer state_dict numbers them."""
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def _by_index(model: nn.Module, optimizer: torch.optim.Optimizer, keyed: dict) -> dict:
+    """get_optimizer_state_dict's name-keyed layout -> torch's index-keyed one (what an unsharded run saves)."""
+    index = {name: i for i, name in enumerate(_names(model, optimizer))}
+    return {"state": {index[n]: s for n, s in keyed["state"].items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in keyed["param_groups"]]}
