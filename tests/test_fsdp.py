@@ -82,6 +82,7 @@ def test_fsdp_trains_as_ddp_and_as_one_process_and_saves_the_same_checkpoint(tmp
     assert alone["loss"] == pytest.approx(results["final_loss"], rel=1e-5)
 
 
+@pytest.mark.slow  # 5 torchrun launches and a 1-process run, ~100 s on 2 cores
 def test_an_fsdp_checkpoint_resumes_under_ddp_and_one_process_and_a_ddp_one_under_fsdp(tmp_path):
     quiet = [a for a in EXTRAS if not a.startswith("model.drop_path")]  # one process draws no per-rank masks
     for name, strategy in (("fsdp", FSDP), ("ddp", "trainer.strategy=ddp")):
