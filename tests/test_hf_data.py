@@ -168,7 +168,8 @@ def test_an_unreadable_cell_is_replaced_under_skip_and_stops_the_run_under_error
     assert results["status"] == "completed"
     replaced = [r.message for r in caplog.records if "image replaced" in r.message]
     assert len(replaced) == 1 and replaced[0] == (
-        f"unreadable train image replaced: {root} train[3] (UnidentifiedImageError: cannot identify image file the bytes)")
+        f"unreadable train image replaced: {root} train[3] (UnidentifiedImageError: cannot identify image file "
+        f"'{root} train[3]')")
 
 
 def test_two_processes_take_the_same_global_batches_as_one(tmp_path):

@@ -55,17 +55,37 @@ def open_rgb(path: str | Path) -> Image.Image:
     blocking. Raises one of IMAGE_ERRORS for a missing or unreadable file (FileNotFoundError first).
     """
     with open_regular(Path(path).expanduser()) as file:
-        return _decode(file, path)
+        return _decode(file, path)[0]
 
 
 def decode_rgb(data: bytes, name: str) -> Image.Image:
     """Encoded image bytes (a tar member of a WebDataset shard, a Hugging Face image cell) as an 8-bit
     RGB Pillow image, decoded exactly as `open_rgb` decodes a file holding them; `name` names the
-    image in log lines (e.g. "train-000003.tar:000123.jpg"). Raises one of IMAGE_ERRORS when unreadable."""
-    return _decode(io.BytesIO(data), name)
+    image in log lines and errors (e.g. "train-000003.tar:000123.jpg"). Raises one of IMAGE_ERRORS
+    when unreadable, its message naming `name` where Pillow would name the file."""
+    return decode_with_format(data, name)[0]
 
 
-def _decode(source, name) -> Image.Image:
+def decode_with_format(data: bytes, name: str) -> tuple[Image.Image, str | None]:
+    """(`decode_rgb(data, name)`, Pillow's name of the bytes' format: "JPEG", "PNG", "WEBP", ... or None),
+    with decode_rgb's checks (the strict pixel limit) and errors: for callers that keep the bytes as
+    they are when their format is one they accept (vit-shards image_format=source)."""
+    return _decode(_NamedBytes(data, name), name)
+
+
+class _NamedBytes(io.BytesIO):
+    """Bytes read as a file whose repr is `name`: Pillow's messages ("cannot identify image file %r")
+    name the image, not "<_io.BytesIO object at 0x...>"."""
+
+    def __init__(self, data: bytes, name: str):
+        super().__init__(data)
+        self.image_name = str(name)
+
+    def __repr__(self) -> str:
+        return repr(self.image_name)
+
+
+def _decode(source, name) -> tuple[Image.Image, str | None]:
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         # Pillow's warnings about a file's metadata (EXIF tags larger than the file, say) would print
@@ -76,7 +96,7 @@ def _decode(source, name) -> Image.Image:
                 image.load()
                 if not _said_transparency and has_transparency(image):
                     say_transparency(name, image)
-                return to_rgb(image)
+                return to_rgb(image), image.format
         except Image.DecompressionBombWarning as e:
             raise Image.DecompressionBombError(f"{e} (vit-train refuses images over this limit)") from None
 

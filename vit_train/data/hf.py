@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import atexit
 import logging
+import json
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,6 +24,7 @@ from vit_train.errors import DataError
 from vit_train.extras import require
 from vit_train.data.decode import IMAGE_ERRORS, decode_rgb
 from vit_train.data.imagefolder import UNLABELLED_CLASS, UnreadableImage
+from vit_train.data.regular import not_regular, open_regular
 
 log = logging.getLogger("vit_train")
 
@@ -56,13 +57,13 @@ class HFImages:
         raises OSError when there is neither (an empty cell, a missing file)."""
         cell = self.dataset[index][self.image_key]
         if isinstance(cell, str):  # a column of file paths
-            return (self.root / cell).read_bytes()
+            return _read(self.root / cell)
         if cell is None:
             raise OSError(f"{self.where}[{index}] has no image (an empty cell)")
         if cell.get("bytes") is not None:
             return cell["bytes"]
         if cell.get("path"):
-            return (self.root / cell["path"]).read_bytes()
+            return _read(self.root / cell["path"])
         raise OSError(f"{self.where}[{index}] has neither image bytes nor a path")
 
     def describe_unreadable(self, index: int) -> str:
@@ -75,9 +76,8 @@ class HFImages:
 
 
 def describe_error(error: Exception) -> str:
-    """"Type: message" of an image error, with Pillow's "<_io.BytesIO object at 0x...>" (bytes decoded
-    from memory) said as "the bytes"."""
-    return f"{type(error).__name__}: {re.sub(r'<_io.BytesIO object at 0x[0-9a-f]+>', 'the bytes', str(error))}"
+    """"Type: message" of an image error (decode.py's messages name the image, never a BytesIO object)."""
+    return f"{type(error).__name__}: {error}"
 
 
 class _Samples:
@@ -132,20 +132,23 @@ def _open(root: Path) -> dict[str, Any]:
     import datasets
 
     datasets.disable_progress_bars()
-    if (root / "dataset_dict.json").is_file() or (root / "state.json").is_file():
+    if os.path.lexists(root / "dataset_dict.json") or os.path.lexists(root / "state.json"):
         loaded = _load_from_disk(datasets, root)
         if isinstance(loaded, datasets.Dataset):
             raise DataError(f"{root} holds one Dataset with no splits; save a DatasetDict (e.g. "
                             f"DatasetDict(train=..., validation=...).save_to_disk(...)) or give a folder of per-split "
                             f"Dataset folders")
         return dict(loaded)
-    folders = {p.name: p for p in sorted(root.iterdir()) if (p / "state.json").is_file()}
+    folders = {p.name: p for p in sorted(root.iterdir()) if os.path.lexists(p / "state.json")}
     if folders:
         return {name: _load_from_disk(datasets, path) for name, path in folders.items()}
     files = _parquet_files(root)
     if not files:
         raise DataError(f"{root} is neither a save_to_disk folder (dataset_dict.json) nor a folder of parquet "
                         f"files (train-*.parquet, data/train-*.parquet); point data.root at one")
+    for split_files in files.values():
+        for f in split_files:
+            _check_regular(f, "a parquet file")
     cache = tempfile.mkdtemp(prefix="vit-train-hf-")
     owner = os.getpid()
     atexit.register(lambda: os.getpid() == owner and shutil.rmtree(cache, ignore_errors=True))
@@ -159,11 +162,54 @@ def _open(root: Path) -> dict[str, Any]:
 
 
 def _load_from_disk(datasets, path: Path):
+    _check_saved(path)
     try:
         return datasets.load_from_disk(str(path))
     except (OSError, ValueError) as e:
         raise DataError(f"{path} is not a readable save_to_disk folder ({type(e).__name__}: "
                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def _read(path: Path) -> bytes:
+    """The bytes of an image file a path cell names; only a regular file is opened (a FIFO would block):
+    NotRegularFile or another OSError, an unreadable image, otherwise."""
+    with open_regular(path) as f:
+        return f.read()
+
+
+def _check_regular(path: Path, what: str) -> None:
+    """DataError (one line) when `path`, which `datasets` or pyarrow would open, is a FIFO, socket, device,
+    folder or link loop: opening a FIFO blocks until a writer comes, a device never ends."""
+    kind = not_regular(path)
+    if kind is not None and kind != "missing":
+        raise DataError(f"{path} is {kind}, not {what} (a regular file); replace it with the file it stands for "
+                        f"or remove it")
+
+
+def _check_saved(path: Path) -> None:
+    """Every file load_from_disk opens in the save_to_disk folder `path` (dataset_dict.json, each split's
+    state.json, dataset_info.json and Arrow files) is a regular file or missing (then `datasets` says so)."""
+    if os.path.lexists(path / "dataset_dict.json"):
+        _check_regular(path / "dataset_dict.json", "a save_to_disk index")
+        try:
+            with open_regular(path / "dataset_dict.json") as f:
+                splits = json.load(f).get("splits", [])
+        except (OSError, ValueError, AttributeError):
+            return  # load_from_disk says what is wrong with it
+        for split in splits if isinstance(splits, list) else []:
+            if isinstance(split, str) and (path / split).is_dir():
+                _check_saved(path / split)
+        return
+    for name in ("state.json", "dataset_info.json"):
+        _check_regular(path / name, "a save_to_disk file")
+    try:
+        with open_regular(path / "state.json") as f:
+            files = json.load(f).get("_data_files", [])
+    except (OSError, ValueError, AttributeError):
+        return
+    for entry in files if isinstance(files, list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("filename"), str):
+            _check_regular(path / entry["filename"], "a save_to_disk Arrow file")
 
 
 def _parquet_files(root: Path) -> dict[str, list[Path]]:

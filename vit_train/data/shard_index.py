@@ -19,6 +19,7 @@ from typing import Iterator
 
 from vit_train.errors import DataError
 from vit_train.extras import require
+from vit_train.data.regular import not_regular, open_regular
 
 INDEX = "index.json"
 FORMAT, VERSION = "vit-train webdataset", 1
@@ -57,11 +58,16 @@ def load_index(root: str, train_shards: str | None = None, val_shards: str | Non
     shard URL pattern that expands to another count of shards or in another order than the index's."""
     require("webdataset", "data=webdataset", needs="the webdataset package")
     path = Path(root).expanduser() / INDEX
-    if not path.is_file():
+    kind = not_regular(path)
+    if kind == "missing":
         raise DataError(f"{path} does not exist; data=webdataset reads the shards' index there (vit-shards writes "
                         f"it with the shards: vit-shards data=<a data set> out={Path(root).expanduser()})")
+    if kind is not None:  # a FIFO would block the run, a device never end
+        raise DataError(f"{path} is {kind}, not a regular file; data=webdataset reads the shards' index there: "
+                        f"replace it with the index.json vit-shards wrote")
     try:
-        index = json.loads(path.read_text(encoding="utf-8"))
+        with open_regular(path) as f:
+            index = json.loads(f.read().decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(f"{path} is not a readable JSON index ({type(e).__name__}: {e}); write it again with "
                         f"vit-shards") from None
@@ -102,7 +108,9 @@ def _split(path: Path, splits: dict, name: str, root: str, pattern: str | None) 
 def _urls(path: Path, split: str, names: list[str], root: str, pattern: str | None) -> list[str]:
     if pattern is None:
         folder = Path(root).expanduser()
-        missing = [n for n in names if not (folder / n).is_file()]
+        kinds = {n: not_regular(folder / n) for n in names}
+        _refuse_special(split, {str(folder / n): k for n, k in kinds.items()})
+        missing = [n for n, kind in kinds.items() if kind is not None]
         if missing:
             raise DataError(f"{len(missing)} {split} shard(s) listed in {path} are not in {folder}: "
                             f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; copy them there, or "
@@ -119,7 +127,27 @@ def _urls(path: Path, split: str, names: list[str], root: str, pattern: str | No
         if name not in url:
             raise DataError(f"{key}={pattern}: the URL {url} does not name {name}, which {path} lists in its place; "
                             f"the pattern must list the index's shards in the index's order")
+    _refuse_special(split, {local: not_regular(local) for local in map(local_path, urls) if local is not None})
     return urls
+
+
+def local_path(url: str) -> str | None:
+    """The file a shard URL reads when it is a local path (plain or file:), else None (pipe:, http:, s3:, ...)."""
+    if url.startswith("file:"):
+        return url[5:]
+    scheme = url.split(":", 1)[0] if ":" in url else ""
+    return url if not scheme or len(scheme) == 1 or "/" in scheme else None  # (a Windows drive letter: a path)
+
+
+def _refuse_special(split: str, kinds: dict[str, str | None]) -> None:
+    """DataError naming the first local shard that is a FIFO, socket, device, folder or link loop (opening a FIFO
+    blocks the run until a writer comes; a device never ends); a missing one is said by the caller or the read."""
+    special = {p: k for p, k in kinds.items() if k is not None and k != "missing" and k != "a broken link"}
+    if special:
+        path, kind = next(iter(special.items()))
+        more = f" ({len(special)} such {split} shards)" if len(special) > 1 else ""
+        raise DataError(f"the {split} shard {path} is {kind}, not a regular file{more}; replace it with the shard "
+                        f"file the index lists")
 
 
 @dataclass
@@ -141,8 +169,9 @@ def read_samples(url: str, shard: str, first: int, stop: int) -> Iterator[tuple[
 
     offset, group, key = 0, {}, None
     stream, reason = None, None
+    local = local_path(url)
     try:
-        stream = gopen(url)
+        stream = open_regular(local) if local is not None else gopen(url)  # a file swapped for a FIFO: no wait
         for member in tar_file_iterator(stream):
             prefix, ext = base_plus_ext(member["fname"])
             if prefix is None:

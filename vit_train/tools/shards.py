@@ -25,8 +25,9 @@ from PIL import Image
 from vit_train.config.schema import Config
 from vit_train.errors import ConfigError, DataError, OutputError
 from vit_train.data import load_splits, worker_context
-from vit_train.data.decode import IMAGE_ERRORS, decode_rgb
+from vit_train.data.decode import IMAGE_ERRORS, decode_with_format
 from vit_train.data.hf import describe_error
+from vit_train.data.regular import open_regular
 
 log = logging.getLogger("vit_train")
 
@@ -117,10 +118,9 @@ def encoded(base: Any, index: int, image_format: str) -> tuple[str, bytes, tuple
     if data is None:  # an image in memory (CIFAR, shapes): (3, H, W) uint8
         rgb = Image.fromarray(base[index][0].permute(1, 2, 0).numpy())
     else:
-        rgb = decode_rgb(data, _describe(base, index))
+        rgb, source_format = decode_with_format(data, _describe(base, index))  # training's checks and pixel limit
         if image_format == "source":
-            with Image.open(io.BytesIO(data)) as probe:
-                kept = KEEP.get(probe.format)
+            kept = KEEP.get(source_format)
             if kept:
                 return kept, data, (rgb.height, rgb.width)
     fmt, options = ENCODE["png" if image_format == "source" else image_format]
@@ -169,7 +169,8 @@ def _source_bytes(base: Any, index: int) -> bytes | None:
         return base.encoded(index)
     samples = getattr(base, "samples", None)
     if samples is not None:  # files (an image folder)
-        return Path(samples[index][0]).expanduser().read_bytes()  # FileNotFoundError: unreadable, as in training
+        with open_regular(Path(samples[index][0]).expanduser()) as f:  # a FIFO: NotRegularFile, never a wait
+            return f.read()  # FileNotFoundError, NotRegularFile: unreadable, as in training
     return None
 
 
