@@ -347,3 +347,17 @@ def test_a_sweep_whose_summary_does_not_fit_at_its_end_is_one_line_and_keeps_the
     assert exited.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"vit-train: error: could not write {sweep / 'summary.csv'}: no space left on ")
     assert file_bytes(sweep) == before
+
+
+@pytest.mark.parametrize("make", ["file", "fifo"])
+def test_a_run_directory_in_the_way_of_a_file_or_fifo_is_refused_before_hydra(tmp_path, make):
+    from vit_train.cli.train import check_writable
+    from vit_train.errors import ConfigError
+
+    blocker = tmp_path / "x"
+    blocker.write_text("x") if make == "file" else os.mkfifo(blocker)
+    for given in (blocker, blocker / "run"):
+        with pytest.raises(ConfigError, match=re.escape(f"cannot create the run directory {given}: {blocker} is not a "
+                                                        f"folder; give another one with hydra.run.dir=")):
+            check_writable([f"hydra.run.dir={given}"])
+    assert [p.name for p in tmp_path.iterdir()] == ["x"]

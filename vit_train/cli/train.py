@@ -174,7 +174,7 @@ def check_writable(args: list[str]) -> None:
         folder = folder.parent
     kind = "sweep" if multirun else "run"
     if not folder.is_dir():  # a file (or a FIFO) where the directory or one above it would be
-        raise ConfigError(f"cannot create the {kind} directory {target}: {folder} is a file, not a folder; give "
+        raise ConfigError(f"cannot create the {kind} directory {target}: {folder} is not a folder; give "
                           f"another one with {key}=/path/to/dir")
     try:
         tempfile.TemporaryFile(dir=folder).close()
