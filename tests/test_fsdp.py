@@ -5,6 +5,12 @@ The oracle is the one tests/test_distributed.py uses for 2 processes against 1: 
 same 2 processes draws the same dropout masks (the same per-rank seeds), so that holds with dropout on.
 Checkpoints do not care how they were written: an FSDP one resumes under DDP and under one process, a
 DDP one under FSDP, continuing as the uninterrupted run within the same tolerance.
+
+Inputs from users' reports: the LR scheduler's `initial_lr` in the saved param groups, which
+set_optimizer_state_dict drops or refuses (pytorch/pytorch#126948, #140900: a DDP checkpoint resumed
+under FSDP keeps it, the param groups compared whole); an EMA sharded exactly like the model so it
+averages shard by shard (meta-pytorch/tnt#565), with MAE's plain sin-cos buffers beside DTensor
+parameters (one foreach call cannot take both); clipping by the global norm of DTensor gradients.
 """
 
 from __future__ import annotations
