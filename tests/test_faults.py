@@ -169,6 +169,34 @@ def test_a_killed_sweep_job_then_the_sweep_re_run_leaves_the_uninterrupted_sweep
     assert_same_sweep(tmp_path, reference_sweep)
 
 
+def test_resume_auto_without_a_checkpoint_beside_a_folder_removed_while_it_is_listed(tmp_path, monkeypatch):
+    """Found by the fault table: a run killed before its first checkpoint, resumed with resume=auto, looks for
+    earlier runs two folders up (Hydra's <date>/<time>); there (/tmp, a shared scratch space) another
+    process's folder that vanishes while it is listed (multiprocessing's /tmp/pymp-*) ended the resume in
+    FileNotFoundError. Forced: listing `gone` raises as a folder removed meanwhile. The run starts at step
+    0 and its line names the earlier run beside it."""
+    import vit_train.train.trainer as trainer_module
+
+    earlier, gone, run_dir = tmp_path / "day" / "earlier", tmp_path / "gone", tmp_path / "today" / "run"
+    (earlier / "checkpoints").mkdir(parents=True)
+    (earlier / "checkpoints" / "last.pt").write_bytes(b"")
+    (gone / "x").mkdir(parents=True)
+    run_dir.mkdir(parents=True)
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if os.fspath(path) == str(gone):
+            raise FileNotFoundError(2, "No such file or directory", str(gone))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert trainer_module.resume_auto_found_nothing(run_dir) == (
+        f"resume=auto: no checkpoint in {run_dir} (hydra.run.dir), so this run starts at step 0; to continue an "
+        f"earlier run, give its directory, e.g. the newest beside it: vit-train resume={earlier}")
+    results = train(tiny_config(trainer={"max_steps": 1}, resume="auto"), run_dir)
+    assert results["status"] == "completed"
+
+
 # ---------------------------------------------------------------- bit rot
 
 

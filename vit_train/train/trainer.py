@@ -176,14 +176,25 @@ def how_to_train_longer(run: Run) -> str:
     return f"raise trainer.epochs (now {t.epochs}) to train longer"
 
 
+def folders_in(folder: Path) -> list[Path]:
+    """The folders in `folder`, none if it cannot be read: a folder removed while it is listed (a busy /tmp,
+    a shared scratch space beside the run) is passed over, never an error."""
+    try:
+        with os.scandir(folder) as entries:
+            return [Path(e.path) for e in entries if e.is_dir()]
+    except OSError:
+        return []
+
+
 def resume_auto_found_nothing(run_dir: Path) -> str:
     """The line for `resume=auto` in a run directory without checkpoints: where it looked, and how to
     continue an earlier run (naming the newest one beside it, in Hydra's <date>/<time> layout)."""
     others = []
-    for last in run_dir.parent.parent.glob("*/*/checkpoints/last.pt"):
-        with contextlib.suppress(OSError):  # a run removed meanwhile
-            if not last.parent.parent.samefile(run_dir):
-                others.append((last.stat().st_mtime, last.parent.parent))
+    for day in folders_in(run_dir.parent.parent):
+        for other in folders_in(day):
+            with contextlib.suppress(OSError):  # a run removed meanwhile, or without a last.pt
+                if not other.samefile(run_dir):
+                    others.append(((other / "checkpoints" / "last.pt").stat().st_mtime, other))
     how = f", e.g. the newest beside it: vit-train resume={max(others)[1]}" if others else ": resume=<run dir>"
     return (f"resume=auto: no checkpoint in {run_dir} (hydra.run.dir), so this run starts at step 0; to continue an "
             f"earlier run, give its directory{how}")
