@@ -311,7 +311,9 @@ def test_a_run_resumed_mid_epoch_with_other_workers_or_batch_is_refused_in_one_l
             train(run_config(shards, data=change, resume=str(step)), tmp_path)
         assert "\n" not in str(e.value)
     state = torch.load(step, weights_only=True)
-    assert state["stream_layout"] == {"world_size": 1, "loader_workers": 2}
+    layout = state["stream_layout"]
+    assert {key: layout[key] for key in ("world_size", "loader_workers")} == {"world_size": 1, "loader_workers": 2}
+    assert set(layout) == {"world_size", "loader_workers", "train_index"}  # and the index's fingerprint
 
 
 def test_repeated_aug_is_refused_for_a_stream(shards, tmp_path):

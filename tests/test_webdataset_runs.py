@@ -12,11 +12,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers.configs import tiny_config
 from helpers.files import assert_same_run, read_results
 from helpers.runs import torchrun, vit_train
 from helpers.shards import write_shards
+from vit_train.errors import CheckpointError, ConfigError
 from vit_train.train.trainer import train
 
 HELPERS = Path(__file__).parent / "helpers"
@@ -104,3 +106,78 @@ def test_torchrun_trains_on_shards_and_another_world_size_mid_epoch_is_refused_i
         "checkpoints/step_00000004.pt), then resume from that file with the change, or start a new run from these "
         "weights with model.pretrained=<the checkpoint>")
     assert "Traceback" not in alone.stderr
+
+
+# ---- shards rewritten between a checkpoint and its resume (same total count, another layout)
+
+def rewrite_names(root: Path) -> None:
+    """The same samples in the same shards, under other file names (index.json lists the new names)."""
+    index = json.loads((root / "index.json").read_text())
+    for shard in index["splits"]["train"]["shards"]:
+        (root / shard["name"]).rename(root / f"part-{shard['name']}")
+        shard["name"] = f"part-{shard['name']}"
+    (root / "index.json").write_text(json.dumps(index))
+
+
+def rewritten(root: Path, change: str) -> None:
+    """`root`'s 37 training samples written again in another layout, or with other class names."""
+    for path in root.iterdir():
+        path.unlink()
+    if change == "other counts":
+        write_shards(root, [12, 8, 10, 7], [6, 5])
+    elif change == "other shard count":
+        write_shards(root, [10, 10, 10, 5, 2], [6, 5])
+    else:
+        write_shards(root, [10, 10, 10, 7], [6, 5])
+        if change == "other names":
+            rewrite_names(root)
+        elif change == "other classes":  # the same labels, other names
+            index = json.loads((root / "index.json").read_text())
+            (root / "index.json").write_text(json.dumps({**index, "classes": ["x", "y", "z"]}))
+
+
+def run(root: Path, **trainer):
+    plain = sections(root)
+    plain["data"]["num_workers"] = 0
+    resume = trainer.pop("resume", None)
+    return tiny_config(data=plain["data"], trainer={**plain["trainer"], **trainer}, resume=resume)
+
+
+@pytest.mark.parametrize("change", ["other counts", "other shard count", "other names", "other classes"])
+def test_a_mid_epoch_resume_on_shards_rewritten_in_another_layout_is_refused_in_one_line(tmp_path, change):
+    root = tmp_path / "shards"
+    write_shards(root, [10, 10, 10, 7], [6, 5])
+    train(run(root, max_steps=2), tmp_path / "run")  # stops in the middle of epoch 1
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    assert len(torch.load(last, weights_only=True)["stream_layout"]["train_index"]) == 16
+    rewritten(root, change)
+    said = (r"^the checkpoint does not fit this data \(classes" if change == "other classes" else
+            r"^cannot resume in the middle of epoch 1 \(16 of its 32 images trained on\): the training shards of "
+            rf"{root} are not those the epoch began with \(index\.json lists other shard names, sample counts or "
+            r"classes: fingerprint [0-9a-f]{16}, not [0-9a-f]{16}; put those shards back\), which reorders the epoch")
+    with pytest.raises((ConfigError, CheckpointError), match=said) as e:
+        train(run(root, resume=str(last)), tmp_path / "run")
+    assert "\n" not in str(e.value)
+
+
+def test_a_resume_on_the_same_shards_written_again_continues_mid_epoch(tmp_path):
+    root = tmp_path / "shards"
+    write_shards(root, [10, 10, 10, 7], [6, 5])
+    train(run(root, max_steps=2), tmp_path / "run")
+    rewritten(root, "same")  # the same layout, files written anew: the same fingerprint
+    assert train(run(root, resume=str(tmp_path / "run" / "checkpoints" / "last.pt")), tmp_path / "run")["steps"] == 8
+
+
+@pytest.mark.parametrize("change", ["other counts", "other names", "other classes"])
+def test_at_an_epoch_boundary_another_layout_is_fine_and_other_classes_are_refused(tmp_path, change):
+    root = tmp_path / "shards"
+    write_shards(root, [10, 10, 10, 7], [6, 5])
+    train(run(root, epochs=1), tmp_path / "run")  # ends at epoch 1's end: last.pt is at the boundary
+    rewritten(root, change)
+    resumed = run(root, epochs=2, resume=str(tmp_path / "run" / "checkpoints" / "last.pt"))
+    if change == "other classes":
+        with pytest.raises(CheckpointError, match=r"^the checkpoint does not fit this data \(classes: 3 saved") as e:
+            train(resumed, tmp_path / "run")
+        assert "\n" not in str(e.value)
+        return
+    assert train(resumed, tmp_path / "run")["steps"] == 8

@@ -10,6 +10,7 @@ next to each other in any order; other members (.json, .txt) are ignored.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tarfile
@@ -148,6 +149,21 @@ def _refuse_special(split: str, kinds: dict[str, str | None]) -> None:
         more = f" ({len(special)} such {split} shards)" if len(special) > 1 else ""
         raise DataError(f"the {split} shard {path} is {kind}, not a regular file{more}; replace it with the shard "
                         f"file the index lists")
+
+
+def train_fingerprint(root: str) -> str | None:
+    """A short hash of data.root's index.json as the training stream depends on it: the train split's shard
+    names and sample counts, in order, and the class names. None when the index cannot be read (a resume then
+    compares nothing; load_index refuses such an index before any training)."""
+    path = Path(root).expanduser() / INDEX
+    try:
+        with open_regular(path) as f:
+            index = json.loads(f.read().decode("utf-8"))
+        shards = [[shard["name"], shard["samples"]] for shard in index["splits"]["train"]["shards"]]
+        layout = json.dumps({"classes": index["classes"], "train": shards}, sort_keys=True)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+    return hashlib.sha256(layout.encode("utf-8")).hexdigest()[:16]
 
 
 @dataclass

@@ -26,6 +26,7 @@ from vit_train.models.architecture import identity
 from vit_train.outputs.identity import mixed_runs, mixed_text, run_id_of
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.data.preprocess import eval_spec
+from vit_train.data.shard_index import train_fingerprint
 from vit_train.data.webdataset import loader_workers
 from vit_train.runtime import distributed
 from vit_train.objectives import Objective, objective_state, section_owner
@@ -55,7 +56,8 @@ class TrainState:
     train_seconds: float = 0.0
     wall_seconds: float = 0.0  # wall time of every attempt of the run, up to this checkpoint
     run_id: str = ""  # made when the run starts fresh, kept across resumes (outputs/identity.py); "" = not yet
-    # data=webdataset: what the epoch's stream plan was made for, {"world_size", "loader_workers"} (else None)
+    # data=webdataset: what the epoch's stream plan was made for, {"world_size", "loader_workers", "train_index"}
+    # (train_index: shard_index.train_fingerprint of the shards' index; absent in older checkpoints); else None
     stream_layout: Optional[dict] = None
     # checkpoints written before best_score kept these two: read into best_score (__post_init__)
     best_top1: InitVar[Optional[float]] = None
@@ -216,17 +218,22 @@ def check_data_position(state: TrainState, saved: dict, cfg: Config, train_image
                           f"new run from these weights with model.pretrained=<the checkpoint>")
 
 
-def stream_layout(cfg: Config) -> dict[str, int] | None:
+def stream_layout(cfg: Config) -> dict[str, int | str] | None:
     """data=webdataset: the world size and loader worker count (data.num_workers resolved) the epoch's stream
-    plan is cut for (data/stream_order.py); None for other data sets."""
+    plan is cut for (data/stream_order.py), and the fingerprint of the index's training shards and classes
+    (train_index, when the index can be read); None for other data sets."""
     if cfg.data.name != "webdataset":
         return None
-    return {"world_size": distributed.context().world_size, "loader_workers": max(1, loader_workers(cfg.data.num_workers))}
+    layout = {"world_size": distributed.context().world_size,
+              "loader_workers": max(1, loader_workers(cfg.data.num_workers))}
+    fingerprint = train_fingerprint(cfg.data.root)
+    return layout if fingerprint is None else {**layout, "train_index": fingerprint}
 
 
 def _stream_changes(state: TrainState, saved: dict, cfg: Config) -> list[str]:
     """What a webdataset epoch's stream plan depends on and a resume in its middle changed: the number of processes,
-    of loader workers, data.batch_size, data.shuffle_buffer (each cuts or shuffles the stream otherwise)."""
+    of loader workers, data.batch_size, data.shuffle_buffer (each cuts or shuffles the stream otherwise), the
+    index's training shards (names, sample counts: the same total in another layout is another stream) or classes."""
     if cfg.data.name != "webdataset" or saved.get("data", {}).get("name") != "webdataset":
         return []
     was, now = state.stream_layout or {}, stream_layout(cfg)
@@ -237,6 +244,10 @@ def _stream_changes(state: TrainState, saved: dict, cfg: Config) -> list[str]:
         before, after = saved["data"].get(key), getattr(cfg.data, key)
         if before is not None and before != after:
             changed.append(f"data.{key} is {after}, not {before}")
+    if "train_index" in was and now.get("train_index") != was["train_index"]:
+        changed.append(f"the training shards of {cfg.data.root} are not those the epoch began with (index.json lists "
+                       f"other shard names, sample counts or classes: fingerprint {now.get('train_index')}, not "
+                       f"{was['train_index']}; put those shards back)")
     return changed
 
 
