@@ -173,3 +173,13 @@ def test_a_bad_strategy_on_the_command_line_is_one_line(tmp_path):
     done = vit_train("trainer.strategy=fsdp", "trainer.precision=fp16", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("vit-train: error: trainer.strategy=fsdp does not take")
+
+
+@pytest.mark.slow  # per-block compilation in 2 processes, ~90 s on 2 cores
+def test_compiled_blocks_under_fsdp_train_as_eager_ones(tmp_path):
+    for name, compiled in (("eager", "false"), ("compiled", "true")):
+        done = torchrun(*TINY, "trainer.max_steps=3", FSDP, f"trainer.compile={compiled}", f"hydra.run.dir={name}",
+                        cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+    _assert_losses_close(tmp_path / "eager", tmp_path / "compiled")
+    assert_weights_close(model_weights(tmp_path / "eager"), model_weights(tmp_path / "compiled"))
