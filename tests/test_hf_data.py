@@ -152,6 +152,83 @@ def test_a_column_of_file_paths_is_read_relative_to_the_root(tmp_path):
     assert names == ["0", "1"] and np.array_equal(np.asarray(train[2][0]), picture(2))
 
 
+def test_parquet_files_of_one_split_in_two_layouts_are_refused_naming_both(tmp_path):
+    """The same files at root/ and root/data/ (a copy left behind when moving to the Hub's layout) would
+    read every row twice; so would root/train-*.parquet beside root/train/*.parquet."""
+    root = save(tmp_path / "ds", "parquet")
+    for f in (root / "data").glob("*.parquet"):
+        (root / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(DataError, match=rf"split 'train' of {root} has parquet files in two layouts \({root}/train"
+                                        rf"\*\.parquet and {root}/data/train\*\.parquet\), so every row would be "
+                                        r"read twice; keep one layout"):
+        load_hf_splits(root, "image", "label", "train", None)
+    other = save(tmp_path / "folders", "parquet-folders")
+    (other / "train-00000.parquet").write_bytes((other / "train" / "0000.parquet").read_bytes())
+    with pytest.raises(DataError, match=rf"\({other}/train\*\.parquet and {other}/train/\*\.parquet\)"):
+        load_hf_splits(other, "image", "label", "train", None)
+
+
+def test_an_empty_split_is_named_in_one_line(tmp_path):
+    root = tmp_path / "ds"
+    datasets.DatasetDict(train=split(6, 0), validation=split(0, 10)).save_to_disk(str(root))
+    with pytest.raises(DataError, match=rf"^split folder {root / 'validation'} of the save_to_disk folder {root} "
+                                        r"holds no Arrow file \(an empty split\)"):
+        load_hf_splits(root, "image", "label", "train", None)
+
+
+def _cut(path: Path) -> None:
+    arrow = next((path / "train").glob("*.arrow"))
+    arrow.write_bytes(arrow.read_bytes()[:200])
+
+
+@pytest.mark.parametrize("damage, error", [
+    (lambda p: (p / "train" / "state.json").write_text("{not json"), "JSONDecodeError"),
+    (lambda p: (p / "train" / "state.json").write_text("{}"), "KeyError"),
+    (lambda p: (p / "train" / "state.json").write_text("[1]"), "TypeError"),
+    (lambda p: (p / "dataset_dict.json").write_text('{"splits": 3}'), "TypeError"),
+    (lambda p: (p / "train" / "dataset_info.json").write_text("junk"), "JSONDecodeError"),
+    (_cut, "ArrowInvalid"),
+])
+def test_a_damaged_save_to_disk_folder_is_named_in_one_line(tmp_path, damage, error):
+    root = save(tmp_path / "ds")
+    damage(root)
+    with pytest.raises(DataError, match=rf"^{root} is not a readable save_to_disk folder \({error}: [^\n]*\); "
+                                        r"save it again or point data.root at another$"):
+        load_hf_splits(root, "image", "label", "train", None)
+
+
+@pytest.mark.parametrize("layout", ["disk", "parquet"])
+def test_a_label_cell_without_a_value_names_its_split_and_row(tmp_path, layout):
+    root = tmp_path / "ds"
+    val = split(5, 10, labels="int").map(lambda row, i: {"label": None if i in (3, 4) else row["label"]},
+                                         with_indices=True)
+    parts = {"train": split(6, 0, labels="int"), "validation": val}
+    if layout == "disk":
+        datasets.DatasetDict(parts).save_to_disk(str(root))
+    else:
+        for name, ds in parts.items():
+            ds.to_parquet(str(root / f"{name}-0.parquet"))
+    with pytest.raises(DataError, match=rf"^{root} validation row 3 has no label \(an empty cell in column 'label'; "
+                                        r"2 such rows\); fill in or drop those rows"):
+        load_hf_splits(root, "image", "label", "train", None)
+
+
+def test_string_labels_are_refused_with_how_to_cast_them_to_a_classlabel(tmp_path):
+    root = tmp_path / "ds"
+    words = split(3, 10, labels=None).add_column("label", ["cat", "dog", "emu"])
+    datasets.DatasetDict(train=split(6, 0), validation=words).save_to_disk(str(root))
+    with pytest.raises(DataError, match=r"^the label column 'label' of split 'validation' of .* holds strings "
+                                        r"\(class names\?\), not class indices; the other split has a ClassLabel "
+                                        r"\(cat, dog, emu\): cast this one to it, ds.cast_column\('label', "
+                                        r"ClassLabel\(names=\[\.\.\.\]\)\)$"):
+        load_hf_splits(root, "image", "label", "train", None)
+    datasets.DatasetDict(train=split(3, 0, labels=None).add_column("label", ["a", "b", "a"]),
+                         validation=words).save_to_disk(str(tmp_path / "both"))
+    with pytest.raises(DataError, match=r"split 'train' of .* holds strings \(class names\?\), not class indices; "
+                                        r"cast it with ds.cast_column\('label', ClassLabel"):
+        load_hf_splits(tmp_path / "both", "image", "label", "train", None)
+
+
 def hf_config(root: Path, resume: str | None = None, **data):
     return tiny_config(data={"name": "hf", "root": str(root), "batch_size": 16, "num_workers": 0, **data},
                        trainer={"epochs": 2, "log_every": 1, "ckpt_every": 3}, aug={"name": "basic"}, resume=resume)

@@ -113,6 +113,10 @@ def load_hf_splits(root: str | Path, image_key: str, label_key: str, train_split
             raise DataError(f"{root} has no split {name!r} (data.{key}); its splits: {', '.join(sorted(splits)) or 'none'}"
                             + ("" if name else f" (data.val_split=null looks for {', '.join(VAL_SPLITS)})"))
     train, val = splits[train_split], splits[val_split]
+    for name, ds in ((train_split, train), (val_split, val)):
+        if len(ds) == 0:
+            raise DataError(f"split {name!r} of {root} is empty (no rows); give a split with images or choose "
+                            f"another with data.{'train' if name == train_split else 'val'}_split")
     wanted = {"image_key": image_key, **({"label_key": label_key} if labels else {})}
     for name, ds in ((train_split, train), (val_split, val)):
         for key, column in wanted.items():
@@ -161,13 +165,37 @@ def _open(root: Path) -> dict[str, Any]:
     return dict(loaded)
 
 
+# What load_from_disk raises for a malformed folder: a missing or cut-short file (OSError, pyarrow's
+# ArrowInvalid, a ValueError), a state.json that is not JSON (JSONDecodeError, a ValueError) or lacks its
+# keys (KeyError, TypeError), a split with no Arrow file (IndexError).
+SAVED_ERRORS = (OSError, ValueError, KeyError, IndexError, TypeError)
+
+
 def _load_from_disk(datasets, path: Path):
+    empty = _empty_split(path)
+    if empty is not None:
+        raise DataError(f"split folder {empty} of the save_to_disk folder {path} holds no Arrow file (an empty "
+                        f"split); save the split with its rows, or remove it and choose another data.val_split")
     _check_saved(path)
     try:
         return datasets.load_from_disk(str(path))
-    except (OSError, ValueError) as e:
+    except SAVED_ERRORS as e:
         raise DataError(f"{path} is not a readable save_to_disk folder ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''})") from None
+                        f"{str(e).splitlines()[0] if str(e) else ''}); save it again or point data.root at "
+                        f"another") from None
+
+
+def _empty_split(path: Path) -> Path | None:
+    """The split folder (`path` itself or one of a DatasetDict's) whose state.json lists no Arrow file, if any."""
+    for state in [path / "state.json", *sorted(path.glob("*/state.json"))]:
+        try:
+            with open_regular(state) as f:
+                files = json.load(f).get("_data_files")
+        except (OSError, ValueError, AttributeError):
+            continue  # missing, or malformed: load_from_disk says what is wrong with it
+        if files == []:
+            return state.parent
+    return None
 
 
 def _read(path: Path) -> bytes:
@@ -213,17 +241,23 @@ def _check_saved(path: Path) -> None:
 
 
 def _parquet_files(root: Path) -> dict[str, list[Path]]:
-    """{split: its parquet files}: SPLIT-*.parquet or SPLIT/*.parquet in `root` or `root/data`."""
-    found: dict[str, list[Path]] = {}
+    """{split: its parquet files}: SPLIT-*.parquet or SPLIT/*.parquet in `root` or `root/data`.
+    Raises DataError when a split's files are in two of these layouts (a copy would read every row twice)."""
+    found: dict[str, dict[str, list[Path]]] = {}  # split: {layout: files}
     for folder in (root, root / "data"):
         if not folder.is_dir():
             continue
         for f in sorted(folder.glob("*.parquet")):
-            found.setdefault(f.name.split("-")[0].split(".")[0], []).append(f)
+            split = f.name.split("-")[0].split(".")[0]
+            found.setdefault(split, {}).setdefault(f"{folder}/{split}*.parquet", []).append(f)
         for sub in sorted(p for p in folder.iterdir() if p.is_dir() and p.name != "data"):
             if parts := sorted(sub.glob("*.parquet")):
-                found.setdefault(sub.name, []).extend(parts)
-    return found
+                found.setdefault(sub.name, {})[f"{sub}/*.parquet"] = parts
+    for split, layouts in found.items():
+        if len(layouts) > 1:
+            raise DataError(f"split {split!r} of {root} has parquet files in two layouts ({' and '.join(layouts)}), "
+                            f"so every row would be read twice; keep one layout and move the other out of data.root")
+    return {split: files for split, layouts in found.items() for files in layouts.values()}
 
 
 def _class_names(train, val, label_key: str, train_split: str, val_split: str, root: Path) -> list[str]:
@@ -235,14 +269,21 @@ def _class_names(train, val, label_key: str, train_split: str, val_split: str, r
                         f"than in {train_split!r} ({_short(features[1].names)} vs {_short(features[0].names)}); "
                         f"both splits need one ClassLabel")
     named = [f for f in features if isinstance(f, ClassLabel)]
-    if named:  # one split's integers are read with the other's names (their range is checked)
-        return list(named[0].names)
     for f, split in zip(features, (train_split, val_split)):
         dtype = getattr(f, "dtype", "")
-        if not (dtype.startswith("int") or dtype.startswith("uint")):
-            raise DataError(f"the label column {label_key!r} of split {split!r} of {root} holds {f}, not class "
-                            f"indices; cast it to a ClassLabel or to integers 0..K-1 (or set data.label_key)")
-    count = int(max(_column(train, label_key).max(), _column(val, label_key).max())) + 1
+        if isinstance(f, ClassLabel) or dtype.startswith("int") or dtype.startswith("uint"):
+            continue
+        kind = "strings (class names?)" if dtype in ("string", "large_string") else f"{f}"
+        how = (f"the other split has a ClassLabel ({_short(named[0].names)}): cast this one to it, "
+               f"ds.cast_column({label_key!r}, ClassLabel(names=[...]))") if named else (
+               f"cast it with ds.cast_column({label_key!r}, ClassLabel(names=[...])) (the same names in every "
+               f"split) or to integers 0..K-1, or set data.label_key")
+        raise DataError(f"the label column {label_key!r} of split {split!r} of {root} holds {kind}, not class "
+                        f"indices; {how}")
+    if named:  # one split's integers are read with the other's names (their range is checked)
+        return list(named[0].names)
+    count = int(max(_column(train, label_key, f"{root} {train_split}").max(),
+                    _column(val, label_key, f"{root} {val_split}").max())) + 1
     log.info("data=hf: the label column %r has no class names (no ClassLabel): classes are named 0..%d",
              label_key, count - 1)
     return [str(i) for i in range(count)]
@@ -252,18 +293,24 @@ def _short(names: list[str]) -> str:
     return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
 
 
-def _column(ds, key: str) -> torch.Tensor:
-    """Column `key` of `ds` as an int64 tensor (read through Arrow, no Python objects per row)."""
+def _column(ds, key: str, where: str) -> torch.Tensor:
+    """Column `key` of `ds` (integers) as an int64 tensor, read through Arrow (no Python objects per row).
+    Raises DataError naming the first row of `where` (e.g. "ROOT train") whose cell is empty (None)."""
     import numpy as np
+    import pyarrow.compute as pc
 
-    column = ds.with_format("numpy", columns=[key])[key] if len(ds) else np.zeros(0)
-    return torch.as_tensor(np.asarray(column, dtype=np.int64))
+    column = ds.with_format("arrow", columns=[key])[:].column(key)
+    if column.null_count:
+        row = pc.index(pc.is_null(column), True).as_py()
+        raise DataError(f"{where} row {row} has no label (an empty cell in column {key!r}; {column.null_count} "
+                        f"such rows); fill in or drop those rows (ds.filter), or set data.label_key")
+    return torch.from_numpy(np.array(column.to_numpy(), dtype=np.int64).reshape(-1))
 
 
 def _images(ds, image_key: str, label_key: str | None, classes: int, where: str, root: Path) -> HFImages:
     from datasets import Image
 
-    labels = _column(ds, label_key) if label_key else torch.zeros(len(ds), dtype=torch.int64)
+    labels = _column(ds, label_key, where) if label_key else torch.zeros(len(ds), dtype=torch.int64)
     bad = ((labels < 0) | (labels >= classes)).nonzero().flatten()
     if len(bad):
         raise DataError(f"{where} row {int(bad[0])} has label {int(labels[bad[0]])}, outside 0..{classes - 1} "
