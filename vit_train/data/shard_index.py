@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,11 @@ def load_index(root: str, train_shards: str | None = None, val_shards: str | Non
     classes = index.get("classes")
     if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
         raise DataError(f"{what}: \"classes\" must be a non-empty list of class names; write it with vit-shards")
+    blank = [i for i, c in enumerate(classes) if not c.strip()]
+    twice = sorted({c for c in classes if classes.count(c) > 1})
+    if blank or twice:
+        which = f"class {blank[0]} has an empty name" if blank else f"the class name {twice[0]!r} appears twice"
+        raise DataError(f"{what}: {which}; every class needs its own name (write the index again with vit-shards)")
     size = index.get("image_size")
     splits = index.get("splits") if isinstance(index.get("splits"), dict) else {}
     train, val = (_split(path, splits, name, root, url) for name, url in (("train", train_shards),
@@ -94,16 +100,25 @@ def _split(path: Path, splits: dict, name: str, root: str, pattern: str | None) 
     names, counts = [], []
     for shard in shards:
         ok = isinstance(shard, dict) and isinstance(shard.get("name"), str) and "/" not in shard["name"]
-        if not ok or not isinstance(shard.get("samples"), int) or shard["samples"] < 0:
-            raise DataError(f"{bad}: shard entry {shard!r} needs a plain file \"name\" and a \"samples\" count >= 0")
+        if not ok or not _count(shard.get("samples")):
+            raise DataError(f"{bad}: shard entry {shard!r} needs a plain file \"name\" and a \"samples\" count "
+                            f"(an integer >= 0)")
+        if shard["name"] in names:
+            raise DataError(f"{bad}: the shard {shard['name']} is listed twice; list each shard once (write the index "
+                            f"again with vit-shards)")
         names.append(shard["name"])
         counts.append(shard["samples"])
-    if entry.get("samples", sum(counts)) != sum(counts):
+    if not _count(entry.get("samples", 0)) or entry.get("samples", sum(counts)) != sum(counts):
         raise DataError(f"{bad}: splits.{name}.samples is {entry['samples']} but its shards hold {sum(counts)}; "
                         f"write the index again with vit-shards")
     if not sum(counts):
         raise DataError(f"{bad}: its shards hold no samples")
     return Split(name, names, counts, _urls(path, name, names, root, pattern))
+
+
+def _count(value) -> bool:
+    """A sample count as JSON must give it: an integer >= 0 (not true, 1.5 or "5")."""
+    return type(value) is int and value >= 0
 
 
 def _urls(path: Path, split: str, names: list[str], root: str, pattern: str | None) -> list[str]:
@@ -128,7 +143,12 @@ def _urls(path: Path, split: str, names: list[str], root: str, pattern: str | No
         if name not in url:
             raise DataError(f"{key}={pattern}: the URL {url} does not name {name}, which {path} lists in its place; "
                             f"the pattern must list the index's shards in the index's order")
-    _refuse_special(split, {local: not_regular(local) for local in map(local_path, urls) if local is not None})
+    kinds = {local: not_regular(local) for local in map(local_path, urls) if local is not None}
+    _refuse_special(split, kinds)
+    missing = [local for local, kind in kinds.items() if kind in ("missing", "a broken link")]
+    if missing:
+        raise DataError(f"{len(missing)} {split} shard(s) that {key}={pattern} names do not exist: "
+                        f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; copy them there, or fix {key}")
     return urls
 
 
@@ -174,17 +194,21 @@ class Missing:
     reason: str
 
 
-def read_samples(url: str, shard: str, first: int, stop: int) -> Iterator[tuple[int, dict | Missing]]:
+def read_samples(url: str, shard: str, first: int, stop: int, count: int | None = None,
+                 labels: bool = True) -> Iterator[tuple[int, dict | Missing]]:
     """(offset, {ext: bytes, "__key__": key} or Missing) of the samples at offsets first..stop-1 of the
     shard at `url`, in order; samples before `first` are passed over (read, never kept or decoded).
 
     A shard that ends early or cannot be read further gives Missing for the rest of the range (the
-    unreadable-image policy decides). A `pipe:` command that fails (exit status not 0) raises DataError."""
+    unreadable-image policy decides); so does its last sample when the shard ends early and that sample lacks
+    its image (or, with `labels`, its .cls): a cut between a sample's members. When `stop` is the index's
+    `count` for the shard, one more tar header is read: a shard holding more samples than the index says
+    raises DataError naming both counts. A `pipe:` command that fails (exit status not 0) raises DataError."""
     from webdataset.gopen import gopen
     from webdataset.tariterators import base_plus_ext, tar_file_iterator
 
     offset, group, key = 0, {}, None
-    stream, reason = None, None
+    stream, reason, extra = None, None, False
     local = local_path(url)
     try:
         stream = open_regular(local) if local is not None else gopen(url)  # a file swapped for a FIFO: no wait
@@ -193,23 +217,32 @@ def read_samples(url: str, shard: str, first: int, stop: int) -> Iterator[tuple[
             if prefix is None:
                 continue
             if key is not None and prefix != key:
-                if offset >= first:
+                if offset >= first and not extra:
                     yield offset, {**group, "__key__": key}
                 offset, group = offset + 1, {}
-                if offset >= stop:
+                if offset >= stop and stop != count:
                     return
+                extra = offset >= stop  # a sample past the index's count: count them all, then refuse
             key = prefix
-            if offset >= first:
+            if offset >= first and not extra:
                 group[ext.lower()] = member["data"]
+        if extra:
+            raise DataError(f"{shard} holds {offset + 1} samples but index.json says {count}; rewrite the index "
+                            f"with vit-shards (or write the shards and index again) so that every sample is read")
         if key is not None:
-            if offset >= first:
+            cut = offset + 1 < stop and (image_of(group)[0] is None or (labels and "cls" not in group))
+            if offset >= first and not cut:
                 yield offset, {**group, "__key__": key}
-            offset += 1
+            offset += 0 if cut else 1
         if offset < stop:
             reason = f"{shard} ends after {offset} samples (truncated?)"
     except READ_ERRORS as e:
         _check_pipe(url, stream)
-        reason = f"{shard} cannot be read past sample {offset} ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+        if extra:
+            raise DataError(f"{shard} holds more than the {count} samples index.json says; rewrite the index with "
+                            f"vit-shards (or write the shards and index again) so that every sample is read") from None
+        why = re.sub(r" @ <[^>]*>", "", str(e).splitlines()[0] if str(e) else "")[:120]  # webdataset adds the stream
+        reason = f"{shard} cannot be read past sample {offset} ({type(e).__name__}: {why})"
     finally:
         _close(stream)
     for lost in range(max(offset, first), stop):
@@ -247,10 +280,10 @@ def label_of(sample: dict, classes: int, where: str) -> int:
     if raw is None:
         raise DataError(f"{where} has no .cls member (its class index); every training and val sample needs one "
                         f"(write the shards with vit-shards)")
-    try:
-        label = int(raw.decode("ascii").strip())
-    except (UnicodeDecodeError, ValueError):
-        raise DataError(f"{where}.cls holds {raw[:20]!r}, not a class index; write the shards again") from None
+    if not re.fullmatch(rb"\s*[0-9]+\s*", raw):  # int() would also take "+2", "0_1", non-ASCII digits
+        raise DataError(f"{where}.cls holds {raw[:20]!r}, not a class index (ASCII decimal digits); write the shards "
+                        f"again")
+    label = int(raw)
     if not 0 <= label < classes:
         raise DataError(f"{where}.cls is {label}, outside the index's {classes} classes (0..{classes - 1}); the shards "
                         f"and index.json do not belong together")

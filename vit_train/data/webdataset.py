@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from vit_train.errors import DataError
 from vit_train.data import decode
 from vit_train.data.sampler import EpochSampler
-from vit_train.data.shard_index import Missing, ShardIndex, Split, image_of, label_of, read_samples
+from vit_train.data.shard_index import IMAGE_EXTS, Missing, ShardIndex, Split, label_of, read_samples
 from vit_train.data.stream_order import (Slot, buffered_order, locate, resumed_slot, sample_seeds, shard_order,
                                          slot_seed, stream_starts, train_slots, val_slots)
 
@@ -118,7 +118,8 @@ class ShardStream(IterableDataset):
             opened = self._open(raw)
             if opened[0] is not None:
                 return opened
-        raise DataError(f"no sample of {problem.split(':')[0]} and the shards after it can be read; check the shards")
+        raise DataError(f"no sample of {problem.split(':')[0].split('#')[0]} and the shards after it can be read "
+                        f"(first: {problem}); check the shards")
 
     def _raw(self, slot: Slot, order: list[int]) -> Iterator[tuple[int, dict | Missing]]:
         """(local position, raw sample) in `order`: shards read in stream order from the first position
@@ -130,7 +131,8 @@ class ShardStream(IterableDataset):
         while position < slot.start + max(order) + 1:
             shard, offset = locate(position, shards, starts)
             stop = min(counts[shard], offset + slot.start + max(order) + 1 - position)
-            for at, raw in read_samples(self.split.urls[shard], self.split.shards[shard], offset, stop):
+            for at, raw in read_samples(self.split.urls[shard], self.split.shards[shard], offset, stop,
+                                            counts[shard], self.labels):
                 local = position + at - offset - slot.start
                 if local in wanted:
                     kept[local] = raw if isinstance(raw, Missing) else {**raw, "__shard__": self.split.shards[shard]}
@@ -145,14 +147,16 @@ class ShardStream(IterableDataset):
             return None, 0, f"{raw.key} ({raw.reason})"
         where = f"{raw['__shard__']}:{raw['__key__']}"
         label = label_of(raw, self.classes, where) if self.labels else 0
-        data, ext = image_of(raw)
-        name = f"{where}.{ext or '?'}"
-        if data is None:
-            return None, label, f"{name} (no .jpg/.png/.webp member)"
-        try:
-            return decode.decode_rgb(data, name), label, ""
-        except decode.IMAGE_ERRORS as e:
-            return None, label, f"{name} ({type(e).__name__}: {e})"
+        images = [(ext, raw[ext]) for ext in IMAGE_EXTS if ext in raw]
+        if not images:
+            return None, label, f"{where}.? (no .jpg/.png/.webp member)"
+        errors = []
+        for ext, data in images:  # a sample with several images: the first that decodes
+            try:
+                return decode.decode_rgb(data, f"{where}.{ext}"), label, ""
+            except decode.IMAGE_ERRORS as e:
+                errors.append(f"{where}.{ext} ({type(e).__name__}: {e})")
+        return None, label, "; ".join(errors)
 
     def _transform(self, image, seed: int | None) -> torch.Tensor:
         if seed is None:
@@ -192,7 +196,7 @@ class StreamUnreadable:
 
     def __init__(self, split: str, mode: str, max_fraction: float, samples: int):
         self.split, self.mode, self.max_fraction, self.samples = split, mode, max_fraction, samples
-        self.seen: set[str] = set()
+        self.seen: dict[str, None] = {}  # in the order they were logged
         self.replaced = 0
 
     def check(self, problems: list[str]) -> None:
@@ -203,12 +207,12 @@ class StreamUnreadable:
                 raise DataError(f"{self.split} sample {problem} cannot be read; fix or replace its shard, or set "
                                 f"data.bad_images=skip to replace unreadable samples")
             if problem not in self.seen:
-                self.seen.add(problem)
+                self.seen[problem] = None
                 log.warning("unreadable %s sample replaced: %s", self.split, problem)
             self.replaced += 1
         if len(self.seen) > self.max_fraction * self.samples:
             raise DataError(f"{len(self.seen)} of {self.samples} {self.split} samples are unreadable, more than "
-                            f"data.max_bad_fraction={self.max_fraction}; first: {min(self.seen)} (fix the shards, or "
+                            f"data.max_bad_fraction={self.max_fraction}; first: {next(iter(self.seen))} (fix the shards, or "
                             f"raise data.max_bad_fraction to train without them)")
 
     def report(self, epoch: int) -> None:
