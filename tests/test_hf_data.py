@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -247,6 +248,26 @@ def test_an_unreadable_cell_is_replaced_under_skip_and_stops_the_run_under_error
     assert len(replaced) == 1 and replaced[0] == (
         f"unreadable train image replaced: {root} train[3] (UnidentifiedImageError: cannot identify image file "
         f"'{root} train[3]')")
+
+
+def test_a_dataset_whose_images_are_all_unreadable_says_why_under_skip_and_stops_at_the_first_under_error(tmp_path):
+    """Path cells relative to another folder than data.root (a newcomer's first dataset): every image is
+    missing. skip: one line naming the first image and why, worded for a dataset (no class folder);
+    error: the usual line at the first unreadable image, though no readable one follows it."""
+    root = tmp_path / "ds"
+    ds = datasets.Dataset.from_dict({"file": [f"elsewhere/{i}.png" for i in range(32)], "label": [i % 2 for i in range(32)]})
+    datasets.DatasetDict(train=ds, validation=ds.select(range(8))).save_to_disk(str(root))
+    with pytest.raises(DataError) as skipped:
+        train(hf_config(root, image_key="file", max_bad_fraction=1.0), tmp_path / "skip")
+    message = str(skipped.value)
+    assert re.fullmatch(rf"16 unreadable images in a row from {re.escape(str(root))} train\[(\d+)\] \(FileNotFoundError: "
+                        rf".*{re.escape(str(root))}/elsewhere/\1\.png.*; image files that path cells name, relative "
+                        r"to data.root, missing\? a damaged dataset\?\); check that the data is in place and readable, "
+                        r"then resume", message), message
+    with pytest.raises(DataError) as stopped:
+        train(hf_config(root, image_key="file", bad_images="error"), tmp_path / "error")
+    assert re.fullmatch(rf"{re.escape(str(root))} train\[\d+\] cannot be read \(FileNotFoundError: .*\); fix or remove "
+                        r"it, or set data.bad_images=skip to replace unreadable images", str(stopped.value))
 
 
 def test_two_processes_take_the_same_global_batches_as_one(tmp_path):

@@ -134,7 +134,8 @@ def build_data(cfg: Config, device: torch.device, rank: int = 0, world_size: int
                    multiprocessing_context=worker_context() if count else None)
     # Each loader owns a generator, so creating an iterator never draws from the global RNG. The sampler
     # yields whole global batches (and a shorter last one after a batch-size change mid-epoch): nothing to drop.
-    train_loader = DataLoader(TransformedDataset(train_base, train_tf), batch_size=d.batch_size // world_size,
+    train_loader = DataLoader(TransformedDataset(train_base, train_tf, d.bad_images),
+                              batch_size=d.batch_size // world_size,
                               sampler=sampler, drop_last=False, generator=torch.Generator(), **workers)
     val_sampler = ShardSampler(len(val_base), rank, world_size) if world_size > 1 else None
     val_loader = DataLoader(TransformedDataset(val_base, eval_tf), batch_size=eval_batch, sampler=val_sampler,

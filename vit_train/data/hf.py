@@ -35,6 +35,8 @@ class HFImages:
     """One split of a Hugging Face dataset as (PIL RGB image, label) items; `samples[i]` is
     (a description of item i for messages, its label), as an image folder's (path, label)."""
 
+    unreadable_hint = "image files that path cells name, relative to data.root, missing? a damaged dataset?"
+
     def __init__(self, dataset: Any, image_key: str, labels: torch.Tensor, where: str, root: Path):
         self.dataset, self.image_key, self.labels, self.where, self.root = dataset, image_key, labels, where, root
         self.samples = _Samples(self)
