@@ -172,3 +172,17 @@ def test_a_missing_local_shard_named_by_a_brace_pattern_is_refused_at_load(tmp_p
                                         r".*train-000001\.tar; copy them there") as e:
         load_index(str(tmp_path), train_shards=f"{tmp_path}/train-{{000000..000001}}.tar")
     one_line(e)
+
+
+def test_the_mid_epoch_refusal_says_to_raise_a_max_steps_that_ends_before_the_epoch(tmp_path):
+    from test_webdataset import run_config
+    from vit_train.errors import ConfigError
+    from vit_train.train.trainer import train
+
+    write_shards(tmp_path / "shards", [10, 10, 10, 7], [6, 5])  # 4 steps of 8 per epoch
+    train(run_config(tmp_path / "shards", trainer={"max_steps": 2}), tmp_path / "run")  # 2 workers
+    step = str(tmp_path / "run" / "checkpoints" / "last.pt")
+    for cap, said in ((2, " with trainer.max_steps raised to at least 4 (it is 2), then resume"), (None, ", then resume")):
+        with pytest.raises(ConfigError, match=r"past the epoch's end at step 4 \(it writes checkpoints/step_00000004"
+                                              r"\.pt\)" + said.replace("(", r"\(").replace(")", r"\)")):
+            train(run_config(tmp_path / "shards", workers=1, trainer={"max_steps": cap}, resume=step), tmp_path / "run")

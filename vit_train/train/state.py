@@ -211,11 +211,13 @@ def check_data_position(state: TrainState, saved: dict, cfg: Config, train_image
     if changed:
         end = state.step - (-(state.epoch_end - state.sample_in_epoch) // saved["data"]["batch_size"])
         # (not trainer.max_steps=<end>: the warmup and cosine schedule would be fitted to that shorter run)
+        cap = cfg.trainer.max_steps
+        raise_cap = f" with trainer.max_steps raised to at least {end} (it is {cap})" if cap and cap < end else ""
         raise ConfigError(f"cannot resume in the middle of epoch {state.epoch + 1} ({state.sample_in_epoch} of its "
                           f"{state.epoch_end} images trained on): {' and '.join(changed)}, which reorders the epoch; "
                           f"resume with the saved settings past the epoch's end at step {end} (it writes "
-                          f"checkpoints/step_{end:08d}.pt), then resume from that file with the change, or start a "
-                          f"new run from these weights with model.pretrained=<the checkpoint>")
+                          f"checkpoints/step_{end:08d}.pt){raise_cap}, then resume from that file with the change, "
+                          f"or start a new run from these weights with model.pretrained=<the checkpoint>")
 
 
 def stream_layout(cfg: Config) -> dict[str, int | str] | None:
