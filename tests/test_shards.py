@@ -152,7 +152,7 @@ def test_the_command_writes_and_refuses_an_out_that_holds_shards_unless_overwrit
     out = tmp_path / "out"
     args = ["data=shapes", "data.train_size=6", "data.val_size=2", "model.img_size=16", f"out={out}", "progress=false"]
     code, text, _ = vit_shards(monkeypatch, capsys, *args, "splits=train,val", "shard_size=4")
-    assert code == 0 and "6 train samples in 2 shards and 2 val samples in 1 shards" in text
+    assert code == 0 and "6 train samples in 2 shards and 2 val samples in 1 shard (" in text
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     code, _, err = vit_shards(monkeypatch, capsys, *args)
     assert code == 2 and err.count("\n") == 1 and "overwrite=true" in err and "Traceback" not in err
@@ -343,3 +343,89 @@ def test_a_cmyk_jpeg_is_kept_as_it_is_or_re_encoded_from_its_rgb_pixels(tmp_path
         buffer = io.BytesIO()
         Image.fromarray(source.astype(np.uint8)).save(buffer, "JPEG", quality=95, subsampling=0)
         assert data == buffer.getvalue() and np.abs(pixels(data).astype(int) - source).mean() < 2
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("data, inside", [("imagefolder", "train/zz"), ("imagefolder", "val"), ("hf", "shards")])
+def test_an_out_inside_the_folders_the_source_is_read_from_is_refused_before_anything_is_made(
+        tmp_path, monkeypatch, capsys, data, inside):
+    """out=data.root/train/zz would add a class folder zz to the source (tester #13)."""
+    root = write_image_folder(tmp_path / "src", {"train": 2, "val": 1})
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    code, _, err = vit_shards(monkeypatch, capsys, f"data={data}", f"data.root={root}", f"out={root / inside}")
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"out={root / inside} is inside {root / inside.split('/')[0] if data == 'imagefolder' else root}, " \
+           f"which data={data} reads" in err and "choose an out= outside it" in err, err
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
+
+
+def test_a_fifo_as_out_is_named_a_fifo(tmp_path, monkeypatch, capsys):
+    os.mkfifo(tmp_path / "fifo")
+    code, _, err = vit_shards(monkeypatch, capsys, "data=shapes", f"out={tmp_path / 'fifo'}")
+    assert code == 2 and err.count("\n") == 1 and f"out={tmp_path / 'fifo'} is a FIFO; give a folder" in err, err
+
+
+def test_a_split_the_index_lacks_is_added_beside_the_others_and_the_index_rewritten(tmp_path, monkeypatch, capsys):
+    """splits=train, then splits=val into the same out= (a newcomer's order): the train shards stay as they
+    were, the index lists both as one run writing both would; a split it holds is refused, nothing lost."""
+    args = ["data=shapes", "data.train_size=6", "data.val_size=3", "model.img_size=16", "progress=false",
+            "shard_size=4"]
+    code, _, _ = vit_shards(monkeypatch, capsys, *args, f"out={tmp_path / 'both'}")
+    assert code == 0
+    out = tmp_path / "out"
+    code, _, _ = vit_shards(monkeypatch, capsys, *args, f"out={out}", "splits=train")
+    train_only = files(out)
+    code, text, _ = vit_shards(monkeypatch, capsys, *args, f"out={out}", "splits=val")
+    assert code == 0 and "wrote 3 val samples in 1 shard (10 classes) to " in text and "beside its train split" in text
+    assert files(out) == files(tmp_path / "both")  # shards and index byte for byte
+    assert all(files(out)[name] == data for name, data in train_only.items() if name != "index.json")
+    before = files(out)
+    code, _, err = vit_shards(monkeypatch, capsys, *args, f"out={out}", "splits=val")
+    assert code == 2 and err.count("\n") == 1 and f"out={out} already holds split 'val' (its index.json lists " \
+                                                  "train, val)" in err and "overwrite=true" in err, err
+    assert files(out) == before
+
+
+def test_a_split_added_from_a_data_set_of_other_classes_is_refused(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    root = write_image_folder(tmp_path / "src", {"train": 2, "val": 1}, classes=("a", "b", "c"))
+    code, _, _ = vit_shards(monkeypatch, capsys, "data=shapes", "data.train_size=4", f"out={out}", "splits=train",
+                            "progress=false")
+    before = files(out)
+    code, _, err = vit_shards(monkeypatch, capsys, "data=imagefolder", f"data.root={root}", f"out={out}",
+                              "splits=val", "progress=false")
+    assert code == 2 and err.count("\n") == 1 and f"out={out} holds shards of other classes (" in err, err
+    assert "vs a, b, c); add splits only from the data set the others came from" in err
+    assert files(out) == before
+
+
+@pytest.mark.parametrize("failing", [1, 9, 13])
+def test_overwrite_on_a_full_disk_keeps_the_earlier_set_whole(tmp_path, monkeypatch, capsys, failing):
+    """overwrite=true used to remove index.json and the old shards before the new ones fit: ENOSPC at the
+    n-th tar member (the first, one in the 2nd shard, one in val) leaves the earlier set byte for byte."""
+    out = tmp_path / "out"
+    args = ["data=shapes", "data.train_size=6", "data.val_size=2", "model.img_size=16", f"out={out}", "progress=false"]
+    code, _, _ = vit_shards(monkeypatch, capsys, *args, "shard_size=4")
+    before = files(out)
+    real, calls = tarfile.TarFile.addfile, {"n": 0}
+
+    def addfile(self, info, fileobj=None):
+        calls["n"] += 1
+        if calls["n"] == failing:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, info, fileobj)
+
+    monkeypatch.setattr(tarfile.TarFile, "addfile", addfile)
+    code, _, err = vit_shards(monkeypatch, capsys, *args, "shard_size=2", "overwrite=true")
+    assert code == 2 and err.count("\n") == 1 and "No space left on device" in err, err
+    assert f"the earlier set in {out} is kept as it was" in err
+    assert files(out) == before  # no staging folder left either
+    monkeypatch.setattr(tarfile.TarFile, "addfile", real)
+    code, _, _ = vit_shards(monkeypatch, capsys, *args, "shard_size=2", "overwrite=true")
+    index = json.loads((out / "index.json").read_text())
+    assert code == 0 and sorted(files(out)) == ["index.json", *(s["name"] for sp in ("train", "val")
+                                                                for s in index["splits"][sp]["shards"])]
+    assert [s["samples"] for s in index["splits"]["train"]["shards"]] == [2, 2, 2]

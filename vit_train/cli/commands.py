@@ -211,12 +211,16 @@ def _shards(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
                          None if opts["maxsize"] is None else int(opts["maxsize"]), str(opts["image_format"]),
                          bool(opts["overwrite"]), bool(opts["progress"]),
                          min(8, os.cpu_count() or 1) if opts["workers"] is None else int(opts["workers"]))
-    return {"out": str(Path(str(opts["out"])).expanduser()), **index}, shards_text
+    return {"out": str(Path(str(opts["out"])).expanduser()), "written": [str(s) for s in splits], **index}, shards_text
 
 
 def shards_text(index: dict) -> str:
-    parts = [f"{s['samples']} {name} samples in {len(s['shards'])} shards" for name, s in index["splits"].items()]
-    return f"wrote {' and '.join(parts)} ({len(index['classes'])} classes) to {index['out']}, index.json last"
+    parts = [f"{s['samples']} {name} samples in {len(s['shards'])} shard{'' if len(s['shards']) == 1 else 's'}"
+             for name, s in index["splits"].items() if name in index.get("written", index["splits"])]
+    kept = [name for name in index["splits"] if name not in index.get("written", index["splits"])]
+    added = f" beside its {', '.join(kept)} split" if kept else ""
+    return (f"wrote {' and '.join(parts)} ({len(index['classes'])} classes) to {index['out']}{added}, "
+            f"index.json last")
 
 
 def eval_main() -> None:

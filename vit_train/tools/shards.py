@@ -10,7 +10,6 @@ mid-way leaves nothing that reads as complete.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import multiprocessing
 import os
@@ -28,11 +27,12 @@ from vit_train.data import load_splits, worker_context
 from vit_train.data.decode import IMAGE_ERRORS, decode_with_format
 from vit_train.data.hf import describe_error
 from vit_train.data.regular import open_regular
+from vit_train.tools import shard_out
 
 log = logging.getLogger("vit_train")
 
 FORMAT, VERSION = "vit-train webdataset", 1
-INDEX = "index.json"
+INDEX = shard_out.INDEX
 KEEP = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}  # image_format=source: these files are copied as they are
 ENCODE = {"png": ("PNG", {}), "jpg": ("JPEG", {"quality": 95, "subsampling": 0}), "webp": ("WEBP", {"lossless": True})}
 IMAGE_FORMATS = ("source", *ENCODE)
@@ -185,9 +185,11 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
     `workers` processes read and encode the images (0: this process); the shards are the same for any number.
 
     Unreadable source images follow data.bad_images: skip leaves them out (one warning lists them),
-    error stops at the first (DataError). Raises ConfigError for bad arguments or an `out` that already
-    holds shards or an index (unless `overwrite`), OutputError when `out` cannot be written (a full disk:
-    no index.json is left, so the shards written are not read as a set).
+    error stops at the first (DataError). An `out` whose index lacks every split asked for gets them added
+    (same classes), its index rewritten last; `overwrite` writes the new set beside the earlier one and
+    swaps it in once whole (shard_out.py). Raises ConfigError for bad arguments, an `out` inside the source,
+    or one that already holds the splits (unless `overwrite`); OutputError when `out` cannot be written
+    (a full disk: no index lists a half-written split, an earlier set is kept whole).
     """
     from tqdm import tqdm
 
@@ -202,16 +204,17 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
         raise ConfigError("data=webdataset is shards already; vit-shards writes them from image folders, CIFAR, shapes "
                           "and Hugging Face datasets (to re-shard, write from the data set they came from)")
     out = Path(out).expanduser()
-    old = _refuse_used(out, overwrite)  # before the data set is read: a mistake is said at once
+    shard_out.refuse_inside_source(cfg, out)  # before the data set is read: a mistake is said at once
+    target = shard_out.refuse_used(out, splits, overwrite)
     train, val, names, _, _ = load_splits(cfg)
-    _prepare(out, old)  # after: a data set that cannot be read leaves no folder behind
+    shard_out.prepare(target, list(names))  # after: a data set that cannot be read leaves no folder behind
     bases = {"train": train, "val": val}
     index: dict[str, Any] = {"format": FORMAT, "version": VERSION, "classes": list(names), "image_size": None,
                              "source": {"data": cfg.data.name, "root": cfg.data.root, "image_format": image_format},
                              "splits": {}}
     sizes: set[tuple[int, int]] = set()
     for split in splits:
-        base, writer, skipped = bases[split], SplitWriter(out, split, shard_size, maxsize), []
+        base, writer, skipped = bases[split], SplitWriter(target.folder, split, shard_size, maxsize), []
         stream = iter(())
         try:
             stream = encoded_all(base, image_format, workers)
@@ -229,10 +232,12 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
             writer.close()
         except OSError as e:
             writer.abandon()
+            shard_out.abandon(target)
             raise OutputError(f"cannot write the shards into {out} ({e.strerror or e}); free space or choose "
-                              f"another out= (no {INDEX} was written, so the shards there are not a set)") from None
+                              f"another out= ({shard_out.failure_note(target)})") from None
         except BaseException:
             writer.abandon()
+            shard_out.abandon(target)
             raise
         finally:
             stream.close()  # its worker processes end now, not when the generator is collected
@@ -241,46 +246,7 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
                         ", ".join(skipped))
         index["splits"][split] = {"samples": sum(s["samples"] for s in writer.shards), "shards": writer.shards}
     index["image_size"] = list(sizes.pop()) if len(sizes) == 1 else None
-    _write_index(out, index)
+    index = shard_out.merged(target, index)
+    shard_out.finish(target, index)
     return index
 
-
-def _refuse_used(out: Path, overwrite: bool) -> list[Path]:
-    """The shards and index in `out` that `overwrite` replaces; refuses them without it, and a file as `out`."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"out={out} is a file; give a folder for the shards")
-    old = sorted(out.glob("*.tar")) + ([out / INDEX] if (out / INDEX).exists() else []) if out.is_dir() else []
-    if old and not overwrite:
-        raise ConfigError(f"out={out} already holds shards or an {INDEX} ({old[0].name}, {len(old)} in all); "
-                          f"choose another out= or add overwrite=true to replace them")
-    return old
-
-
-def _prepare(out: Path, old: list[Path]) -> None:
-    """`out` created, its `old` shards and index removed (the index first), and checked to be writable."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / INDEX).unlink(missing_ok=True)  # first: while shards are replaced, no index says they are whole
-        for path in old:
-            if path.name != INDEX and path.name.split("-")[0] in ("train", "val"):
-                path.unlink()
-        probe = out / ".vit-shards-probe"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise OutputError(f"cannot write into out={out} ({e.strerror or e}); choose a folder you can write to") from None
-
-
-def _write_index(out: Path, index: dict) -> None:
-    tmp = out / (INDEX + ".tmp")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(index, f, indent=1)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out / INDEX)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise OutputError(f"cannot write {out / INDEX} ({e.strerror or e}); free space or choose another out= "
-                          f"(the shards are there, but without {INDEX} they are not read as a set)") from None
