@@ -186,3 +186,22 @@ def test_the_mid_epoch_refusal_says_to_raise_a_max_steps_that_ends_before_the_ep
         with pytest.raises(ConfigError, match=r"past the epoch's end at step 4 \(it writes checkpoints/step_00000004"
                                               r"\.pt\)" + said.replace("(", r"\(").replace(")", r"\)")):
             train(run_config(tmp_path / "shards", workers=1, trainer={"max_steps": cap}, resume=step), tmp_path / "run")
+
+
+def test_a_pipe_command_ended_by_the_runs_own_stop_signal_is_not_blamed(tmp_path):
+    import os
+    import signal
+
+    from vit_train.runtime.preemption import StopRequest
+
+    write_shards(tmp_path, [7, 5], [3])
+    pattern = "pipe:kill -TERM $$; echo {train-000000,train-000001}.tar"  # the command dies of SIGTERM
+    with pytest.raises(DataError, match=r"failed \(exit status -15\); run it in a shell"):
+        read_back(stream(tmp_path, train_shards=pattern), 0, 6)  # nobody stops the run: the command failed
+    with StopRequest():
+        os.kill(os.getpid(), signal.SIGTERM)  # as a cluster's group signal reaches the run
+        with pytest.raises(DataError, match=r"^reading the shard command 'kill -TERM \$\$; echo train-00000\d\.tar' "
+                                            r"ended because this run received SIGTERM and is stopping; resume the "
+                                            r"run") as e:
+            read_back(stream(tmp_path, train_shards=pattern), 0, 6)
+    assert "failed" not in one_line(e)

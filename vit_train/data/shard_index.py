@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,9 +255,22 @@ def _check_pipe(url: str, stream) -> None:
     if proc is None:
         return
     status = proc.wait()
+    if status < 0 and _run_stopping(-status):  # the signal reached the run's whole process group: not the command's fault
+        raise DataError(f"reading the shard command {url[5:]!r} ended because this run received "
+                        f"{signal.Signals(-status).name} and is stopping; resume the run to continue from its last "
+                        f"checkpoint")
     if status != 0:
         raise DataError(f"the shard command {url[5:]!r} failed (exit status {status}); run it in a shell to see why, "
                         f"and fix data.train_shards/val_shards")
+
+
+def _run_stopping(signum: int) -> bool:
+    """True when this process received stop signal `signum` (runtime/preemption.py's StopRequest handles it)."""
+    try:
+        handler = signal.getsignal(signum)
+    except ValueError:  # not a signal number
+        return False
+    return getattr(getattr(handler, "__self__", None), "received", None) is not None
 
 
 def _close(stream) -> None:
