@@ -218,12 +218,14 @@ def read_samples(url: str, shard: str, first: int, stop: int, count: int | None 
             if prefix is None:
                 continue
             if key is not None and prefix != key:
+                # a sample past the index's count: the last one is not given (a loader may ask for no more), the
+                # rest are counted, then the shard is refused
+                extra = extra or (offset + 1 >= stop and stop == count)
                 if offset >= first and not extra:
                     yield offset, {**group, "__key__": key}
                 offset, group = offset + 1, {}
-                if offset >= stop and stop != count:
+                if offset >= stop and not extra:
                     return
-                extra = offset >= stop  # a sample past the index's count: count them all, then refuse
             key = prefix
             if offset >= first and not extra:
                 group[ext.lower()] = member["data"]
