@@ -190,7 +190,8 @@ def test_the_mid_epoch_refusal_says_to_raise_a_max_steps_that_ends_before_the_ep
     for cap, said in ((2, " with trainer.max_steps raised to at least 4 (it is 2), then resume"), (None, ", then resume")):
         with pytest.raises(ConfigError, match=r"past the epoch's end at step 4 \(it writes checkpoints/step_00000004"
                                               r"\.pt\)" + said.replace("(", r"\(").replace(")", r"\)")):
-            train(run_config(tmp_path / "shards", workers=1, trainer={"max_steps": cap}, resume=step), tmp_path / "run")
+            train(run_config(tmp_path / "shards", workers=1, trainer={"max_steps": cap}, resume=step),
+                  tmp_path / "run")
 
 
 def test_a_pipe_command_ended_by_the_runs_own_stop_signal_is_not_blamed(tmp_path):

@@ -257,7 +257,7 @@ def _check_pipe(url: str, stream) -> None:
     if proc is None:
         return
     status = proc.wait()
-    if status < 0 and _run_stopping(-status):  # the signal reached the run's whole process group: not the command's fault
+    if status < 0 and _run_stopping(-status):  # the signal reached the run's process group: not the command's fault
         raise DataError(f"reading the shard command {url[5:]!r} ended because this run received "
                         f"{signal.Signals(-status).name} and is stopping; resume the run to continue from its last "
                         f"checkpoint")
