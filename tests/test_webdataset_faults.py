@@ -187,7 +187,8 @@ def test_the_mid_epoch_refusal_says_to_raise_a_max_steps_that_ends_before_the_ep
     write_shards(tmp_path / "shards", [10, 10, 10, 7], [6, 5])  # 4 steps of 8 per epoch
     train(run_config(tmp_path / "shards", trainer={"max_steps": 2}), tmp_path / "run")  # 2 workers
     step = str(tmp_path / "run" / "checkpoints" / "last.pt")
-    for cap, said in ((2, " with trainer.max_steps raised to at least 4 (it is 2), then resume"), (None, ", then resume")):
+    hint = " with trainer.max_steps raised to at least 4 (it is 2), then resume"
+    for cap, said in ((2, hint), (None, ", then resume")):
         with pytest.raises(ConfigError, match=r"past the epoch's end at step 4 \(it writes checkpoints/step_00000004"
                                               r"\.pt\)" + said.replace("(", r"\(").replace(")", r"\)")):
             train(run_config(tmp_path / "shards", workers=1, trainer={"max_steps": cap}, resume=step),

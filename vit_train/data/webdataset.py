@@ -212,8 +212,8 @@ class StreamUnreadable:
             self.replaced += 1
         if len(self.seen) > self.max_fraction * self.samples:
             raise DataError(f"{len(self.seen)} of {self.samples} {self.split} samples are unreadable, more than "
-                            f"data.max_bad_fraction={self.max_fraction}; first: {next(iter(self.seen))} (fix the shards, or "
-                            f"raise data.max_bad_fraction to train without them)")
+                            f"data.max_bad_fraction={self.max_fraction}; first: {next(iter(self.seen))} (fix the "
+                            f"shards, or raise data.max_bad_fraction to train without them)")
 
     def report(self, epoch: int) -> None:
         if self.replaced:
