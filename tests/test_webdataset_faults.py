@@ -160,6 +160,8 @@ def test_a_cls_with_surrounding_whitespace_is_read(tmp_path, raw, label):
     (lambda ix: ix["splits"]["train"]["shards"][1].update(name="train-000000.tar"),
      r"the shard train-000000\.tar is listed twice"),
     (lambda ix: ix["splits"]["train"].update(samples=True), r"lists no valid train split"),
+    (lambda ix: ix["splits"].pop("val"), r"index\.json has no val split \(its splits: train\); add it beside them: "
+                                          r"vit-shards <the source's data=\.\.\. data\.root=\.\.\.> splits=val out="),
 ])
 def test_a_malformed_index_is_refused_in_one_line(tmp_path, change, message):
     index = write_shards(tmp_path, [3, 3], [3])

@@ -96,6 +96,10 @@ def _split(path: Path, splits: dict, name: str, root: str, pattern: str | None) 
     entry = splits.get(name)
     shards = entry.get("shards") if isinstance(entry, dict) else None
     bad = f"{path} lists no valid {name} split"
+    if entry is None:
+        there = ", ".join(sorted(map(str, splits))) or "none"
+        raise DataError(f"{path} has no {name} split (its splits: {there}); add it beside them: vit-shards "
+                        f"<the source's data=... data.root=...> splits={name} out={path.parent}")
     if not isinstance(shards, list) or not shards:
         raise DataError(f"{bad} (splits.{name}.shards: a list of {{\"name\", \"samples\"}}); write it with vit-shards")
     names, counts = [], []
