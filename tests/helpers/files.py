@@ -158,6 +158,8 @@ def assert_every_file_as_the_reference(run_dir: Path, reference: Path) -> None:
                 part["identity"] = {k: v for k, v in part["identity"].items() if k != "run_id"}
             if isinstance(part.get("rng"), dict):  # Python's and NumPy's: never seeded by vit-train, so they
                 part["rng"] = {k: v for k, v in part["rng"].items() if k not in UNSEEDED_RNG}  # differ by process
+            if isinstance(part.get("train_window"), dict):  # the log window's clock (seconds, data-wait)
+                part["train_window"] = {k: v for k, v in part["train_window"].items() if k != "timing"}
             if isinstance(part.get("config"), dict):  # how it was started: resume=auto, or not
                 part["config"] = {k: v for k, v in part["config"].items() if k != "resume"}
         assert_identical(a, b, f"checkpoints/{name}")

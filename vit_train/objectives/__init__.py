@@ -100,10 +100,19 @@ def objective_state(objective: Objective) -> dict[str, Any] | None:
     return objective.state_dict() if hasattr(objective, "state_dict") else None
 
 
+def objective_window(objective: Objective) -> dict[str, float] | None:
+    """The sums of the objective's own train metrics since the last `objective_terms` (plain data; None: it has
+    none), kept in the checkpoint's "train_window" so a resumed run logs the uninterrupted run's row."""
+    return objective.window_state() if hasattr(objective, "window_state") else None
+
+
 def restore_objective(objective: Objective, ckpt: dict | None) -> None:
-    """Give a resumed run's objective its saved state, if both have one."""
+    """Give a resumed run's objective its saved state, if both have one, and its train metrics' window."""
     if ckpt and ckpt.get("objective") is not None and hasattr(objective, "load_state_dict"):
         objective.load_state_dict(ckpt["objective"])
+    terms = ((ckpt or {}).get("train_window") or {}).get("terms")
+    if terms and hasattr(objective, "load_window"):
+        objective.load_window(terms)
 
 
 def unread_sections(cfg: Config) -> dict[str, str]:

@@ -111,6 +111,15 @@ class Distill:
         images = sums.pop("images").item()
         return {k: (100 if k == "teacher_agreement" else 1) * v.item() / images for k, v in sums.items()}
 
+    def window_state(self) -> dict[str, float]:
+        """The logged terms' sums since the last `terms()` as plain data (the checkpoint's train_window "terms")."""
+        return {k: v.item() for k, v in self.sums.items()}
+
+    def load_window(self, saved: dict[str, float]) -> None:
+        """Continue the sums `window_state` kept (float32, as summed), so the next train row is the uninterrupted run's."""
+        device = next(self.teacher.parameters()).device
+        self.sums = {k: torch.tensor(v, dtype=torch.float32, device=device) for k, v in saved.items()}
+
     def state_dict(self) -> dict[str, Any]:
         """What the checkpoint keeps (under "objective"): the teacher's path, SHA-256 and network, never its weights."""
         return dict(self.checkpoint_info)

@@ -143,6 +143,7 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
     mix = BatchMix(cfg.aug, classes, cfg.seed) if BatchMix.wanted(cfg.aug) else None
     flops = kind.flops_per_image(cfg, classes)
     window = TrainWindow(device, flops, peak_tflops(device, amp_dtype, t.peak_tflops))
+    window.load_state_dict(ckpt.get("train_window") if ckpt else None)  # the train row's window continues
     # last: from here train.log has a handler, which train() removes however the run ends
     logger = RunLogger(run_dir, resume_step=state.step if ckpt else None, early=early) if ctx.is_main else NullLogger()
     try:

@@ -8,7 +8,7 @@ import logging
 import math
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -127,6 +127,38 @@ class TrainWindow:
         self.seconds = self.waited = 0.0
         self.start()
         return read
+
+    def state_dict(self) -> dict[str, Any]:
+        """The window's running sums as plain data, for the checkpoint ("train_window"): a run resumed from it
+        logs at its next log the same row (loss, top-1, gradient norm) as the uninterrupted run, not a mean
+        over the steps since the checkpoint. Under "timing", what depends on the clock (seconds trained and
+        waited in the window, whether the data-bound warning was given): images/s stays a rate over the
+        window's training time, the interrupted attempt's included."""
+        grad_norm = self.grad_norm
+        return {"loss": self.loss.item(), "hits": int(self.hits.item()), "finite_steps": int(self.finite_steps.item()),
+                "finite_images": int(self.finite_images.item()), "has_top1": self.has_top1,
+                "grad_norm": None if grad_norm is None else grad_norm.item(),
+                "grad_norm_dtype": None if grad_norm is None else str(grad_norm.dtype).removeprefix("torch."),
+                "images": self.images, "logs": self.logs,
+                "timing": {"seconds": self.seconds, "waited": self.waited, "warned": self.warned}}
+
+    def load_state_dict(self, saved: dict[str, Any] | None) -> None:
+        """Continue the window a checkpoint's `state_dict` kept (None: a checkpoint written before windows were
+        kept; the window starts empty). The sums go back in their own dtypes, so the row is bit-identical."""
+        if not saved:
+            return
+        self.loss.fill_(saved["loss"])
+        self.hits.fill_(saved["hits"])
+        self.finite_steps.fill_(saved["finite_steps"])
+        self.finite_images.fill_(saved["finite_images"])
+        self.has_top1 = bool(saved["has_top1"])
+        self.grad_norm = None if saved["grad_norm"] is None else torch.tensor(
+            saved["grad_norm"], dtype=getattr(torch, saved["grad_norm_dtype"]), device=self.loss.device)
+        self.images, self.logs = int(saved["images"]), int(saved["logs"])
+        timing = saved.get("timing", {})
+        self.seconds, self.waited = float(timing.get("seconds", 0.0)), float(timing.get("waited", 0.0))
+        self.warned = bool(timing.get("warned", False))
+
 
 def log_train(logger: RunLogger | NullLogger, bar, window: TrainWindow, state, lr: float,
               scaler: torch.amp.GradScaler, terms: dict[str, float] | None = None) -> None:

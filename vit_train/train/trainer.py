@@ -27,7 +27,7 @@ from vit_train.outputs.checkpoint import (find_resume_checkpoint, repair_run_che
 from vit_train.config.schema import Config
 from vit_train.data.first_batches import FirstBatches
 from vit_train.errors import CheckpointError, RunStopped, UserError
-from vit_train.objectives import objective_of, objective_terms
+from vit_train.objectives import objective_of, objective_terms, objective_window
 from vit_train.objectives.score import shown
 from vit_train.outputs.metrics import output_error, results_summary, write_results
 from vit_train.runtime.logs import EarlyRecords
@@ -223,6 +223,8 @@ def save(run: Run, best: bool = False) -> None:
         if run.ctx.is_main:
             ckpt = checkpoint_state(run.model, run.optimizer, run.scheduler, run.scaler, run.ema, run.state, run.cfg,
                                     run.overrides, run.data.class_names, run.objective, gathered)
+            # the next train row's sums (the objective's terms too): a resume logs the uninterrupted run's row
+            ckpt["train_window"] = {**run.window.state_dict(), "terms": objective_window(run.objective)}
             sync_logs(run)  # the rows up to this step reach the disk before the checkpoint that will not log them again
             save_run_checkpoint(ckpt, run.run_dir / "checkpoints", run.cfg.trainer.keep_last, best)
         distributed.barrier()
