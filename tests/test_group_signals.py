@@ -209,6 +209,9 @@ def test_sigterm_to_the_run_and_its_workers_during_an_eval_then_resume_equals_th
     assert read_results(run)["status"] == "interrupted" and read_results(run)["steps"] == 8
     assert "SIGTERM ended the evaluation at step 8 with its loader's workers: it is left for the resumed run" in \
         (run / "train.log").read_text()
+    said = [line.split("] ", 1)[1] for line in (run / "train.log").read_text().splitlines() if "received SIGTERM" in line]
+    assert said == ["received SIGTERM: checkpointing once the evaluation of step 8 ends (or is cut short), then "
+                    "stopping (Ctrl-C again to stop at once)"]  # where it landed: not "after this step"
     monkeypatch.undo()
 
     train(make_config(**sections, resume="auto"), run)

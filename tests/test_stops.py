@@ -156,3 +156,17 @@ def test_a_run_stopped_before_its_first_train_row_still_counts_its_images_per_s(
         train(make_config(trainer={"log_every": 100}), tmp_path)
     assert not (tmp_path / "metrics.jsonl").exists() or logged(tmp_path, "train") == []  # no train row before it
     assert read_results(tmp_path)["images_per_s"] > 0
+
+
+def test_the_stop_warning_says_what_ends_before_the_checkpoint_where_the_signal_landed(caplog):
+    from vit_train.runtime.preemption import StopRequest
+
+    with caplog.at_level("WARNING", logger="vit_train"), StopRequest() as stop:
+        with stop.during("the evaluation of step 8"):
+            os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert [r.getMessage() for r in caplog.records] == [
+        "received SIGUSR1: checkpointing once the evaluation of step 8 ends (or is cut short), then stopping "
+        "(Ctrl-C again to stop at once)",
+        "received SIGTERM: checkpointing after this step, then stopping (Ctrl-C again to stop at once)"]
+    assert stop.doing is None and stop.name == "SIGTERM"

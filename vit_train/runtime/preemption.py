@@ -12,6 +12,8 @@ import logging
 import os
 import signal
 import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 log = logging.getLogger("vit_train")
 
@@ -31,6 +33,7 @@ class StopRequest:
         self.deferred = deferred
         self._previous: dict[int, object] = {}
         self._pid = os.getpid()  # the process the handlers are for
+        self.doing: str | None = None  # work other than a training step in progress (`during`), named in the warning
 
     def __enter__(self) -> "StopRequest":
         self._pid = os.getpid()
@@ -58,15 +61,30 @@ class StopRequest:
         self.received = signum
         if not self.deferred:
             self.signum = signum
-        log.warning("received %s: checkpointing after this step, then stopping (Ctrl-C again to stop at once)",
-                    signal.Signals(signum).name)
+        log.warning("received %s: %s (Ctrl-C again to stop at once)", signal.Signals(signum).name, self.plan())
+
+    @contextmanager
+    def during(self, doing: str) -> Iterator[None]:
+        """Inside, a stop signal's warning names `doing` (e.g. "the evaluation of step 8") as what ends
+        before the checkpoint, instead of "this step"."""
+        before, self.doing = self.doing, doing
+        try:
+            yield
+        finally:
+            self.doing = before
+
+    def plan(self) -> str:
+        """What a stop signal arriving now leads to, as the warning says it."""
+        if self.doing is None:
+            return "checkpointing after this step, then stopping"
+        return f"checkpointing once {self.doing} ends (or is cut short), then stopping"
 
     def agree(self, signum: int) -> None:
         """The stop all processes agreed on (the largest signal number any of them received)."""
         if signum and not self.signum:
             self.signum = signum
             if self.received is None:
-                log.warning("another process received %s: checkpointing after this step, then stopping", self.name)
+                log.warning("another process received %s: %s", self.name, self.plan())
 
     def __bool__(self) -> bool:
         return self.signum is not None

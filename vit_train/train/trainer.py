@@ -254,7 +254,8 @@ def evaluate(run: Run, stop: StopRequest | None = None) -> dict[str, float] | No
     Returns None, having logged and recorded nothing, when `stop` cut it short (`cut_short`)."""
     state, objective = run.state, objective_of(run.cfg)
     progress, metric, limit = run.cfg.trainer.progress and run.ctx.is_main, objective.METRIC, run.cfg.trainer.limit_val_batches
-    with run.window.paused(), sharding.gathered(run.cfg, run.model, run.ema):  # FSDP: no collective per val batch
+    during = contextlib.nullcontext() if stop is None else stop.during(f"the evaluation of step {state.step}")
+    with run.window.paused(), sharding.gathered(run.cfg, run.model, run.ema), during:  # FSDP: no collective per val batch
         val = FirstBatches(run.data.val_loader, limit)  # trainer.limit_val_batches: a partial validation, said so
         passes = UntilStop(val, stop)
         metrics = objective.evaluate(run.eval_fn, passes, run.device, run.amp_dtype, run.cfg, progress,
