@@ -123,5 +123,8 @@ def test_the_warning_is_in_a_real_runs_log(tmp_path):
     done = vit_train(*TINY, "trainer.max_steps=1", "optim.momentum=0.5", "aug=autoaug", "aug.switch_prob=0.3",
                      f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "warning: optim.momentum=0.5 has no effect with optim=adamw; it applies only to optim=sgd" in done.stdout
-    assert "warning: aug.switch_prob=0.3 has no effect" in done.stdout
+    assert "optim.momentum=0.5 has no effect with optim=adamw; it applies only to optim=sgd" in done.stdout
+    assert "aug.switch_prob=0.3 has no effect" in done.stdout
+    logged = (tmp_path / "run" / "train.log").read_text()
+    assert "][WARNING] optim.momentum=0.5 has no effect with optim=adamw; it applies only to optim=sgd\n" in logged
+    assert "warning: " not in done.stdout and "] warning: " not in logged  # the level says it, once

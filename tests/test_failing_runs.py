@@ -362,7 +362,7 @@ def test_a_disk_too_small_for_the_checkpoints_is_said_at_the_start(tmp_path, mon
         assert warnings == []
     else:
         [warning] = warnings
-        assert re.fullmatch(rf"warning: \S+ has {free_kb / 1024:.1f} MB free, but the checkpoints need about 1\.\d MB "
+        assert re.fullmatch(rf"\S+ has {free_kb / 1024:.1f} MB free, but the checkpoints need about 1\.\d MB "
                             rf"\(4 of 0\.\d MB: 2 kept, best\.pt and a new one written beside them\); {said}: free "
                             rf"some space, or lower trainer\.keep_last", warning), warning
         assert warning in seen[0]  # before the first step

@@ -223,7 +223,7 @@ def compose_config(cfg: DictConfig) -> tuple[Config, list[str], tuple[Path, dict
     check_objective(config)  # what the objective cannot train is refused before anything is written
     if os.environ.get("RANK", "0") == "0":
         for line in ignored_keys(config, override_keys(overrides)):
-            logging.getLogger("vit_train").warning("warning: %s", line)
+            logging.getLogger("vit_train").warning("%s", line)  # no "warning: ": train.log's [WARNING] says it
     return config, overrides, resume_from
 
 

@@ -88,7 +88,7 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
             describe(run)
             short = short_of_space(run_dir, run.model, 1 if cfg.optim.name == "sgd" else 2, run.ema, cfg.trainer.keep_last)
             if short and run.ctx.is_main:  # said now, not after the first epoch's work
-                log.warning("warning: %s", short)
+                log.warning("%s", short)  # WARNING says "warning" in train.log; the console shows the message
             return loop(run)
         except RunStopped:  # diverged or stopped by a signal: finish() has recorded it
             raise

@@ -74,7 +74,7 @@ def fonts_for(texts: Iterable[str]) -> Iterator[None]:
     families, missing = fallback_families(texts)
     if missing and missing not in _said:
         _said.add(missing)
-        log.warning("warning: class names hold characters that no installed font has (%s): the figures draw them "
+        log.warning("class names hold characters that no installed font has (%s): the figures draw them "
                     "as boxes; install a font that has them (Chinese, Japanese, Korean: fonts-noto-cjk or "
                     "fonts-wqy-zenhei; other scripts: the Noto Sans font of the script), then delete matplotlib's "
                     "font cache (%s) so that it finds the new font", missing[:20], get_cachedir())
