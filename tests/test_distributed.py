@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from helpers.files import logged, model_weights, read_results
+from helpers.files import logged, model_weights, read_results, tb_events
 from helpers.runs import torchrun, vit_train
 from vit_train.data.sampler import EpochSampler
 from vit_train.tools.report import evaluate_checkpoint
@@ -178,3 +178,15 @@ def test_sigterm_to_the_process_group_stops_both_processes_at_one_step_and_resum
                                                                       for e in logged(tmp_path / "whole", "train")]
     expected = model_weights(tmp_path / "whole")
     assert all(torch.equal(model_weights(run)[k], v) for k, v in expected.items())
+
+
+@pytest.mark.slow
+def test_figures_with_two_processes_sum_the_confusion_matrix_on_every_process(tmp_path):
+    """trainer.viz_every with 2 processes: every process takes part in the confusion matrix's sum (only rank 0
+    draws the figures); with rank 0 alone asking, the sum was a collective the other process never joined."""
+    pytest.importorskip("matplotlib")
+    done = torchrun(*TINY, "trainer.epochs=1", "trainer.viz_every=1", "hydra.run.dir=run", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert read_results(tmp_path / "run")["status"] == "completed"
+    assert any("confusion" in tag for tag in tb_events(tmp_path / "run").Tags()["images"])
+

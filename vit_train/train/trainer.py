@@ -259,7 +259,7 @@ def evaluate(run: Run, stop: StopRequest | None = None) -> dict[str, float] | No
         val = FirstBatches(run.data.val_loader, limit)  # trainer.limit_val_batches: a partial validation, said so
         passes = UntilStop(val, stop)
         metrics = objective.evaluate(run.eval_fn, passes, run.device, run.amp_dtype, run.cfg, progress,
-                                     confusion=run.visuals is not None)
+                                     confusion=bool(run.cfg.trainer.viz_every))  # every rank: the sum is a collective
         if cut_short(run, passes, stop):
             return None
         if val.partial:
