@@ -174,3 +174,35 @@ def test_vit_export_takes_the_format_from_outs_extension_when_format_is_not_give
         assert "does not exist" in done.stderr, done.stderr
     else:  # the default format, safetensors, does not fit .bin
         assert "does not end in .safetensors, the format written (format=safetensors)" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("json_flag", [False, True])
+def test_a_full_disk_under_out_still_prints_the_numbers_and_leaves_no_empty_folder(run_dir, tmp_path, monkeypatch,
+                                                                                     capsys, json_flag):
+    import errno
+
+    import vit_train.tools.report as report
+
+    def full(path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(report, "fsync_file", full)
+    out = tmp_path / "new" / "eval"
+    monkeypatch.setattr(sys, "argv", ["vit-eval", f"ckpt={run_dir}", f"out={out}", "attention.images=2",
+                                      "progress=false", *(["--json"] if json_flag else [])])
+    with pytest.raises(SystemExit) as ended:
+        eval_main()
+    assert ended.value.code == 2
+    printed, said = capsys.readouterr()
+    assert len(said.strip().splitlines()) == 1 and "out=" in said and "Traceback" not in said, said
+    assert not (tmp_path / "new").exists()  # the folders made for out= are removed again
+    monkeypatch.undo()
+    written = evaluate_checkpoint(run_dir, attention_images=0, out_dir=tmp_path / "written", progress=False)
+    if json_flag:
+        shown = json.loads(printed)
+        assert shown["figures"] == [] and "out_dir" not in shown
+        assert {k: v for k, v in shown.items() if k != "figures"} == {
+            k: v for k, v in written.items() if k not in ("figures", "out_dir")}
+    else:
+        assert printed.splitlines()[1].startswith(f"top-1 {written['top1']:.2f}%") and printed.rstrip().endswith(
+            "not written: metrics.json and the figures could not be (the line below says why)")

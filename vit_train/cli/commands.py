@@ -109,8 +109,16 @@ def _eval(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
                                         "progress": True}, config=True)
     from vit_train.tools.report import evaluate_checkpoint  # torch is imported only once the arguments are known to be valid
 
+    def unwritten(results: dict) -> None:  # its files could not be written: the numbers still reach stdout
+        from vit_train.outputs.places import print_output
+
+        try:
+            print_output(json.dumps(results, indent=2) if "--json" in sys.argv[1:] else eval_text(results))
+        except UserError:  # standard output on the same full disk: the write's own error is the line to give
+            pass
+
     return evaluate_checkpoint(str(opts["ckpt"]), overrides, opts["weights"], int(opts["attention.images"]),
-                               opts["out"], bool(opts["progress"])), eval_text
+                               opts["out"], bool(opts["progress"]), unwritten), eval_text
 
 
 def columns(text: str) -> int:
@@ -129,7 +137,8 @@ def eval_text(results: dict) -> str:
     what = (f"{results['checkpoint']} (step {results['step']}, {weights}) on {results['data']} val"
             + (f" at {size}x{size}" if size else "")
             + (f" ({', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else ""))
-    written = f"\n\nwritten to {results['out_dir']}: metrics.json" + "".join(f", {Path(f).name}" for f in results["figures"])
+    written = (f"\n\nwritten to {results['out_dir']}: metrics.json" + "".join(f", {Path(f).name}" for f in results["figures"])
+               if "out_dir" in results else "\n\nnot written: metrics.json and the figures could not be (the line below says why)")
     if "per_class" not in results:  # an objective without classes (mae): its reconstruction loss
         return (f"{what}: masked-autoencoder reconstruction loss {results['loss']:.4f} (masked patches, fixed masks)"
                 f"{written}")

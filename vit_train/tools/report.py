@@ -10,6 +10,7 @@ is always that evaluation's, and metrics.json says what was evaluated.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -17,7 +18,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -117,11 +118,13 @@ def clear_previous(out: Path) -> None:
 
 def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights: Weights = "auto",
                         attention_images: int = 8, out_dir: str | Path | None = None,
-                        progress: bool = True) -> dict[str, Any]:
+                        progress: bool = True, unwritten: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """Evaluate a checkpoint on its val set (or another with the same classes, or at another
     model.img_size: `overrides`, a nested dict); write metrics.json and the figures to `out_dir`
     (default: `eval_dir`), replacing the evaluation written there before (`clear_previous`); returns
-    the metrics, with what was evaluated (checkpoint, step, weights, img_size, overrides)."""
+    the metrics, with what was evaluated (checkpoint, step, weights, img_size, overrides). `unwritten`: called
+    with the results (no "out_dir", "figures" empty) when writing them fails, before the error is raised, so
+    the numbers can still be shown (vit-eval prints them)."""
     path = checkpoint_file(path)
     model, cfg, ckpt, source = load_for_inference(path, weights, overrides)
     changed = changed_keys(ckpt["config"], cfg)
@@ -141,7 +144,7 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights
             "trained_img_size": ckpt["config"]["model"]["img_size"], "overrides": changed}
     if "confusion" not in metrics:
         return report_pretraining(model, cfg, data, {**what, "objective": objective.NAME, **metrics}, attention_images,
-                                  out)
+                                  out, unwritten)
     confusion = metrics.pop("confusion")
     results = {**what, "images": int(confusion.sum()), **metrics,
                "per_class": per_class_accuracy(confusion, data.class_names), "confusion": confusion.tolist()}
@@ -151,11 +154,11 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights
     elif attention_images > 0:
         images, labels = first_images(data.val_loader, attention_images)
         figures = model_figures(model, images, labels, data.class_names, data.stats, confusion)
-    return write_evaluation(out, results, figures)
+    return write_evaluation(out, results, figures, unwritten)
 
 
 def report_pretraining(model: MaskedAutoencoder, cfg: Config, data, results: dict[str, Any], images: int,
-                       out: Path) -> dict[str, Any]:
+                       out: Path, unwritten: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """vit-eval on a masked-autoencoder checkpoint: its `results` (the val reconstruction loss with the
     training run's fixed val masks), and the original / masked / reconstruction figure of the first
     `images` val images, written to `out`."""
@@ -164,20 +167,24 @@ def report_pretraining(model: MaskedAutoencoder, cfg: Config, data, results: dic
         log.warning("figures skipped: they need matplotlib (pip install 'vit-train[viz]')")
     elif images > 0:
         figures = reconstruction_figures(model, first_images(data.val_loader, images)[0], data.stats)
-    return write_evaluation(out, results, figures)
+    return write_evaluation(out, results, figures, unwritten)
 
 
-def write_evaluation(out: Path, results: dict[str, Any], figures: dict) -> dict[str, Any]:
+def write_evaluation(out: Path, results: dict[str, Any], figures: dict,
+                     unwritten: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """`figures` ({name: matplotlib figure}) as `out`/<name>.png and `results` as `out`/metrics.json;
     returns the results with "figures" (the PNGs' paths) and "out_dir".
 
     Every file is first written and fsynced under a temporary name; only then are the earlier
     evaluation's files removed (`previous_files`) and the new ones renamed into place, metrics.json
     last. A write that fails (a full disk, a read-only folder) removes the temporary files and leaves
-    the earlier evaluation as it was: OutputError, one line naming the file."""
+    the earlier evaluation as it was, and removes the folders it made for `out` (none left empty):
+    OutputError, one line naming the file, after `unwritten` (when given) got the results."""
+    made = [folder for folder in (out, *out.parents) if not folder.exists()]  # deepest first
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
+        _unwritten(results, unwritten, made)
         raise place_error(e, out, f"{FREE_SPACE} (out=)", "give another out=") from None
     stale = previous_files(out)
     for left in [*out.glob(".*.tmp.png"), out / "metrics.json.tmp"]:  # what a killed vit-eval left there
@@ -198,6 +205,7 @@ def write_evaluation(out: Path, results: dict[str, Any], figures: dict) -> dict[
         failed = os_error_of(e)
         if failed is None:
             raise
+        _unwritten({**results, "figures": []}, unwritten, made)
         raise place_error(failed, staged[-1][1] if staged else out, f"{FREE_SPACE} (out=)", "give another out=") from None
     for path in stale:  # renames and removals only from here: no write that a full disk can refuse
         path.unlink(missing_ok=True)
@@ -205,3 +213,13 @@ def write_evaluation(out: Path, results: dict[str, Any], figures: dict) -> dict[
         os.replace(tmp, final)
     fsync_dir(out)
     return {**results, "out_dir": str(out)}
+
+
+def _unwritten(results: dict[str, Any], unwritten: Callable[[dict], None] | None, made: list[Path]) -> None:
+    """After a failed write: remove the folders made for it that are empty (deepest first), then hand the
+    results to `unwritten`."""
+    for folder in made:
+        with contextlib.suppress(OSError):  # not empty, or never made
+            folder.rmdir()
+    if unwritten is not None:
+        unwritten(results)
