@@ -16,9 +16,10 @@ from helpers.files import logged, model_weights, read_results
 from helpers.runs import torchrun
 from test_distributed import TINY
 
-# 32 steps. No dropout or drop path: a resumed multi-process run reseeds each process's RNG from the step
-# (train/run.py), under DDP as under FSDP, so those draws are not the uninterrupted run's.
-ARGS = [*TINY, "trainer.strategy=fsdp", "trainer.epochs=4", "trainer.ema_decay=0.9", "optim.clip_grad=0.05"]
+# 32 steps, with drop path: each process seeds its RNG from (seed, step, rank) before each step
+# (train/trainer.py step_seed), so a resumed run draws the uninterrupted run's masks.
+ARGS = [*TINY, "trainer.strategy=fsdp", "trainer.epochs=4", "trainer.ema_decay=0.9", "optim.clip_grad=0.05",
+        "model.drop_path=0.2"]
 
 
 def _assert_as_whole(run, whole):

@@ -130,8 +130,6 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
     # the epochs left, the current one from where it stands (its steps follow a changed data.batch_size)
     steps_left = data.train_sampler.steps_left(state.sample_in_epoch, state.epoch_end, t.epochs - state.epoch)
     total_steps = min(state.step + steps_left, t.max_steps or math.inf)
-    if ctx.enabled:  # dropout and drop path draw differently on each process
-        torch.manual_seed(cfg.seed * 1_000_003 + 7919 * state.step + ctx.rank)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.schedule, data.steps_per_epoch, total_steps, state.step,
                                 lr=cfg.lr)
     # DistributedDataParallel with several processes (FSDP's model is its own wrapper), else the model itself

@@ -102,6 +102,13 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
             run.logger.close()
 
 
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """The torch seed of process `rank` for optimiser step `step` (counted from 1) with several processes: each
+    process draws differently, and a resumed run draws as the uninterrupted one did (a single process instead
+    keeps one RNG stream and restores it from the checkpoint)."""
+    return seed * 1_000_003 + 7919 * step + rank
+
+
 def loop(run: Run) -> dict[str, Any]:
     """The training loop, its periodic eval/checkpoint/log and its end; returns the results summary."""
     state, t, run_dir = run.state, run.cfg.trainer, run.run_dir
@@ -110,6 +117,8 @@ def loop(run: Run) -> dict[str, Any]:
             log.info("evaluating step %d first: a stop signal came before its evaluation was done", state.step)
             evaluate_and_save(run, stop)
         for images, targets in batches(run, stop):
+            if run.ctx.enabled:  # dropout, drop path, MAE's masks: each process its own draws, a function of the step
+                torch.manual_seed(step_seed(run.cfg.seed, state.step, run.ctx.rank))
             train_step(run, images, targets)
             if due(state.step, t.log_every) or state.step == run.total_steps:
                 run.skips.settle(state)
