@@ -62,7 +62,9 @@ def test_another_grid_is_refused_beside_the_finished_record_never_over_it(sweep,
     assert refusal["status"] == "refused" and "holds a job of another sweep" in refusal["error"]
     assert "optim.lr=0.0002" in refusal["overrides"] and "optim.lr=0.001" in refusal["holds"]
     assert not (sweep_dir / "1" / REFUSAL).exists()  # job 1 (1e-3) was found finished in 0/
-    assert other.stderr.strip().splitlines()[-1].startswith("vit-train: 1 of 2 jobs did not complete: job 0 refused (")
+    assert other.stderr.strip().splitlines()[-1].startswith(
+        "vit-train: 1 job of the latest sweep refused (the table shows the jobs their directories already hold; "
+        "refused.json beside them says why): job 0 refused (")
     rows = list(csv.DictReader((sweep_dir / "summary.csv").open()))
     assert sorted(r["status"] for r in rows) == ["completed", "completed"]  # what the directories hold
     assert "Job 0 of the latest sweep" in (sweep_dir / "summary.md").read_text()
@@ -129,3 +131,25 @@ def test_hydra_keeps_the_record_of_a_finished_job_whose_checkpoints_were_deleted
     assert _output_subdir(None, str(tmp_path)) == ".hydra"  # a new job directory gets Hydra's record
     (tmp_path / "results.json").write_text('{"status": "completed"}')
     assert _output_subdir(None, str(tmp_path)) is None  # else a later sweep's overrides.yaml would replace it
+
+
+def test_the_summary_of_a_refusal_names_its_row_and_one_instruction(tmp_path):
+    """Another grid into a sweep directory of finished jobs: the line under the table names the row that
+    shows the directory's job and what it holds; the closing line counts the refusal as a refusal (the
+    rows say completed), and its only advice is a sweep directory of its own (re-running refuses again)."""
+    from vit_train.sweeps.summary import incomplete_jobs, summarize
+
+    write_job(tmp_path / "0", ["model.depth=2", "optim.lr=0.001"], {"status": "completed", "best_top1": 50.0})
+    write_job(tmp_path / "1", ["model.depth=2", "optim.lr=0.0005"], {"status": "completed", "best_top1": 40.0})
+    assert math.isnan(run_job(never_composed, tmp_path / "0", ["model.depth=2", "optim.lr=0.0002"], 0, "best_top1"))
+    rows = summarize(tmp_path, out=None)
+    assert [r["status"] for r in rows] == ["completed", "completed"]
+    assert (tmp_path / "summary.md").read_text().endswith(
+        "\nJob 0 of the latest sweep (model.depth=2 optim.lr=0.0002) was refused: the row of job 0 above is the job "
+        "that directory already held (optim.lr=0.001).\n")
+    line = incomplete_jobs(tmp_path, rows)
+    assert line == (
+        "1 job of the latest sweep refused (the table shows the jobs their directories already hold; refused.json "
+        f"beside them says why): job 0 refused ({tmp_path / '0'} holds a job of another sweep (optim.lr=0.001), not "
+        "optim.lr=0.0002; run this grid with a hydra.sweep.dir of its own (this one keeps that sweep's jobs))")
+    assert "re-run" not in line and "did not complete" not in line

@@ -9,6 +9,7 @@ import argparse
 import csv
 import io
 import math
+import os
 import re
 import shlex
 import shutil
@@ -22,7 +23,28 @@ import yaml
 from vit_train.config.schema import SweepConfig
 from vit_train.errors import UserError, exit_with
 from vit_train.outputs.places import place_error, print_output, write_atomic
-from vit_train.sweeps.job import job_overrides, objective_value, read_refusal, read_results
+from vit_train.data.regular import not_regular
+from vit_train.sweeps import job as job_files
+from vit_train.sweeps.job import job_overrides, objective_value
+
+
+def read_results(job: Path) -> dict[str, Any] | None:
+    """The job's results.json (None when missing or unreadable); one that is not a regular file (a FIFO
+    would block the read forever) reads as status `unreadable`, naming what it is, never opened."""
+    path = Path(job) / "results.json"
+    kind = not_regular(path) if os.path.lexists(path) else None
+    if kind is not None:
+        return {"status": "unreadable", "error": f"{path} is {kind}, not a regular file; move it out of the "
+                                                 f"job directory"}
+    return job_files.read_results(job)
+
+
+def read_refusal(job: Path) -> dict[str, Any] | None:
+    """The job's refused.json, None when missing, unreadable or not a regular file (never opened then)."""
+    path = Path(job) / "refused.json"
+    if os.path.lexists(path) and not_regular(path) is not None:
+        return None
+    return job_files.read_refusal(job)
 
 COLUMNS = ("job", "status", "objective", "best_top1", "final_top1", "epochs", "images_per_s", "wall_seconds",
            "best_partial", "val_partial", "overrides")  # *_partial: scored on a share of the val set
@@ -125,29 +147,44 @@ def summarize(sweep_dir: Path, objective: str = "best_top1", direction: str = "m
 
 
 def incomplete_jobs(sweep_dir: Path, rows: list[dict[str, Any]]) -> str | None:
-    """One line naming each job that did not complete, with its status and reason; None if all did."""
-    names = []
+    """One line naming each job that did not complete (a row whose status is not completed: re-running the
+    same command retries it) and each job of the latest sweep refused in a directory holding another sweep's
+    job (refused.json; the row shows the job the directory holds: a new hydra.sweep.dir runs it), with its
+    reason; None if there are none."""
+    failed, refused = [], []
     for row in rows:
         if row["status"] == "completed":
             continue
         reason = ((read_results(Path(sweep_dir) / row["job"]) or {}).get("error") or "").strip().splitlines()
-        names.append(f"job {row['job']} {row['status']}" + (f" ({reason[-1]})" if reason else ""))
+        failed.append(f"job {row['job']} {row['status']}" + (f" ({reason[-1]})" if reason else ""))
     for row in rows:
         refusal = read_refusal(Path(sweep_dir) / row["job"])
         if refusal:  # beside a record of another sweep's job, which the row shows
             reason = str(refusal.get("error") or "").strip().splitlines()
-            names.append(f"job {row['job']} refused" + (f" ({reason[-1]})" if reason else ""))
-    if not names:
-        return None
-    return (f"{len(names)} of {len(rows)} jobs did not complete: {'; '.join(names)}; see their results.json "
-            f"(refused.json for a refusal) and train.log, then re-run the same command with "
-            f"hydra.sweep.dir={sweep_dir} to retry them")
+            refused.append(f"job {row['job']} refused" + (f" ({reason[-1]})" if reason else ""))
+    parts = []
+    if failed:
+        parts.append(f"{len(failed)} of {len(rows)} jobs did not complete: {'; '.join(failed)}; see their "
+                     f"results.json and train.log, then re-run the same command with hydra.sweep.dir={sweep_dir} "
+                     f"to retry them")
+    if refused:
+        jobs = "1 job" if len(refused) == 1 else f"{len(refused)} jobs"
+        parts.append(f"{jobs} of the latest sweep refused (the table shows the jobs their directories already "
+                     f"hold; refused.json beside them says why): {'; '.join(refused)}")
+    return "; and ".join(parts) or None
 
 
 def _refusals(jobs: list[Path]) -> str:
-    """Lines under the table for jobs of the latest sweep refused in a directory that holds another job."""
-    lines = [f"\nJob {job.name} of the latest sweep ({' '.join(r.get('overrides') or [])}) was refused: the row "
-             f"above is the job that directory already held.\n" for job in jobs if (r := read_refusal(job))]
+    """Lines under the table for jobs of the latest sweep refused in a directory that holds another job,
+    each naming the row that shows that job."""
+    lines = []
+    for job in jobs:
+        refusal = read_refusal(job)
+        if refusal:
+            ours, holds = list(refusal.get("overrides") or []), list(refusal.get("holds") or [])
+            theirs = " ".join(o for o in holds if o not in ours) or " ".join(holds)
+            lines.append(f"\nJob {job.name} of the latest sweep ({' '.join(ours)}) was refused: the row of job "
+                         f"{job.name} above is the job that directory already held ({theirs}).\n")
     return "".join(lines)
 
 
