@@ -206,3 +206,79 @@ def test_a_full_disk_under_out_still_prints_the_numbers_and_leaves_no_empty_fold
     else:
         assert printed.splitlines()[1].startswith(f"top-1 {written['top1']:.2f}%") and printed.rstrip().endswith(
             "not written: metrics.json and the figures could not be (the line below says why)")
+
+
+def test_a_kill_at_every_call_of_the_replacement_leaves_one_whole_evaluation(tmp_path):
+    """vit-eval unlinked the earlier evaluation's files, then renamed the new ones in: a kill -9 between
+    (strace inject at the first rename) left only *.tmp files, metrics.json and every figure gone. Killed
+    (tests/helpers/fs_killer.py, a forked child) before each file-system call of a replacement whose figures
+    partly share names with the earlier ones: metrics.json is there, every figure it lists is there, each
+    file is the old one or the complete new one, and with the new metrics.json every figure is new; a later
+    vit-eval leaves exactly its own files (no temporary file, no earlier figure)."""
+    import os
+    import shutil
+    import signal
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    from helpers.fs_killer import arm
+    from vit_train.tools.report import write_evaluation
+
+    def file_bytes(folder: Path) -> dict[str, bytes]:  # metrics.json with its figures' names, not paths
+        found = {p.name: p.read_bytes() for p in folder.iterdir()}
+        if "metrics.json" in found:
+            saved = json.loads(found["metrics.json"])
+            found["metrics.json"] = json.dumps({**saved, "figures": [Path(f).name for f in saved["figures"]]}).encode()
+        return found
+
+    def figures(names, color):
+        made = {}
+        for name in names:
+            made[name] = plt.figure(figsize=(1, 1))
+            made[name].patch.set_facecolor(color)
+        return made
+
+    old_figs, new_figs = figures("abc", "red"), figures("abd", "blue")  # a, b replaced; c removed; d new
+    old_results, new_results = {"checkpoint": "old.pt", "step": 1}, {"checkpoint": "new.pt", "step": 2}
+    base, fresh = tmp_path / "base", tmp_path / "fresh"
+    write_evaluation(base, old_results, old_figs)
+    write_evaluation(fresh, new_results, new_figs)
+    old, new = file_bytes(base), file_bytes(fresh)
+    assert sorted(old) == ["a.png", "b.png", "c.png", "metrics.json"] and old["a.png"] != new["a.png"]
+
+    def killed_replacing(out: Path, n: int, calls: list | None = None) -> bool:
+        shutil.copytree(base, out)
+        pid = os.fork()
+        if pid == 0:
+            seen: list = []
+            arm(out, n, seen, everything=True)
+            write_evaluation(out, new_results, new_figs)
+            if calls is not None:
+                (out.parent / "calls.json").write_text(json.dumps(seen))
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+    assert not killed_replacing(tmp_path / "listed", 0, [])
+    calls = json.loads((tmp_path / "calls.json").read_text())
+    assert file_bytes(tmp_path / "listed") == new
+    kinds = [call[0] for call in calls]
+    assert kinds.count("os.rename") == 4 and "os.remove" in kinds, calls  # c.png removed after the renames
+    for n in range(1, len(calls) + 1):
+        out = tmp_path / f"kill_{n}"
+        assert killed_replacing(out, n), n
+        left = {name: data for name, data in file_bytes(out).items()  # not the temporaries (checked below)
+                if not name.startswith(".") and not name.endswith(".tmp")}
+        saved = json.loads(left["metrics.json"])
+        which = old if left["metrics.json"] == old["metrics.json"] else new
+        assert left["metrics.json"] == which["metrics.json"], (n, calls[n - 1])
+        for figure in saved["figures"]:
+            name = Path(figure).name
+            assert name in left, (n, calls[n - 1], sorted(left))
+            assert left[name] == which[name] or which is old and left[name] == new.get(name), (n, calls[n - 1], name)
+        for name, data in left.items():  # every file the old one or the complete new one
+            assert data in (old.get(name), new.get(name)), (n, calls[n - 1], name)
+        write_evaluation(out, new_results, new_figs)  # a later vit-eval cleans what the killed one left
+        assert file_bytes(out) == new, (n, calls[n - 1])
+    plt.close("all")

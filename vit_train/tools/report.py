@@ -3,9 +3,10 @@ one evaluation's files.
 
 Where they go (`eval_dir`): the run's `eval/` for an evaluation of the run's own val set at the size
 it was trained at, `eval/<what changed>/` (e.g. `eval/model.img_size=48/`) for any other, or `out=`.
-The folder holds one evaluation: the files an earlier evaluation wrote there (its metrics.json names
-them) are removed before the new ones are written, metrics.json last, so a PNG beside a metrics.json
-is always that evaluation's, and metrics.json says what was evaluated.
+The folder holds one evaluation: the new files are renamed over the earlier evaluation's (its
+metrics.json names them), metrics.json last, and only then are the earlier figures the new evaluation
+does not list removed; a kill at any point leaves every file the old one or the complete new one and
+every figure a metrics.json lists present (`write_evaluation`), and metrics.json says what was evaluated.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ log = logging.getLogger("vit_train")
 # Keys that change how the images are loaded, not which images or at what size: they do not name a folder.
 SAME_EVALUATION = ("data.batch_size", "data.eval_batch_size", "data.num_workers", "data.pipeline", "data.download",
                    "data.bad_images", "data.max_bad_fraction", "data.train_size", "data.repeated_aug")
+STALE = ".vit-eval-stale.json"  # the earlier figures a replacement removes once its metrics.json is in place
 NAMED_SECTIONS = ("model", "data", "trainer")  # what vit-eval may change; of trainer, only the precision names a folder
 
 
@@ -175,9 +177,12 @@ def write_evaluation(out: Path, results: dict[str, Any], figures: dict,
     """`figures` ({name: matplotlib figure}) as `out`/<name>.png and `results` as `out`/metrics.json;
     returns the results with "figures" (the PNGs' paths) and "out_dir".
 
-    Every file is first written and fsynced under a temporary name; only then are the earlier
-    evaluation's files removed (`previous_files`) and the new ones renamed into place, metrics.json
-    last. A write that fails (a full disk, a read-only folder) removes the temporary files and leaves
+    Every file is first written and fsynced under a temporary name; only then are the new ones renamed
+    over the earlier evaluation's (`previous_files`), metrics.json last (the commit point: it lists the
+    figures), the folder fsynced, and the earlier figures the new evaluation does not list removed (named
+    first in STALE, so that a vit-eval killed before removing them has the next one remove them). A kill
+    at any point leaves each file the old one or the complete new one, every figure a metrics.json lists
+    present, and with the new metrics.json every figure new. A write that fails (a full disk, a read-only folder) removes the temporary files and leaves
     the earlier evaluation as it was, and removes the folders it made for `out` (none left empty):
     OutputError, one line naming the file, after `unwritten` (when given) got the results."""
     made = [folder for folder in (out, *out.parents) if not folder.exists()]  # deepest first
@@ -186,12 +191,15 @@ def write_evaluation(out: Path, results: dict[str, Any], figures: dict,
     except OSError as e:
         _unwritten(results, unwritten, made)
         raise place_error(e, out, f"{FREE_SPACE} (out=)", "give another out=") from None
-    stale = previous_files(out)
-    for left in [*out.glob(".*.tmp.png"), out / "metrics.json.tmp"]:  # what a killed vit-eval left there
-        left.unlink(missing_ok=True)
+    earlier = previous_files(out)
+    _remove_leftovers(out, earlier)
     results = {**results, "figures": [str(out / f"{name}.png") for name in figures]}
+    finals = {out / f"{name}.png" for name in figures} | {out / "metrics.json"}
+    stale = [path for path in earlier if path not in finals]  # earlier figures the new evaluation does not list
     staged: list[tuple[Path, Path]] = []  # (temporary, final)
     try:
+        if stale:  # named before the commit point: a vit-eval killed after it has the next one remove them
+            (out / STALE).write_text(json.dumps([path.name for path in stale]) + "\n")
         for name, fig in figures.items():
             staged.append((out / f".{name}.tmp.png", out / f"{name}.png"))  # the suffix tells matplotlib the format
             save_figure(fig, staged[-1][0])
@@ -202,17 +210,36 @@ def write_evaluation(out: Path, results: dict[str, Any], figures: dict,
     except Exception as e:
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
+        (out / STALE).unlink(missing_ok=True)
         failed = os_error_of(e)
         if failed is None:
             raise
         _unwritten({**results, "figures": []}, unwritten, made)
         raise place_error(failed, staged[-1][1] if staged else out, f"{FREE_SPACE} (out=)", "give another out=") from None
-    for path in stale:  # renames and removals only from here: no write that a full disk can refuse
-        path.unlink(missing_ok=True)
-    for tmp, final in staged:
-        os.replace(tmp, final)
-    fsync_dir(out)
+    for tmp, final in staged:  # renames and removals only from here: no write that a full disk can refuse
+        os.replace(tmp, final)  # over the earlier file of that name: a reader finds the old one or the new one
+    fsync_dir(out)  # metrics.json, renamed last, is the commit point
+    if stale:
+        for path in stale:
+            path.unlink(missing_ok=True)
+        (out / STALE).unlink(missing_ok=True)
     return {**results, "out_dir": str(out)}
+
+
+def _remove_leftovers(out: Path, listed: list[Path]) -> None:
+    """Remove what a killed vit-eval left in `out`: its temporary files, and the earlier figures it had
+    not yet removed (named in STALE) that the metrics.json there (`listed`: `previous_files`) does not list."""
+    for left in [*out.glob(".*.tmp.png"), out / "metrics.json.tmp"]:
+        left.unlink(missing_ok=True)
+    record = out / STALE
+    if not record.is_file():
+        return
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        for name in json.loads(record.read_text()):
+            path = out / Path(str(name)).name
+            if path.suffix == ".png" and path not in listed:  # vit-eval's PNGs only, never a listed one
+                path.unlink(missing_ok=True)
+    record.unlink(missing_ok=True)
 
 
 def _unwritten(results: dict[str, Any], unwritten: Callable[[dict], None] | None, made: list[Path]) -> None:
