@@ -183,8 +183,9 @@ def write_evaluation(out: Path, results: dict[str, Any], figures: dict,
     first in STALE, so that a vit-eval killed before removing them has the next one remove them). A kill
     at any point leaves each file the old one or the complete new one, every figure a metrics.json lists
     present, and with the new metrics.json every figure new. A write that fails (a full disk, a read-only
-    folder) removes the temporary files and leaves the earlier evaluation as it was, and removes the folders it made for `out` (none left empty):
-    OutputError, one line naming the file, after `unwritten` (when given) got the results."""
+    folder) removes the temporary files and leaves the earlier evaluation as it was, and removes the
+    folders it made for `out` (none left empty): OutputError, one line naming the file, after `unwritten`
+    (when given) got the results."""
     made = [folder for folder in (out, *out.parents) if not folder.exists()]  # deepest first
     try:
         out.mkdir(parents=True, exist_ok=True)
