@@ -153,3 +153,89 @@ def test_the_summary_of_a_refusal_names_its_row_and_one_instruction(tmp_path):
         f"beside them says why): job 0 refused ({tmp_path / '0'} holds a job of another sweep (optim.lr=0.001), not "
         "optim.lr=0.0002; run this grid with a hydra.sweep.dir of its own (this one keeps that sweep's jobs))")
     assert "re-run" not in line and "did not complete" not in line
+
+
+# ------------------------------------------- the same grid re-run in another order after a kill (issue 23)
+
+KILL_BASE = {"trainer": {"log_every": 1, "ckpt_every": 3, "keep_last": 2, "eval_every": 4}, "seed": 1}
+GRID3 = [["optim.lr=0.001"], ["optim.lr=0.0005"], ["optim.lr=0.0002"]]
+
+
+def write_command(sweep_dir: Path, grid: list[list[str]]) -> None:
+    """multirun.yaml as Hydra writes it before the first job: the command's swept values, in its order."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    values = ",".join(o[0].partition("=")[2] for o in grid)
+    (sweep_dir / "multirun.yaml").write_text(f"hydra:\n  overrides:\n    task:\n    - optim.lr={values}\n")
+
+
+@pytest.fixture(scope="module")
+def reference3(tmp_path_factory):
+    from helpers.sweep_runs import sweep as run_sweep
+
+    sweep_dir = tmp_path_factory.mktemp("reference3")
+    write_command(sweep_dir, GRID3)
+    run_sweep(sweep_dir, GRID3, KILL_BASE)
+    return sweep_dir
+
+
+def test_a_sweep_killed_in_its_second_job_then_re_run_reversed_runs_every_point_once(tmp_path, reference3):
+    """Job 0 finished in 0/, job 1 killed (SIGKILL, a forked child) after its 2nd checkpoint in 1/, job 2
+    never started; the same grid re-run reversed: the last point, held nowhere and given 0/ (which holds the
+    first), takes the free directory 2/ instead of being refused; the middle one resumes in 1/, the first
+    is skipped in 0/. Every job's files, no refused.json, and the summary as the uninterrupted sweep's;
+    and a second re-run changes nothing."""
+    import os
+    import signal
+
+    from helpers.files import assert_same_sweep
+    from helpers.killer import arm
+    from helpers.sweep_runs import run_sweep_job, sweep as run_sweep
+
+    write_command(tmp_path, GRID3)
+    run_sweep_job(tmp_path, 0, GRID3[0], KILL_BASE)
+    pid = os.fork()
+    if pid == 0:
+        arm("renamed", 2)
+        run_sweep_job(tmp_path, 1, GRID3[1], KILL_BASE)
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+    assert not (tmp_path / "1" / "results.json").exists() and not (tmp_path / "2").exists()
+    write_command(tmp_path, GRID3[::-1])
+    values = run_sweep(tmp_path, GRID3[::-1], KILL_BASE)
+    assert not any(math.isnan(v) for v in values), values
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["0", "1", "2"]
+    assert_same_sweep(tmp_path, reference3)
+    before = {job: every_file(tmp_path / job) for job in "012"}
+    assert run_sweep(tmp_path, GRID3[::-1], KILL_BASE) == values
+    assert {job: every_file(tmp_path / job) for job in "012"} == before
+
+
+def test_a_job_held_by_a_sibling_leaves_the_directory_hydra_just_made_for_it(tmp_path):
+    """Hydra made 2/ and recorded the job there (nothing else); the job's run is in 0/: it is skipped there,
+    and 2/ (only Hydra's record) is removed, so the summary lists the job once."""
+    write_job(tmp_path / "0", ["optim.lr=0.001"], {"status": "completed", "best_top1": 50.0})
+    (tmp_path / "2" / ".hydra").mkdir(parents=True)
+    (tmp_path / "2" / ".hydra" / "overrides.yaml").write_text("- optim.lr=0.001\n")
+    assert run_job(never_composed, tmp_path / "2", ["optim.lr=0.001"], 2, "best_top1") == 50.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0"]
+
+
+def test_another_grid_is_still_refused_when_the_directory_holds_a_job_outside_it(tmp_path):
+    """multirun.yaml names this sweep's grid: a directory holding a job that is no point of it (another
+    grid's) refuses as before, no new directory."""
+    write_command(tmp_path, [["optim.lr=0.0002"], ["optim.lr=0.001"]])
+    write_job(tmp_path / "0", ["optim.lr=0.001"], {"status": "completed", "best_top1": 50.0})
+    write_job(tmp_path / "1", ["optim.lr=0.0005"], {"status": "completed", "best_top1": 40.0})
+    assert math.isnan(run_job(never_composed, tmp_path / "0", ["optim.lr=0.0002"], 0, "best_top1"))
+    assert (tmp_path / "0" / REFUSAL).exists() and not (tmp_path / "2").exists()
+
+
+def test_the_grid_of_the_command_splits_only_top_level_commas():
+    from vit_train.sweeps.grid import in_grid, split_values
+
+    assert split_values("1e-3,'a,b',[1,2],{x: 1, y: 2}") == ["1e-3", "'a,b'", "[1,2]", "{x: 1, y: 2}"]
+    grid = {"optim.lr": {1e-3, 5e-4}, "seed": {1.0}}
+    assert in_grid(["optim.lr=0.001", "seed=1"], grid) and not in_grid(["optim.lr=0.0002", "seed=1"], grid)
+    assert not in_grid(["optim.lr=0.001"], grid)  # a key of the command missing: another grid's job
+    assert in_grid(["trainer.progress=False"], {"trainer.progress": {"false"}})  # Hydra's record of `=false`

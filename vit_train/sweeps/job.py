@@ -25,6 +25,7 @@ from vit_train.config.schema import Config
 from vit_train.errors import RunStopped, UserError
 from vit_train.outputs.rundir import RunDirBusy, RunLock, locked
 from vit_train.sweeps.console import tagged_console
+from vit_train.sweeps.grid import command_grid, in_grid
 
 log = logging.getLogger("vit_train")
 
@@ -72,16 +73,68 @@ def finished_job(run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
 REFUSAL = "refused.json"  # beside a job directory's record: a job of a later sweep that was refused there
 
 
+def _has_work(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a run (a results.json or a checkpoints folder), not only Hydra's record."""
+    return (run_dir / "results.json").is_file() or (run_dir / "checkpoints").is_dir()
+
+
+def _jobs(sweep_dir: Path) -> list[Path]:
+    """The sweep directory's numbered job directories, in number order."""
+    return sorted((d for d in sweep_dir.iterdir() if d.name.isdigit() and d.is_dir()), key=lambda d: int(d.name))
+
+
+def _free_directory(sweep_dir: Path, overrides: list[str]) -> Path:
+    """A new job directory (the next unused number) taken for this job, with its `.hydra/overrides.yaml`."""
+    number = max((int(d.name) for d in _jobs(sweep_dir)), default=-1) + 1
+    while True:
+        home = sweep_dir / str(number)
+        try:
+            home.mkdir()
+            break
+        except FileExistsError:  # a parallel job took it first
+            number += 1
+    (home / ".hydra").mkdir()
+    (home / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
+    return home
+
+
 def job_home(run_dir: Path, overrides: list[str]) -> Path:
-    """Where this job's work is: `run_dir` (Hydra's directory for it), unless that holds another job
-    and a sibling job directory of the sweep holds this one (the same grid re-run in another order)."""
+    """Where this job's work is, for the same grid re-run in any order, also after a kill.
+
+    `run_dir` (Hydra's directory for it) if it holds this job's run; else a sibling job directory that
+    holds this job's run (the grid in another order; a `run_dir` Hydra just made, holding nothing but
+    its `.hydra/` record, is removed again); else `run_dir` if it holds no other job's run; else, when
+    every job of the sweep directory is a point of this sweep's grid (multirun.yaml: the same grid,
+    interrupted), a new directory with the next unused number; else `run_dir` (another grid: refused).
+    """
     recorded = job_overrides(run_dir)
-    if not recorded or same_job(recorded, overrides) or not run_dir.parent.is_dir():
+    ours = bool(recorded) and same_job(recorded, overrides)
+    if (ours and _has_work(run_dir)) or not run_dir.parent.is_dir():
         return run_dir
-    for sibling in sorted(run_dir.parent.iterdir()):
-        if sibling != run_dir and sibling.name.isdigit() and same_job(job_overrides(sibling), overrides):
-            return sibling
+    siblings = [d for d in _jobs(run_dir.parent) if d != run_dir and same_job(job_overrides(d), overrides)]
+    held = [d for d in siblings if _has_work(d)]
+    if held:
+        if ours:  # Hydra's record of a job that runs elsewhere
+            with contextlib.suppress(OSError):
+                _remove_hydra_record(run_dir)
+        return held[0]
+    if recorded and not ours and siblings:
+        return siblings[0]
+    if not recorded or ours or not _has_work(run_dir):
+        return run_dir
+    grid = command_grid(run_dir.parent)
+    if grid is not None and all(in_grid(job_overrides(d), grid) for d in _jobs(run_dir.parent) if _has_work(d)):
+        return _free_directory(run_dir.parent, overrides)
     return run_dir
+
+
+def _remove_hydra_record(run_dir: Path) -> None:
+    """Remove `run_dir` if it holds only Hydra's `.hydra/` record (and a lock file): nothing of a run."""
+    if any(p.name not in (".hydra", ".lock") for p in run_dir.iterdir()):
+        return
+    for part in sorted(run_dir.rglob("*"), key=lambda p: -len(p.parts)):
+        part.rmdir() if part.is_dir() else part.unlink()
+    run_dir.rmdir()
 
 
 def holds_other_job(run_dir: Path, overrides: list[str]) -> str | None:
@@ -157,7 +210,8 @@ def run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path,
     that already completed in this sweep directory is skipped, and an unfinished one resumes. A stop
     signal still stops the whole sweep (after the job's checkpoint): re-running the same command with
     the same hydra.sweep.dir skips completed jobs and resumes the others, wherever in the sweep
-    directory they are (`job_home`: the same grid in another order). A job whose directory holds another
+    directory they are (`job_home`: the same grid in another order, also after a kill: a job held nowhere
+    whose directory holds another job of this grid takes a new directory). A job whose directory holds another
     sweep's job is refused in refused.json beside that job's record, which stays as it was (the summary
     and the exit status say so). A job directory that another
     process holds (rundir.py) is left untouched, not even given a results.json, and the job counts as failed.
@@ -167,7 +221,10 @@ def run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path,
         with contextlib.suppress(OSError):  # a refusal by an earlier sweep: this job decides anew
             (run_dir / REFUSAL).unlink(missing_ok=True)
         home = job_home(run_dir, overrides)
-        if home != run_dir:
+        if home != run_dir and not _has_work(home):
+            log.info("job %d (%s) runs in %s (%s holds another job of this grid)", job,
+                     " ".join(overrides), home, run_dir)
+        elif home != run_dir:
             log.info("job %d (%s) is the job of %s (the same grid in another order); it continues there", job,
                      " ".join(overrides), home)
         try:
