@@ -298,10 +298,14 @@ class RunDirLock(Callback):
 
     @staticmethod
     def _lock(path: Path) -> rundir.RunLock:
-        try:
+        try:  # any failure ends the run here: Hydra would turn an exception into a warning and run unlocked
             return rundir.acquire(path)
         except RunDirBusy as e:
             print(f"vit-train: error: {e}", file=sys.stderr)
+            sys.exit(2)
+        except OSError as e:
+            print(f"vit-train: error: cannot lock {path} ({e}); give the run a directory it can write "
+                  f"(hydra.run.dir=... or hydra.sweep.dir=...)", file=sys.stderr)
             sys.exit(2)
 
 

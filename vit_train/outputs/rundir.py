@@ -21,12 +21,14 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from vit_train.data.regular import not_regular
 from vit_train.errors import UserError
 
 log = logging.getLogger("vit_train")
@@ -40,6 +42,33 @@ _open_fds: set[int] = set()
 
 class RunDirBusy(UserError):
     """Another process holds the run directory; nothing in it was touched."""
+
+
+class RunFileNotRegular(RunDirBusy):
+    """A file of the run directory (the lock, metrics.jsonl, results.json, train.log, refused.json, a
+    TensorBoard event file) is a FIFO, socket, device, folder or link loop: opening it would block or
+    fail, so the run refuses to start (a RunDirBusy: every caller already ends it in one line)."""
+
+
+# The files of a run directory that vit-train (and vit-sweep-summary) open to read or append.
+RUN_FILES = ("metrics.jsonl", "results.json", "train.log", "refused.json")
+
+
+def special_run_file(run_dir: Path) -> str | None:
+    """None when every file of `run_dir` that vit-train opens (RUN_FILES and tb/events.out.tfevents.*)
+    is missing or a regular file; else one line naming the first that is not and what to do. Never opens
+    a file, so never blocks."""
+    run_dir = Path(run_dir)
+    tb = run_dir / "tb"
+    events = sorted(tb.glob("events.out.tfevents.*")) if tb.is_dir() else []
+    for path in [*(run_dir / name for name in RUN_FILES), *events]:
+        if not os.path.lexists(path):
+            continue
+        kind = not_regular(path)
+        if kind is not None:
+            return (f"{path} is {kind}, not a regular file; move it out of the run directory, "
+                    f"then resume")
+    return None
 
 
 class RunLock:
@@ -71,14 +100,30 @@ def acquire(run_dir: Path) -> RunLock:
     """
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    lock_path = run_dir / LOCK_NAME
+    kind = not_regular(lock_path) if os.path.lexists(lock_path) else None
+    if kind is not None:  # a FIFO would block the open; flock on it fails: never run without the lock
+        raise RunFileNotRegular(f"{lock_path} is {kind}, not a regular file; move it out of the run directory, "
+                                f"then resume")
+    # O_NONBLOCK: a FIFO put there since the check opens at once (and is refused below), never blocks
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o644)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RunFileNotRegular(f"{lock_path} is not a regular file; move it out of the run directory, "
+                                    f"then resume")
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = _describe(os.read(fd, 4096))
         os.close(fd)
         raise RunDirBusy(f"{run_dir} is in use by another vit-train run ({holder}); wait for it to end, or give "
                          f"this run its own directory (hydra.run.dir=...)") from None
+    except RunFileNotRegular:
+        os.close(fd)
+        raise
+    except OSError as e:
+        os.close(fd)
+        raise RunDirBusy(f"{lock_path} cannot be locked ({e.strerror}); give this run a directory on a "
+                         f"local file system (hydra.run.dir=...)") from None
     os.ftruncate(fd, 0)
     program = Path(sys.argv[0]).name.replace("__main__.py", "vit-train")  # python -m vit_train
     try:  # who holds it, for a second run's message; the lock itself needs no bytes (a full disk)
@@ -88,6 +133,10 @@ def acquire(run_dir: Path) -> RunLock:
         pass
     _open_fds.add(fd)
     lock = RunLock(run_dir, fd)
+    special = special_run_file(run_dir)
+    if special:
+        lock.release()
+        raise RunFileNotRegular(special)
     remove_leftovers(run_dir)
     return lock
 

@@ -9,6 +9,7 @@ import argparse
 import csv
 import io
 import math
+import os
 import re
 import shlex
 import shutil
@@ -20,9 +21,31 @@ from typing import IO, Any
 import yaml
 
 from vit_train.config.schema import SweepConfig
+from vit_train.data.regular import not_regular
 from vit_train.errors import UserError, exit_with
 from vit_train.outputs.places import place_error, print_output, write_atomic
-from vit_train.sweeps.job import job_overrides, objective_value, read_refusal, read_results
+from vit_train.sweeps import job as job_files
+from vit_train.sweeps.job import job_overrides, objective_value
+
+
+def read_results(job: Path) -> dict[str, Any] | None:
+    """The job's results.json (None when missing or unreadable); one that is not a regular file (a FIFO
+    would block the read forever) reads as status `unreadable`, naming what it is, never opened."""
+    path = Path(job) / "results.json"
+    kind = not_regular(path) if os.path.lexists(path) else None
+    if kind is not None:
+        return {"status": "unreadable", "error": f"{path} is {kind}, not a regular file; move it out of the "
+                                                 f"job directory"}
+    return job_files.read_results(job)
+
+
+def read_refusal(job: Path) -> dict[str, Any] | None:
+    """The job's refused.json, None when missing, unreadable or not a regular file (never opened then)."""
+    path = Path(job) / "refused.json"
+    if os.path.lexists(path) and not_regular(path) is not None:
+        return None
+    return job_files.read_refusal(job)
+
 
 COLUMNS = ("job", "status", "objective", "best_top1", "final_top1", "epochs", "images_per_s", "wall_seconds",
            "best_partial", "val_partial", "overrides")  # *_partial: scored on a share of the val set
