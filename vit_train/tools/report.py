@@ -190,8 +190,9 @@ def write_evaluation(out: Path, results: dict[str, Any], figures: dict,
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
+        error = place_error(e, out, f"{FREE_SPACE} (out=)", "give another out=")  # while its folders stand
         _unwritten(results, unwritten, made)
-        raise place_error(e, out, f"{FREE_SPACE} (out=)", "give another out=") from None
+        raise error from None
     earlier = previous_files(out)
     _remove_leftovers(out, earlier)
     results = {**results, "figures": [str(out / f"{name}.png") for name in figures]}
@@ -215,8 +216,9 @@ def write_evaluation(out: Path, results: dict[str, Any], figures: dict,
         failed = os_error_of(e)
         if failed is None:
             raise
-        _unwritten({**results, "figures": []}, unwritten, made)
-        raise place_error(failed, staged[-1][1] if staged else out, f"{FREE_SPACE} (out=)", "give another out=") from None
+        error = place_error(failed, staged[-1][1] if staged else out, f"{FREE_SPACE} (out=)", "give another out=")
+        _unwritten({**results, "figures": []}, unwritten, made)  # after the line: it names the place's free space
+        raise error from None
     for tmp, final in staged:  # renames and removals only from here: no write that a full disk can refuse
         os.replace(tmp, final)  # over the earlier file of that name: a reader finds the old one or the new one
     fsync_dir(out)  # metrics.json, renamed last, is the commit point
