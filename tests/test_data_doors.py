@@ -9,8 +9,6 @@ image's format through decode.py (one decode, the same checks), and decode_rgb's
 import io
 import os
 import shutil
-import socket
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +16,7 @@ import pytest
 from PIL import Image
 
 from helpers.shards import png, write_shards
+from helpers.special_files import DEADLINE, KINDS, fifos, make_special, within  # noqa: F401 (fifos: a fixture)
 from vit_train.data import decode
 from vit_train.data.decode import decode_rgb, decode_with_format
 from vit_train.data.shard_index import Missing, load_index, read_samples
@@ -25,65 +24,14 @@ from vit_train.errors import DataError
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs and sockets are POSIX")
 
-DEADLINE = 20  # seconds; each call here takes well under a second unless it blocks
-KINDS = ["a FIFO", "a socket", "a character device", "a link loop", "a folder"]
-
-
-def make_special(path: Path, kind: str) -> None:
-    """`path` (absent) made into a special file of `kind`."""
-    if kind == "a FIFO":
-        os.mkfifo(path)
-    elif kind == "a socket":
-        listener = socket.socket(socket.AF_UNIX)
-        listener.bind(str(path))
-        listener.close()
-    elif kind == "a character device":
-        path.symlink_to("/dev/zero")
-    elif kind == "a link loop":
-        path.symlink_to(path)
-    else:
-        path.mkdir()
-
-
 def replace_with(path: Path, kind: str) -> None:
     path.unlink()
     make_special(path, kind)
 
 
-@pytest.fixture
-def fifos(tmp_path):
-    """Yields; at teardown every FIFO under tmp_path gets a writer, so a read a failing test left blocked ends."""
-    yield
-    for fifo in tmp_path.rglob("*"):
-        if fifo.is_fifo():
-            try:
-                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-            except OSError:  # no reader waiting (ENXIO): nothing blocked
-                pass
-
-
-def within(call, *args):
-    """call(*args)'s result or exception, or a failure when it has not returned within DEADLINE s."""
-    outcome = {}
-
-    def run():
-        try:
-            outcome["value"] = call(*args)
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            outcome["error"] = e
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(DEADLINE)
-    assert not thread.is_alive(), f"{getattr(call, '__name__', call)}{args} blocked for {DEADLINE} s"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
-
-
 def refused(call, *args, match: str) -> str:
     with pytest.raises(DataError, match=match) as e:
-        within(call, *args)
+        within(DEADLINE, call, *args)
     assert "\n" not in str(e.value)
     return str(e.value)
 
@@ -117,7 +65,7 @@ def test_a_shard_swapped_for_a_fifo_after_the_index_was_read_is_unreadable_not_w
     write_shards(tmp_path, [3, 3], [2])
     index = load_index(str(tmp_path))
     replace_with(tmp_path / "train-000001.tar", "a FIFO")
-    got = within(lambda: list(read_samples(index.train.urls[1], "train-000001.tar", 0, 3)))
+    got = within(DEADLINE, lambda: list(read_samples(index.train.urls[1], "train-000001.tar", 0, 3)))
     assert [offset for offset, _ in got] == [0, 1, 2] and all(isinstance(raw, Missing) for _, raw in got)
     assert got[0][1].reason == (f"train-000001.tar cannot be read past sample 0 (NotRegularFile: {tmp_path}/"
                                 f"train-000001.tar is a FIFO, not a regular file)")
@@ -188,7 +136,7 @@ def test_an_image_path_cell_naming_a_fifo_is_an_unreadable_image(tmp_path, fifos
 
     os.mkfifo(tmp_path / "x.png")
     images = HFImages([{"image": "x.png"}], "image", torch.zeros(1, dtype=torch.int64), "ds train", tmp_path)
-    assert within(images.describe_unreadable, 0) == f"NotRegularFile: {tmp_path}/x.png is a FIFO, not a regular file"
+    assert within(DEADLINE, images.describe_unreadable, 0) == f"NotRegularFile: {tmp_path}/x.png is a FIFO, not a regular file"
 
 
 # ---- vit-shards and decode.py
@@ -203,7 +151,7 @@ def test_vit_shards_reads_a_folder_image_swapped_for_a_fifo_as_unreadable(tmp_pa
             return 1
 
     os.mkfifo(tmp_path / "a.png")
-    assert within(_encode_one, Folder(), 0, "source") == (f"NotRegularFile: {tmp_path}/a.png is a FIFO, not a "
+    assert within(DEADLINE, _encode_one, Folder(), 0, "source") == (f"NotRegularFile: {tmp_path}/a.png is a FIFO, not a "
                                                           f"regular file")
 
 

@@ -6,7 +6,6 @@ under a deadline, and every FIFO gets a writer at teardown, so a regression fail
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 import yaml
 
 from helpers.configs import TINY
-from test_special_doors import DEADLINE, release, within
+from helpers.special_files import DEADLINE, fifos, make_special, within  # noqa: F401 (fifos: a fixture)
 from vit_train.outputs import rundir
 from vit_train.sweeps.summary import incomplete_jobs, summarize
 
@@ -23,30 +22,6 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs and soc
 
 KINDS = ["a FIFO", "a socket", "a folder", "a link loop"]
 NAMES = ["metrics.jsonl", "results.json", "train.log", "refused.json", "tb/events.out.tfevents.1.host.1.0"]
-
-
-def make_special(path: Path, kind: str) -> None:
-    """`path` made `kind` (one of KINDS)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if kind == "a FIFO":
-        os.mkfifo(path)
-    elif kind == "a socket":
-        listener = socket.socket(socket.AF_UNIX)
-        listener.bind(str(path))
-        listener.close()
-    elif kind == "a folder":
-        path.mkdir()
-    else:
-        path.symlink_to(path)
-
-
-@pytest.fixture
-def fifos(tmp_path):
-    """The FIFOs a test makes under tmp_path get a writer at teardown (a read blocked on one ends)."""
-    yield
-    for path in tmp_path.rglob("*"):
-        if path.is_fifo():
-            release(path)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -9,12 +9,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 from helpers.images import write_cifar10, write_image, write_image_folder
+from helpers.special_files import DEADLINE, release, within
 from vit_train.data.cifar import find_folder, load_cifar
 from vit_train.data.decode import open_rgb
 from vit_train.data.imagefolder import UnreadableImage, describe_unreadable, load_image_folders
@@ -26,9 +26,6 @@ from vit_train.runtime.preemption import StopRequest
 from vit_train.tools.predict import read_image
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs and sockets are POSIX")
-
-DEADLINE = 20  # seconds; each call here takes milliseconds unless it blocks
-
 
 @pytest.fixture
 def specials(tmp_path):
@@ -46,33 +43,6 @@ def specials(tmp_path):
     yield {"a FIFO": folder / "fifo.pt", "a socket": folder / "sock.pt", "a character device": folder / "dev.pt",
            "a link loop": folder / "loop.pt", "a folder": folder / "dir.pt"}
     release(folder / "fifo.pt")
-
-
-def release(fifo: Path) -> None:
-    """Open `fifo` for writing and close it: a read blocked on it (a failing test's thread) ends."""
-    try:
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-    except OSError:  # no reader waiting (ENXIO): nothing blocked
-        pass
-
-
-def within(deadline: float, call, *args):
-    """call(*args)'s result or exception, or a failure if it has not returned within `deadline` s."""
-    outcome = {}
-
-    def run():
-        try:
-            outcome["value"] = call(*args)
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            outcome["error"] = e
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(deadline)
-    assert not thread.is_alive(), f"{getattr(call, '__name__', call)}{args} blocked for {deadline} s"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 def test_not_regular_names_each_kind_without_opening(specials, tmp_path):
