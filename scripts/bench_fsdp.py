@@ -12,7 +12,13 @@ configuration's alone. Per process it reports:
 - peak RSS: resource.getrusage's ru_maxrss over the process's life (build + steps), the largest of the 2;
 - s/step: the median wall time of the timed steps (after one untimed step), forward + backward + AdamW.
 A configuration whose DDP state alone (16 bytes a parameter, x 2 processes) would not fit the memory
-available (`free`, less 4 GB kept free) is not run, and says so.
+available (`free`, less 4 GB kept free) is not run, and says so, unless --memory-cap is given:
+
+    python scripts/bench_fsdp.py --models vit_huge --memory-cap 23   # the machine's 23 GB, split in 2
+
+then every configuration runs with each process's address space capped at GB / 2 (setrlimit RLIMIT_AS, so the
+machine never swaps or meets the OOM killer), and one that cannot allocate within it is reported with the phase
+it failed in (build, shard, forward, backward, optimizer) instead of a time.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import queue
 import resource
 import statistics
 import sys
@@ -53,6 +60,25 @@ def _bytes(tensors) -> int:
 
 
 def _worker(rank: int, world: int, port: int, name: str, strategy: str, args, out) -> None:
+    if args.memory_cap:
+        cap = int(args.memory_cap * 2**30 / world)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    try:
+        _steps(rank, world, port, name, strategy, args, out)
+    except (MemoryError, RuntimeError) as e:  # torch's "DefaultCPUAllocator: can't allocate memory" is a RuntimeError
+        if "alloc" not in str(e) and not isinstance(e, MemoryError):
+            raise
+        out.put(("out of memory", rank, _PHASE[0], (str(e).splitlines() or [type(e).__name__])[0][:120]))
+
+
+_PHASE = ["start"]
+
+
+def _at(phase: str) -> None:
+    _PHASE[0] = phase
+
+
+def _steps(rank: int, world: int, port: int, name: str, strategy: str, args, out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(args.threads)
@@ -60,12 +86,15 @@ def _worker(rank: int, world: int, port: int, name: str, strategy: str, args, ou
     from vit_train.runtime import distributed
     from vit_train.train import sharding
 
+    _at("start")
     ctx = distributed.setup("cpu")
     kind, checkpointing = STRATEGIES[strategy]
     cfg = Config.from_dict({"model": {**MODELS[name], "img_size": args.img, "grad_checkpointing": checkpointing},
                             "trainer": {"strategy": kind, "device": "cpu"}})
     torch.manual_seed(0)
+    _at("build")
     model = build_model(cfg.model, 1000)
+    _at("shard" if kind == "fsdp" else "wrap")
     if kind == "fsdp":
         sharding.shard(model, None, cfg, None)
         step_fn = model
@@ -78,7 +107,11 @@ def _worker(rank: int, world: int, port: int, name: str, strategy: str, args, ou
     for i in range(args.steps + 1):
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(step_fn(images), targets).backward()
+        _at(f"step {i + 1} forward")
+        loss = torch.nn.functional.cross_entropy(step_fn(images), targets)
+        _at(f"step {i + 1} backward")
+        loss.backward()
+        _at(f"step {i + 1} optimizer")
         sharding.clip_grad_norm(model.parameters(), 1.0)
         optimizer.step()
         if i:
@@ -91,8 +124,20 @@ def _worker(rank: int, world: int, port: int, name: str, strategy: str, args, ou
     rows = [torch.zeros_like(row) for _ in range(world)]
     dist.all_gather(rows, row)
     if rank == 0:
-        out.put([r.tolist() for r in rows])
+        out.put(("done", [r.tolist() for r in rows]))
     distributed.cleanup()
+
+
+def _result(out, procs) -> tuple:
+    """The first message of the run's processes: ("done", rows) or ("out of memory", rank, phase, message);
+    ("died", rank, phase, exit code) if a process ended without one."""
+    while True:
+        try:
+            return out.get(timeout=5)
+        except queue.Empty:
+            for rank, p in enumerate(procs):
+                if p.exitcode not in (None, 0):
+                    return ("died", rank, "unknown phase", f"exit code {p.exitcode}")
 
 
 def _available() -> int:
@@ -123,11 +168,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2, help="images per process")
     parser.add_argument("--steps", type=int, default=3, help="timed steps (after one untimed)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--memory-cap", type=float, default=None, metavar="GB",
+                        help="run every configuration with the 2 processes' address space capped at GB in all")
     args = parser.parse_args()
     world = 2
     print(f"# {_cpu()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"load {os.getloadavg()[0]:.2f}, {_available() / 2**30:.1f} GB available; 2 processes (gloo), "
-          f"{args.threads} thread each, batch {args.batch} a process, {args.img}x{args.img}, AdamW, fp32")
+          f"{args.threads} thread each, batch {args.batch} a process, {args.img}x{args.img}, AdamW, fp32"
+          + (f"; address space capped at {args.memory_cap / world:.1f} GB a process" if args.memory_cap else ""))
     print("| model | params | strategy | state / process (MB) | peak RSS / process (GB) | s / step | vs DDP | vs FSDP |")
     print("|---|---|---|---|---|---|---|---|")
     ctx = mp.get_context("spawn")
@@ -136,16 +184,27 @@ def main() -> None:
         ddp_time = fsdp_time = None
         for strategy in args.strategies:
             needed = 16 * count * world if strategy == "ddp" else 16 * count
-            if needed > _available() - KEEP_FREE:
+            if not args.memory_cap and needed > _available() - KEEP_FREE:
                 print(f"| {name} | {count / 1e6:.0f}M | {strategy} | {needed / world / 2**30:.1f} needed | not run: "
                       f"{needed / 2**30:.1f} GB for 2 processes > {(_available() - KEEP_FREE) / 2**30:.1f} GB | | | |")
                 continue
             out = ctx.Queue()
             port = 29500 + (os.getpid() + hash(strategy)) % 1000
-            procs = [ctx.Process(target=_worker, args=(r, world, port, name, strategy, args, out)) for r in range(world)]
+            procs = [ctx.Process(target=_worker, args=(r, world, port, name, strategy, args, out), daemon=True)
+                     for r in range(world)]
             for p in procs:
                 p.start()
-            rows = out.get()
+            kind, *result = _result(out, procs)
+            if kind != "done":
+                for p in procs:
+                    p.terminate()
+                for p in procs:
+                    p.join()
+                rank, phase, message = result
+                print(f"| {name} | {count / 1e6:.0f}M | {strategy} | {needed / world / 2**20:.2f} needed | "
+                      f"{kind} in {phase} (rank {rank}: {message}) | | | |", flush=True)
+                continue
+            rows = result[0]
             for p in procs:
                 p.join()
             state, peak, seconds = max(r[0] for r in rows), max(r[1] for r in rows), max(r[2] for r in rows)

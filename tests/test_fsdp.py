@@ -183,3 +183,41 @@ def test_compiled_blocks_under_fsdp_train_as_eager_ones(tmp_path):
         assert done.returncode == 0, done.stdout + done.stderr
     _assert_losses_close(tmp_path / "eager", tmp_path / "compiled")
     assert_weights_close(model_weights(tmp_path / "eager"), model_weights(tmp_path / "compiled"))
+
+
+@pytest.mark.parametrize("door", ["auto", "run directory", "file"])
+def test_a_resume_maps_the_checkpoint_file_instead_of_reading_it_into_each_process(tmp_path, monkeypatch, door):
+    """torch.load(mmap=True): the processes of a run share the file's pages (one copy a machine, not one a
+    process: 2 x 10 GB for a ViT-H checkpoint otherwise); the weights and moments come from the file."""
+    import vit_train.outputs.checkpoint as checkpoint_module
+    from vit_train.train.trainer import train
+
+    cfg = tiny_config(trainer={"max_steps": 4, "ckpt_every": 2})
+    run = tmp_path / "run"
+    train(cfg, run)
+    loaded = []
+    original = checkpoint_module.load_checkpoint
+
+    def spy(path, mmap=False):
+        ckpt = original(path, mmap)
+        loaded.append((path, _mapped_from(ckpt["model"]["head.weight"])))
+        return ckpt
+
+    monkeypatch.setattr(checkpoint_module, "load_checkpoint", spy)
+    resume = {"auto": "auto", "run directory": str(run), "file": str(run / "checkpoints" / "last.pt")}[door]
+    train(tiny_config(trainer={"max_steps": 6, "ckpt_every": 2}, resume=resume), run)
+    last = run / "checkpoints" / "last.pt"
+    assert [(str(p), name) for p, name in loaded] == [(str(last), str(last))]
+    assert read_results(run)["steps"] == 6
+
+
+def _mapped_from(tensor: torch.Tensor) -> str | None:
+    """The file whose mapping (/proc/self/maps) holds the tensor's memory; None for anonymous memory."""
+    address = tensor.data_ptr()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, end = (int(a, 16) for a in fields[0].split("-"))
+            if start <= address < end:
+                return fields[5].strip() if len(fields) == 6 and fields[5].startswith("/") else None
+    return None

@@ -67,7 +67,7 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
     # EarlyRecords: what is logged before train.log exists (the lock, the checkpoint search, the build) goes there too
     with EarlyRecords(), (rundir.locked(run_dir) if own_lock else contextlib.nullcontext()):
         started = time.time()
-        ckpt_path, ckpt = resume_from or find_resume_checkpoint(cfg.resume, run_dir) or (None, None)
+        ckpt_path, ckpt = resume_from or find_resume_checkpoint(cfg.resume, run_dir, mmap=True) or (None, None)
         if ckpt is None and run_checkpoints(run_dir):
             raise CheckpointError(f"{run_dir} already holds checkpoints; continue that run with resume=auto (or "
                                   f"resume={run_dir}), or start this one in another directory (hydra.run.dir=...)")
