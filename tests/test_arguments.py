@@ -11,7 +11,7 @@ from helpers.configs import composed
 from helpers.files import read_results
 from helpers.runs import vit_train
 
-from vit_train.cli import train as cli, commands
+from vit_train.cli import arguments, train as cli, commands
 from vit_train.errors import ConfigError
 
 NASTY = ["/tmp/a=b", "/tmp/photo #1.png", "/tmp/my data", "/tmp/a,b", "/tmp/[x]", "/tmp/café", "/tmp/日本",
@@ -27,13 +27,13 @@ def through_bash(text: str) -> list[str]:
 
 @pytest.mark.parametrize("path", NASTY)
 def test_the_quoting_the_error_names_gives_back_the_path(path):
-    (arg,) = through_bash(cli.quoted("data.root", path))
-    assert cli.parse_override(arg) == ("data.root", path)
+    (arg,) = through_bash(arguments.quoted("data.root", path))
+    assert arguments.parse_override(arg) == ("data.root", path)
 
 
 def test_a_list_of_nasty_paths_quoted_as_shown():
-    (arg,) = through_bash(cli.quoted("images", "[" + ",".join(NASTY[:3] + NASTY[5:7]) + "]"))
-    assert cli.parse_override(arg) == ("images", NASTY[:3] + NASTY[5:7])
+    (arg,) = through_bash(arguments.quoted("images", "[" + ",".join(NASTY[:3] + NASTY[5:7]) + "]"))
+    assert arguments.parse_override(arg) == ("images", NASTY[:3] + NASTY[5:7])
 
 
 @pytest.mark.parametrize("arg, why, fix", [
@@ -45,20 +45,20 @@ def test_a_list_of_nasty_paths_quoted_as_shown():
 ])
 def test_an_unreadable_value_is_one_line_naming_the_argument_and_the_quoting(arg, why, fix):
     with pytest.raises(ConfigError) as info:
-        cli.parse_override(arg)
+        arguments.parse_override(arg)
     message = str(info.value)
     assert message.startswith(f"cannot read the argument {arg!r} ({why}); quote the value, e.g. {fix} ")
     assert "\n" not in message
     (fixed,) = through_bash(fix)
-    assert cli.parse_override(fixed)[0] == arg.split("=")[0]
+    assert arguments.parse_override(fixed)[0] == arg.split("=")[0]
 
 
 def test_a_comma_is_a_sweep_only_with_minus_m():
     with pytest.raises(ConfigError, match=r"""is a sweep over several values .* e.g. "data.root='/d/a,b'", or add -m"""):
-        cli.check_override_keys(["data=imagefolder", "data.root=/d/a,b"], sweeps=False)
-    assert not cli.is_multirun(["data.root=/d/a,b"]) and cli.is_multirun(["-m", "optim.lr=1e-3,5e-4"])
-    cli.check_override_keys(["-m", "optim.lr=1e-3,5e-4"], sweeps=True)
-    cli.check_override_keys(["data.root='/d/a,b'"], sweeps=False)
+        arguments.check_override_keys(["data=imagefolder", "data.root=/d/a,b"], sweeps=False)
+    assert not arguments.is_multirun(["data.root=/d/a,b"]) and arguments.is_multirun(["-m", "optim.lr=1e-3,5e-4"])
+    arguments.check_override_keys(["-m", "optim.lr=1e-3,5e-4"], sweeps=True)
+    arguments.check_override_keys(["data.root='/d/a,b'"], sweeps=False)
 
 
 @pytest.mark.parametrize("main, args", [
@@ -134,4 +134,4 @@ def test_every_command_works_on_nasty_paths_quoted_as_shown(tmp_path, monkeypatc
     ("data.root=/data/my photos", "/data/my photos"),  # one shell argument with a space needs no Hydra quotes
 ])
 def test_what_the_grammar_reads_unquoted_is_not_refused(arg, value):
-    assert cli.parse_override(arg) == ("data.root", value)
+    assert arguments.parse_override(arg) == ("data.root", value)

@@ -14,7 +14,8 @@ from vit_train.data.datasets import TransformedDataset
 from vit_train.errors import CheckpointError, RunStopped
 from vit_train.models.vit import build_model
 from vit_train.runtime.preemption import StopRequest
-from vit_train.train.state import check_compatible, restore_rng
+from vit_train.train.resume_checks import check_compatible
+from vit_train.train.state import restore_rng
 from vit_train.outputs.weights import export_safetensors, load_weights
 from vit_train.train.trainer import train
 

@@ -306,7 +306,7 @@ def test_a_run_directory_named_like_a_checkpoint_file_is_a_run_directory(two_run
 
 
 def test_model_pretrained_on_resume_is_said_to_be_ignored(two_runs):
-    from vit_train.train.state import check_compatible
+    from vit_train.train.resume_checks import check_compatible
 
     ckpt = torch.load(two_runs / "a" / "checkpoints" / "last.pt", weights_only=True)
     changed = {**ckpt["config"], "model": {**ckpt["config"]["model"], "pretrained": "elsewhere.pt"}}

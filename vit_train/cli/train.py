@@ -13,54 +13,35 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import hydra
 import hydra.core.utils as hydra_core_utils
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from vit_train.cli import torchrun
+from vit_train.cli.arguments import (apply_overrides, check_override_keys, check_writable, is_multirun, is_resume_path,
+                                     resumes_existing)
 from vit_train.outputs import rundir
-from vit_train.config.schema import Config, config_dir as _config_dir, known_keys, run_dir_of, unknown_key_message
+from vit_train.config.schema import Config, config_dir as _config_dir, run_dir_of
 from vit_train.config.checks import LOSSES
 from vit_train.errors import ConfigError, RunStopped, UserError, exit_with
-from vit_train.extras import require
 from vit_train.outputs.rundir import RunDirBusy
 from vit_train.runtime.logs import EarlyRecords, QuietStdout
 from vit_train.config.unused_keys import override_keys
-
-GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer", "objective", "experiment", "hparams_search", "hydra")
-# Optional Hydra plugins a command line may ask for (extras.py names the extra that installs each).
-PLUGINS = {"hparams_search=optuna": "hydra_plugins.hydra_optuna_sweeper",
-           "hydra/sweeper=optuna": "hydra_plugins.hydra_optuna_sweeper",
-           "hydra/launcher=joblib": "hydra_plugins.hydra_joblib_launcher",
-           "hydra/launcher=parallel": "hydra_plugins.hydra_joblib_launcher",
-           "hydra/launcher=slurm": "hydra_plugins.hydra_submitit_launcher"}
-
-
-def _is_resume_path(resume: object) -> bool:
-    return resume not in (None, "auto", "null", "")
-
-
-def _resumes_existing(resume: object) -> bool:
-    return _is_resume_path(resume) and Path(str(resume)).expanduser().exists()
-
 
 def _output_subdir(resume: object, run_dir: str) -> str | None:
     """.hydra/, unless the directory already holds a run (its record of how it started is kept: a
     finished sweep job whose checkpoints were deleted still has its results.json), or this is not the
     first of several processes (rank 0 keeps the record)."""
     held = (Path(run_dir) / "checkpoints").is_dir() or (Path(run_dir) / "results.json").is_file()
-    if _resumes_existing(resume) or held or os.environ.get("RANK", "0") != "0":
+    if resumes_existing(resume) or held or os.environ.get("RANK", "0") != "0":
         return None
     return ".hydra"
 
@@ -69,7 +50,7 @@ def _output_subdir(resume: object, run_dir: str) -> str | None:
 # and leaves the .hydra/ record of the original run as it was. A missing PATH gets a fresh
 # directory (removed again when the run is refused), never a new folder at PATH.
 OmegaConf.register_new_resolver("vit_run_dir", lambda resume, default: str(run_dir_of(resume))
-                                if _resumes_existing(resume) else default, replace=True)
+                                if resumes_existing(resume) else default, replace=True)
 OmegaConf.register_new_resolver("vit_output_subdir", _output_subdir, replace=True)
 
 
@@ -92,7 +73,7 @@ def _save_hydra_record(cfg: DictConfig, filename: str, output_dir: Path) -> None
         error = place_error(e, path, "free some space, then run the same command again",
                             "give a writable hydra.run.dir=... (hydra.sweep.dir=... for -m)")
         run_dir = path.parent.parent
-        if not _resumes_existing(OmegaConf.select(cfg, "resume", default=None)) and torchrun.unused(run_dir):
+        if not resumes_existing(OmegaConf.select(cfg, "resume", default=None)) and torchrun.unused(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)  # a run that never started leaves no directory
         exit_with("vit-train", error)
 
@@ -100,114 +81,15 @@ def _save_hydra_record(cfg: DictConfig, filename: str, output_dir: Path) -> None
 hydra_core_utils._save_config = _save_hydra_record  # run_job calls it by this module-level name
 
 
-def parse_override(arg: str, sweep: bool = False) -> tuple[str, object]:
-    """(key, value) of one `key=value` argument, read by Hydra's override grammar in every command.
-
-    Raises ConfigError, one line naming the argument and the quoting that works, for a value the
-    grammar refuses ('#', '=', '[', '~', non-ASCII letters unquoted) and, unless `sweep`, for a
-    comma-separated value (Hydra's sweep syntax).
-    """
-    from hydra.errors import HydraException
-
-    key, _, text = arg.partition("=")
-    try:
-        override = OverridesParser.create().parse_override(arg)
-    except HydraException as e:
-        found = re.search(r"(?:token recognition error at: |mismatched input )'(.)", str(e))
-        why = f"{found.group(1)!r} needs quotes" if found else str(e).strip().splitlines()[0]
-        raise ConfigError(f"cannot read the argument {arg!r} ({why}); quote the value, e.g. {quoted(key, text)} "
-                          f"(see docs/troubleshooting.md, 'Quoting paths')") from None
-    if override.is_sweep_override() and not sweep:
-        raise ConfigError(f"{arg!r} is a sweep over several values (a ',' separates them); quote one value that holds "
-                          f"a comma, e.g. {quoted(key, text)}, or add -m to sweep")
-    return override.get_key_element().lstrip("+~"), override.value()
-
-
-def quoted(key: str, text: str) -> str:
-    """`key=text` quoted for Hydra and for the shell: "key='text'", or 'key=["a","b"]' for a list."""
-    if text.startswith("[") and text.endswith("]"):
-        items = [item.strip().strip("'\"") for item in text[1:-1].split(",")] if text[1:-1].strip() else []
-        inner = ",".join('"' + item.replace('"', '\\"') + '"' for item in items)
-        return "'" + f"{key}=[{inner}]".replace("'", "'\\''") + "'"
-    body = (text[1:-1] if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"" else text).replace("'", "\\'")
-    return '"' + f"{key}='{body}'".replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`") + '"'
-
-
-def is_multirun(args: list[str]) -> bool:
-    """Whether a vit-train command line runs a sweep (-m, --multirun, or an Optuna search)."""
-    return "-m" in args or "--multirun" in args or any(a.startswith("hparams_search=") for a in args)
-
-
-def check_override_keys(args: list[str], sweeps: bool = True) -> None:
-    """Refuse command-line keys the schema does not know, naming the closest valid key, values that
-    cannot be parsed (naming the quoting that works; with `sweeps` False also a comma-separated
-    value, which Hydra reads as a sweep), and plugins that are not installed, naming the extra that
-    installs them."""
-    valid = known_keys()
-    for arg in args:
-        if arg in PLUGINS:
-            require(PLUGINS[arg], arg, needs="a Hydra plugin that is not installed")
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        key, _ = parse_override(arg, sweep=sweeps)
-        if key in GROUPS or "/" in key or key.split(".")[0] == "hydra":  # group choices and Hydra's own keys
-            continue
-        if key not in valid:
-            raise ConfigError(unknown_key_message(key, valid))
-
-
-def check_writable(args: list[str]) -> None:
-    """Refuse, before Hydra creates it, a run or sweep directory that cannot be written (a read-only
-    working directory, say), naming the key that moves it."""
-    multirun = is_multirun(args)
-    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    given = [a.split("=", 1)[1] for a in args if a.startswith(key + "=")]
-    resume = [a.split("=", 1)[1] for a in args if a.startswith("resume=")]
-    if given:
-        target = Path(given[-1])
-    elif not multirun and resume and _resumes_existing(resume[-1]):
-        target = run_dir_of(resume[-1])
-    else:
-        target = Path("outputs/multirun" if multirun else "outputs")
-    folder = target.absolute()
-    while not folder.exists():
-        folder = folder.parent
-    kind = "sweep" if multirun else "run"
-    if not folder.is_dir():  # a file (or a FIFO) where the directory or one above it would be
-        raise ConfigError(f"cannot create the {kind} directory {target}: {folder} is not a folder; give "
-                          f"another one with {key}=/path/to/dir")
-    try:
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as e:
-        where = f"the {kind} directory {target} cannot be written" if folder == target.absolute() else \
-            f"cannot create the {kind} directory {target} in {folder}"
-        raise ConfigError(f"{where} ({e.strerror}); give a writable one with {key}=/path/to/dir, or run from a "
-                          f"writable directory") from None
-
-
-def apply_overrides(saved: dict, overrides: list[str]) -> dict:
-    """The saved config with key=value overrides applied; group choices cannot change on resume."""
-    cfg = OmegaConf.create(saved)
-    for override in OverridesParser.create().parse_overrides(overrides):
-        key = override.key_or_group
-        if key == "resume":
-            continue
-        if key in GROUPS:
-            raise ConfigError(f"'{override.input_line}' picks a config group, but a resumed run keeps its saved "
-                              f"config; override single keys (e.g. trainer.epochs=300) or start a new run")
-        OmegaConf.update(cfg, key, override.value(), merge=True)
-    return OmegaConf.to_container(cfg)
-
-
 def compose_config(cfg: DictConfig) -> tuple[Config, list[str], tuple[Path, dict] | None]:
     """The typed config for this run, the command-line overrides that made it, and for `resume=PATH`
     the (path, checkpoint) it names, loaded once here for its config and handed to the trainer (which
     finds resume=auto's itself, in the run directory); logs one warning per key the options ignore."""
     overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
-    if _is_resume_path(cfg.resume):
+    if is_resume_path(cfg.resume):
         from vit_train.outputs.checkpoint import find_resume_checkpoint
 
-        from vit_train.train.state import check_own_run
+        from vit_train.train.resume_checks import check_own_run
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         path, ckpt = find_resume_checkpoint(cfg.resume, run_dir, mmap=True)
@@ -255,7 +137,7 @@ def _run_or_job(cfg: DictConfig) -> float:
 
         results = train(config, run_dir, overrides, resume_from, lock=lock)
     except UserError as e:
-        if not isinstance(e, RunDirBusy) and not _resumes_existing(cfg.resume) and torchrun.unused(run_dir):
+        if not isinstance(e, RunDirBusy) and not resumes_existing(cfg.resume) and torchrun.unused(run_dir):
             shutil.rmtree(run_dir)  # a run refused before it started leaves no empty directory behind
         exit_with("vit-train", e)
     except RunStopped as e:

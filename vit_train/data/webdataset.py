@@ -175,7 +175,7 @@ class StreamPlan(EpochSampler):
         super().__init__(stream.split.samples, stream.seed, 1, batch_size, stream.rank, stream.world_size)
 
     def set_epoch(self, epoch: int, start: int = 0, end: int = 0) -> None:
-        """`start` must fall on a global batch's boundary of this batch size (train/state.py refuses a changed
+        """`start` must fall on a global batch's boundary of this batch size (train/resume_checks.py refuses a changed
         data.batch_size in the middle of a webdataset epoch); `end` (0: the fresh epoch's) likewise."""
         super().set_epoch(epoch, start, end)
         if start % self.batch_size or self.end != self.full_end():

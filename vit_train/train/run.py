@@ -30,7 +30,8 @@ from vit_train.objectives.weights_in import load_pretrained
 from vit_train.outputs.identity import new_run_id
 from vit_train.train.optim import build_optimizer, build_scheduler
 from vit_train.train import sharding
-from vit_train.train.state import TrainState, build_ema, check_data_position, restore, restore_weights
+from vit_train.train.resume_checks import check_data_position
+from vit_train.train.state import TrainState, build_ema, restore, restore_weights
 from vit_train.train.skips import SkippedSteps, skips_on_device
 from vit_train.train.throughput import TrainWindow, peak_tflops
 from vit_train.viz.figures import TrainingVisuals

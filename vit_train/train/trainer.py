@@ -34,7 +34,8 @@ from vit_train.runtime.logs import EarlyRecords
 from vit_train.runtime.preemption import StopRequest
 from vit_train.train import sharding
 from vit_train.train.run import Run, build_run
-from vit_train.train.state import check_compatible, check_own_run, checkpoint_state
+from vit_train.train.resume_checks import check_compatible, check_own_run
+from vit_train.train.state import checkpoint_state
 from vit_train.train.step import diverged_message, train_step
 from vit_train.train.throughput import log_train
 
@@ -55,7 +56,7 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
     `lock`: the run directory's lock (rundir.py) when the caller holds it (the command line, a sweep
     job, torchrun's rank 0); it stays held. Without one, rank 0 takes it for the run and frees it.
     Raises RunDirBusy when another process holds `run_dir`, and CheckpointError/ConfigError for a
-    resumed config that changes what the checkpoint means (state.check_compatible), both before
+    resumed config that changes what the checkpoint means (resume_checks.check_compatible), both before
     touching anything in it.
     Raises RunStopped when a stop signal or diverging losses end the run early (after writing
     results.json, and for a signal a checkpoint to resume from). Any other error once the run is
