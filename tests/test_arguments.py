@@ -91,6 +91,7 @@ def test_a_value_split_by_the_shell_is_refused_with_the_quoting():
         commands.parse_args(["ckpt=/tmp/my", "run/last.pt"], {"ckpt": ...})
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_every_command_works_on_nasty_paths_quoted_as_shown(tmp_path, monkeypatch, capsys):
     """vit-train (data.root, hydra.run.dir, resume), vit-eval, vit-predict and vit-export, each given
     paths with '=', '#', spaces, commas, brackets and non-ASCII letters, quoted as the docs show."""

@@ -49,17 +49,20 @@ def test_print_config(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
-@pytest.mark.parametrize("args, message", [
+@pytest.mark.parametrize("args, message", [  # three fast, the others slow: to keep `pytest` near 5 minutes
     (["optim.learning_rate=1e-3"], "unknown config key 'optim.learning_rate'; did you mean 'optim.lr'?"),
-    (["model.patch_size=5"], "model.img_size (32) must be divisible by model.patch_size (5)"),
-    (["model.embed_dim=100", "model.num_heads=3"], "model.embed_dim (100) must be divisible by model.num_heads (3)"),
-    (["data.batch_size=0"], "data.batch_size must be > 0"),
-    (["optim.lr=0"], "optim.lr must be > 0"),
+    pytest.param(["model.patch_size=5"], "model.img_size (32) must be divisible by model.patch_size (5)",
+                 marks=pytest.mark.slow),
+    pytest.param(["model.embed_dim=100", "model.num_heads=3"],
+                 "model.embed_dim (100) must be divisible by model.num_heads (3)", marks=pytest.mark.slow),
+    pytest.param(["data.batch_size=0"], "data.batch_size must be > 0", marks=pytest.mark.slow),
+    pytest.param(["optim.lr=0"], "optim.lr must be > 0", marks=pytest.mark.slow),
     (["trainer.precision=fp8"], "trainer.precision must be one of auto, bf16, fp16, fp32"),
-    (["data=imagefolder"], "needs data.root"),
+    pytest.param(["data=imagefolder"], "needs data.root", marks=pytest.mark.slow),
     (["data=imagefolder", "data.root={tmp}"], "has no train/ or val/"),
-    (["data=cifar10", "data.root={tmp}", "data.download=false"], "no CIFAR-10 batches under"),
-    (["resume={tmp}/missing"], "does not exist"),
+    pytest.param(["data=cifar10", "data.root={tmp}", "data.download=false"], "no CIFAR-10 batches under",
+                 marks=pytest.mark.slow),
+    pytest.param(["resume={tmp}/missing"], "does not exist", marks=pytest.mark.slow),
 ])
 def test_bad_input_is_one_clear_line_and_leaves_nothing_behind(tmp_path, args, message):
     done = vit_train(*[a.format(tmp=tmp_path) for a in args], cwd=tmp_path)
@@ -70,6 +73,7 @@ def test_bad_input_is_one_clear_line_and_leaves_nothing_behind(tmp_path, args, m
     assert not list(tmp_path.glob("outputs/*/*"))
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_unknown_group_option_lists_the_valid_ones(tmp_path):
     done = vit_train("model=vit_gigantic", cwd=tmp_path)  # no such option
     assert done.returncode == 1
@@ -89,6 +93,7 @@ def test_diverging_run_stops_with_status_3_and_keeps_the_good_checkpoint(tmp_pat
     assert read_results(run)["status"] == "diverged"
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_a_new_run_in_a_used_directory_is_refused_and_its_record_kept(tmp_path):
     run = tmp_path / "run"
     assert vit_train(*TINY, "trainer.max_steps=2", f"hydra.run.dir={run}", cwd=tmp_path).returncode == 0

@@ -119,6 +119,7 @@ def test_vit_eval_group_switch_gives_the_whole_section():
     assert group_file("data", "cifar10") == {**DEFAULTS["data"], "name": "cifar10", "root": "data", "num_workers": 4}
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_the_warning_is_in_a_real_runs_log(tmp_path):
     done = vit_train(*TINY, "trainer.max_steps=1", "optim.momentum=0.5", "aug=autoaug", "aug.switch_prob=0.3",
                      f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)

@@ -34,6 +34,7 @@ def test_each_process_takes_its_share_of_the_same_global_batches():
     assert [i for i, _ in resumed] == shards[1][8:]
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_two_processes_train_like_one_and_write_one_set_of_files(tmp_path):
     one = vit_train(*TINY, "trainer.epochs=2", f"hydra.run.dir={tmp_path / 'one'}", cwd=tmp_path)
     assert one.returncode == 0, one.stderr

@@ -139,9 +139,10 @@ def test_an_out_folder_holding_another_tools_metrics_json_is_refused_and_left_al
     assert file_bytes(tmp_path) == before
 
 
-@pytest.mark.parametrize("out, says", [("folder", "is a folder; give a file name"),
-                                       ("m.safetensors", "does not end in .onnx, the format written"),
-                                       ("m.pt", "does not end in .onnx, the format written")])
+@pytest.mark.parametrize("out, says", [  # one fast, the others slow: to keep `pytest` near 5 minutes
+    pytest.param("folder", "is a folder; give a file name", marks=pytest.mark.slow),
+    pytest.param("m.safetensors", "does not end in .onnx, the format written", marks=pytest.mark.slow),
+    ("m.pt", "does not end in .onnx, the format written")])
 def test_vit_export_refuses_an_out_that_is_a_folder_or_names_another_format(tmp_path, out, says):
     from helpers.runs import command
 
@@ -164,7 +165,9 @@ def test_the_per_class_table_lines_up_with_wide_class_names():
     assert columns("猫") == 2 and columns("é") == 1 and columns("e\u0301") == 1
 
 
-@pytest.mark.parametrize("out, fmt", [("m.onnx", "onnx"), ("m.safetensors", "safetensors"), ("m.bin", None)])
+@pytest.mark.parametrize("out, fmt", [  # one fast, the others slow: to keep `pytest` near 5 minutes
+    pytest.param("m.onnx", "onnx", marks=pytest.mark.slow),
+    pytest.param("m.safetensors", "safetensors", marks=pytest.mark.slow), ("m.bin", None)])
 def test_vit_export_takes_the_format_from_outs_extension_when_format_is_not_given(tmp_path, out, fmt):
     from helpers.runs import command
 

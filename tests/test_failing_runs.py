@@ -31,6 +31,7 @@ SHORT = {"trainer": {"max_steps": 2, "log_every": 1}}
 # ---------------------------------------------------------------- the lock, from train() itself
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_train_holds_its_directory_for_the_whole_run_and_frees_it_at_the_end(tmp_path, monkeypatch):
     seen = []
     real_save = trainer_module.save
@@ -61,6 +62,7 @@ def test_train_into_a_directory_another_process_holds_raises_and_touches_nothing
         holder.wait()
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_under_the_command_lines_lock_train_neither_locks_twice_nor_lets_go(tmp_path):
     lock = rundir.acquire(tmp_path)  # what the CLI's Hydra callback does before the run
     try:
@@ -71,6 +73,7 @@ def test_under_the_command_lines_lock_train_neither_locks_twice_nor_lets_go(tmp_
     assert lock_is_free(tmp_path)
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_only_rank_0_takes_the_lock(tmp_path, monkeypatch):
     """Under torchrun rank 0 holds the directory for every process: another rank must not try to
     take it (it would find it held by rank 0 and stop)."""

@@ -246,6 +246,7 @@ def test_every_flipped_region_of_a_checkpoint_is_refused_or_harmless(tmp_path, m
 # ---------------------------------------------------------------- two writers
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_a_forked_child_does_not_keep_the_lock(tmp_path):
     from vit_train.outputs import rundir
 
@@ -388,6 +389,7 @@ def test_a_second_vit_train_into_a_running_runs_directory_exits_2_and_changes_no
     assert all(torch.equal(a[k], b[k]) for k in b)
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_a_second_sweep_into_a_sweep_directory_in_use_is_refused(tmp_path):
     holder = hold_lock(tmp_path / "sweep")
     try:

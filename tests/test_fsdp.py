@@ -65,6 +65,7 @@ def _assert_same_layout_and_close(a: dict, b: dict):
             torch.testing.assert_close(value, ob["state"][i][key], rtol=1e-4, atol=1e-7, msg=f"{i}.{key}")
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_fsdp_trains_as_ddp_and_as_one_process_and_saves_the_same_checkpoint(tmp_path):
     fsdp = torchrun(*TINY, *EXTRAS, "trainer.epochs=2", FSDP, "hydra.run.dir=fsdp", cwd=tmp_path)
     assert fsdp.returncode == 0, fsdp.stdout + fsdp.stderr

@@ -201,6 +201,7 @@ def test_a_killed_part_ends_the_commands_it_started(tmp_path):
         raise AssertionError("the command outlived its part")
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_jpeg_folder_after_torch_used_threads_does_not_hang_and_decodes(tmp_path):
     """Forked workers that touch torch's OpenMP pool after the parent used it can hang for ever
     (pytorch/pytorch#19996, #45198, #130610); the JPEG writer's workers only encode with PIL."""

@@ -154,6 +154,7 @@ def test_decompression_bombs_are_refused_before_decoding(tmp_path, side):
         open_rgb(tmp_path / "bomb.png")
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_vit_predict_refuses_a_bomb_in_one_line(tmp_path, checkpoint):
     png_claiming(tmp_path / "bomb.png", 10_000, 10_000)
     Image.new("RGB", (16, 16)).save(tmp_path / "fine.png")

@@ -31,8 +31,9 @@ def test_every_data_option_has_sizes_in_the_table():
     assert sorted(DATASET_DEFAULTS) == DATA_OPTIONS
 
 
-@pytest.mark.parametrize("data, size, patch", [("cifar10", 32, 4), ("cifar100", 32, 4), ("imagefolder", 224, 16),
-                                               ("shapes", 32, 4)])
+@pytest.mark.parametrize("data, size, patch", [  # one fast, the others slow: to keep `pytest` near 5 minutes
+    pytest.param("cifar10", 32, 4, marks=pytest.mark.slow), pytest.param("cifar100", 32, 4, marks=pytest.mark.slow),
+    pytest.param("imagefolder", 224, 16, marks=pytest.mark.slow), ("shapes", 32, 4)])
 def test_print_config_shows_the_data_sets_sizes(data, size, patch, tmp_path):
     model = printed_model(f"data={data}", cwd=tmp_path)
     assert (model["img_size"], model["patch_size"]) == (size, patch) == DATASET_DEFAULTS[data]

@@ -32,6 +32,7 @@ pytest.importorskip("matplotlib")
 
 # --- vit-eval -------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_eval_top1_equals_the_training_runs_final_top1_for_model_and_ema(trained_run, tmp_path):
     run_dir, results = trained_run
     last = run_dir / "checkpoints" / "last.pt"
@@ -48,6 +49,7 @@ def test_eval_top1_equals_the_training_runs_final_top1_for_model_and_ema(trained
     assert json.loads((tmp_path / "raw" / "metrics.json").read_text())["top1"] == raw["top1"]
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_vit_eval_command_prints_the_table_and_writes_figures(trained_run):
     run_dir, results = trained_run
     done = command("eval", f"ckpt={run_dir}", "attention.images=4", "progress=false")  # a run dir: its best.pt
@@ -68,6 +70,7 @@ def test_vit_eval_command_prints_the_table_and_writes_figures(trained_run):
         assert pixels.std() > 20, f"{name} looks blank"
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 @pytest.mark.parametrize("won", ["model", "ema"])
 def test_auto_weights_are_the_ones_that_scored_best_for_best_pt(trained_run, tmp_path, won):
     """best.pt with best_source forced each way: weights=auto evaluates that side, in vit-eval,
@@ -107,6 +110,7 @@ def test_auto_weights_for_a_masked_autoencoder_take_the_lower_loss(scores, won):
     assert source == won and f"reconstruction loss {scores[won]:.4f}" in why
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_vit_eval_and_export_take_a_run_directory(trained_run, tmp_path):
     run_dir, _ = trained_run
     done = command("export", f"ckpt={run_dir}", "format=safetensors", f"out={tmp_path / 'm.safetensors'}", "--json")
@@ -117,17 +121,18 @@ def test_vit_eval_and_export_take_a_run_directory(trained_run, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    ([], "missing ckpt=..."),
-    (["ckpt=x.pt", "atention.images=3"], "unknown option 'atention.images'"),
+    pytest.param([], "missing ckpt=...", marks=pytest.mark.slow),  # two fast, the others slow: `pytest` ~5 min
+    pytest.param(["ckpt=x.pt", "atention.images=3"], "unknown option 'atention.images'", marks=pytest.mark.slow),
     (["ckpt=x.pt", "data.rot=/x"], "did you mean 'data.root'"),
     (["ckpt=x.pt", "data=mnist"], "no data option 'mnist'"),
-    (["ckpt=missing.pt"], "ckpt=missing.pt does not exist"),
+    pytest.param(["ckpt=missing.pt"], "ckpt=missing.pt does not exist", marks=pytest.mark.slow),
 ])
 def test_vit_eval_bad_arguments_are_one_line_and_exit_2(args, message):
     done = command("eval", *args)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_eval_on_data_with_other_classes_is_refused(trained_run, tmp_path):
     run_dir, _ = trained_run
     folders = tmp_path / "images"
@@ -167,6 +172,7 @@ def rollout_mass_in_box(model, count=200):
     return (per_pixel * box).sum((1, 2)), box.float().mean((1, 2))
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_rollout_points_at_the_shape(trained_run):
     """After the short training, 35% of the rollout mass lies in the shape's bounding box, which covers
     20% of the image: 2.0x its area on average (an untrained model: 1.00x), and more than its area in
@@ -183,6 +189,7 @@ def test_rollout_points_at_the_shape(trained_run):
     assert (mass / area).mean() == pytest.approx(1.0, abs=0.05)
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_training_logs_figures_to_tensorboard_every_viz_every_evals(tmp_path, make_config):
     train(make_config(trainer={"viz_every": 2, "eval_every": 2, "max_steps": 8},
                       aug={"mixup_alpha": 0.8}), tmp_path)
@@ -194,6 +201,7 @@ def test_training_logs_figures_to_tensorboard_every_viz_every_evals(tmp_path, ma
 
 # --- vit-predict ----------------------------------------------------------------------------------
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_predict_names_the_shape_in_image_files(trained_run, tmp_path):
     run_dir, _ = trained_run
     images, labels, _ = generate_shapes_with_masks(10, 32, seed=777)
@@ -223,6 +231,7 @@ def test_predict_names_the_shape_in_image_files(trained_run, tmp_path):
 
 # --- vit-export -----------------------------------------------------------------------------------
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_safetensors_export_loads_back_with_identical_outputs_here_and_in_timm(trained_run, tmp_path):
     timm = pytest.importorskip("timm")
     run_dir, _ = trained_run

@@ -34,6 +34,7 @@ def test_wheel_ships_every_config_file(installed):
     assert shipped == source
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_installed_package_trains_from_another_directory(installed, tmp_path):
     where = run_installed(installed, tmp_path, "-c", "import vit_train.cli.train as c; print(c.__file__, c._config_dir())")
     assert where.returncode == 0, where.stderr

@@ -87,6 +87,7 @@ def test_a_checkpoint_without_a_window_resumes_with_an_empty_one(tmp_path):
     assert empty.state_dict()["finite_steps"] == 0
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_distills_terms_after_a_kill_between_logs_are_the_uninterrupted_runs(tmp_path):
     train(tiny_config(trainer={"max_steps": 2}), tmp_path / "teacher")
     teacher = str(tmp_path / "teacher" / "checkpoints" / "last.pt")

@@ -125,6 +125,7 @@ def test_the_config_is_one_console_line_and_whole_in_train_log(tmp_path, make_co
     assert yaml.safe_load(whole) == cfg.to_dict()
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_the_command_line_in_a_log_shows_one_config_line_and_whole_progress_lines(tmp_path):
     """The real command, its stderr and stdout pipes as under SLURM or `> file`."""
     args = [a for a in TINY if a != "trainer.progress=false"]

@@ -30,6 +30,7 @@ def test_small_images_get_a_3x3_stem_without_max_pool(arch, params):
         assert trunk(torch.randn(1, 3, 32, 32)).shape[-2:] == (4, 4)  # 32 -> 32, 16, 8, 4: no stem downsampling
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_a_resnet_trains_evaluates_and_exports(tmp_path, make_config):
     pytest.importorskip("onnxscript")
     from vit_train.tools.export import export

@@ -61,7 +61,8 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-@pytest.mark.parametrize("name", ["metrics.jsonl", ".lock", "train.log"])
+@pytest.mark.parametrize("name", [  # one fast, the others slow: to keep `pytest` near 5 minutes
+    "metrics.jsonl", pytest.param(".lock", marks=pytest.mark.slow), pytest.param("train.log", marks=pytest.mark.slow)])
 def test_vit_train_resume_with_a_fifo_run_file_exits_2_in_one_line(tmp_path, fifos, name):
     run = tmp_path / "run"
     run.mkdir()

@@ -52,6 +52,7 @@ def test_log_messages_reads_records_and_their_further_lines(tmp_path):
     assert console_records(tmp_path / "train.log") == ["warning: a", "b [c]"]
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_every_line_the_command_printed_is_in_train_log_in_order(tmp_path, mae_run):
     """MAE fine-tuning from the command line, with a key the objective ignores (the command line's own
     warning, logged before the run directory is used): stdout is the log; train.log has all of it."""

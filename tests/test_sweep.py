@@ -68,6 +68,7 @@ def test_rerunning_the_sweep_skips_finished_jobs_and_resumes_unfinished_ones(gri
     assert read_results(sweep_dir / "2")["best_top1"] == before["2"]["best_top1"]
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_a_failing_job_is_recorded_the_others_finish_and_the_exit_status_says_so(tmp_path):
     sweep_dir = tmp_path / "sweep"
     done = vit_train("-m", *SHORT, "model.patch_size=4,5,8", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
@@ -87,6 +88,7 @@ MAE_SHORT = [*SHORT, "objective=mae", "mae.decoder_dim=16", "mae.decoder_depth=1
              "mae.mask_ratio=0.5,0.75"]
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_a_masked_autoencoder_sweep_minimises_its_reconstruction_loss(tmp_path):
     sweep_dir = tmp_path / "sweep"
     refused = vit_train("-m", *MAE_SHORT, f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)  # objective best_top1
@@ -106,6 +108,7 @@ def test_a_masked_autoencoder_sweep_minimises_its_reconstruction_loss(tmp_path):
         assert [float(row["objective"]) for row in csv.DictReader(f)] == losses
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_a_sweep_directory_of_another_grid_is_not_resumed_into(grid, tmp_path):
     sweep_dir, _, first = grid
     assert first.returncode == 0

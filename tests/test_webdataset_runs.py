@@ -50,6 +50,7 @@ def stop_at(run_dir: Path, shards: Path, signal: str, row: int) -> subprocess.Co
                           text=True, timeout=300)
 
 
+@pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_a_run_killed_mid_epoch_resumes_as_the_uninterrupted_run(shards, reference, tmp_path):
     done = stop_at(tmp_path, shards, "KILL", 6)  # after step 6's row: epoch 2, step 2 of 4 (last.pt of step 5)
     assert done.returncode == -9, done.stderr[-2000:]
