@@ -191,3 +191,28 @@ def test_figures_with_two_processes_sum_the_confusion_matrix_on_every_process(tm
     assert read_results(tmp_path / "run")["status"] == "completed"
     assert any("confusion" in tag for tag in tb_events(tmp_path / "run").Tags()["images"])
 
+
+
+@pytest.mark.parametrize("rank, contents, kept", [
+    ("0", [".hydra/config.yaml", ".lock"], False),  # rank 0: only Hydra's record and the lock -> removed
+    ("0", [".hydra/config.yaml", "train.log"], True),  # a run wrote into it: kept
+    ("0", None, False),  # gone already (another process): no error
+    ("1", [], False),  # another rank: an empty directory its Hydra made again after rank 0 removed it
+    ("1", [".hydra/config.yaml"], True),  # rank 0's record still in it: rank 0 removes it, not this rank
+    ("1", None, False),
+])
+def test_a_refused_run_directory_is_removed_by_rank_0_and_by_others_only_when_empty(tmp_path, monkeypatch, rank,
+                                                                                     contents, kept):
+    """Under torchrun every process refuses a bad config at once; each removing the directory raced Hydra's
+    writes in another (OSError tracebacks, 2 of 3 tries with 3 processes)."""
+    from vit_train.cli.torchrun import remove_unused
+
+    run_dir = tmp_path / "run"
+    for name in contents or []:
+        (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / name).write_text("x")
+    if contents is not None:
+        run_dir.mkdir(exist_ok=True)
+    monkeypatch.setenv("RANK", rank)
+    remove_unused(run_dir)
+    assert run_dir.exists() == kept

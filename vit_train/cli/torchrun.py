@@ -48,3 +48,18 @@ def shared_run_dir(config: Config, run_dir: Path, lock: rundir.RunLock | None) -
 def unused(run_dir: Path) -> bool:
     """Whether `run_dir` holds nothing but Hydra's record and the lock: no run has written into it."""
     return {p.name for p in run_dir.iterdir()} <= {".hydra", rundir.LOCK_NAME}
+
+
+def remove_unused(run_dir: Path) -> None:
+    """Remove the directory of a run refused before it started. Under torchrun every process refuses the
+    same config at once: rank 0 removes the directory when no run has written into it (`unused`); another
+    rank, whose Hydra may have made the directory again after that, removes it only when empty. Nothing
+    is raised when another process got there first."""
+    try:
+        if os.environ.get("RANK", "0") == "0":
+            if unused(run_dir):
+                shutil.rmtree(run_dir, ignore_errors=True)
+        else:
+            run_dir.rmdir()
+    except OSError:  # gone already, or (another rank) rank 0's record still in it: rank 0 removes it
+        pass

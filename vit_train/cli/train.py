@@ -137,8 +137,8 @@ def _run_or_job(cfg: DictConfig) -> float:
 
         results = train(config, run_dir, overrides, resume_from, lock=lock)
     except UserError as e:
-        if not isinstance(e, RunDirBusy) and not resumes_existing(cfg.resume) and torchrun.unused(run_dir):
-            shutil.rmtree(run_dir)  # a run refused before it started leaves no empty directory behind
+        if not isinstance(e, RunDirBusy) and not resumes_existing(cfg.resume):
+            torchrun.remove_unused(run_dir)  # a run refused before it started leaves no directory behind
         exit_with("vit-train", e)
     except RunStopped as e:
         print(f"vit-train: {e}", file=sys.stderr)
