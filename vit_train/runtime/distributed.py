@@ -116,6 +116,19 @@ def broadcast(value):
     return box[0]
 
 
+def broadcast_buffers(*modules: torch.nn.Module | None) -> None:
+    """Rank 0's buffers of `modules` (BatchNorm's running statistics, an EMA's copies of them) on every
+    process, in place; a no-op with one process. The evaluation calls it first: each process evaluates a
+    share of the val set, and with another process's statistics the logged score would be of no saved model.
+    Rank 0's are the ones checkpoints hold and the ones DDP's broadcast_buffers gives every process at each
+    forward (FSDP leaves buffers alone, so there each process's drift apart while training)."""
+    if not _context.enabled:
+        return
+    for module in modules:
+        for buffer in module.buffers() if module is not None else []:
+            dist.broadcast(buffer, src=0)
+
+
 def max_all(value: int, device: torch.device) -> int:
     """The largest of the processes' values."""
     if not _context.enabled:

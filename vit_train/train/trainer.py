@@ -82,7 +82,7 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
             if ckpt:
                 log.info("resumed from %s at epoch %d, step %d", ckpt_path, run.state.epoch + 1, run.state.step)
                 complete_interrupted_save(run, Path(ckpt_path))
-                for change in changes:
+                for change in changes if run.ctx.is_main else []:  # said once, not by every process
                     log.warning("changed since the checkpoint: %s", change)
             else:
                 run.logger.config(cfg.to_dict(), step=0)
@@ -214,9 +214,10 @@ def describe(run: Run) -> None:
     """The run's size, device and throughput reference, in the log."""
     cfg, window = run.cfg, run.window
     labels = objective_of(cfg).data_text(len(run.data.class_names))
+    strategy = "FSDP: weights, gradients and optimiser state sharded" if sharding.is_sharded(run.model) else "DDP"
     log.info("%s: %.2fM parameters, %s, %d steps (%d per epoch), device %s%s, precision %s", cfg.model.name,
-             sum(p.numel() for p in run.model.parameters()) / 1e6, labels, run.total_steps,
-             run.data.steps_per_epoch, run.device, f" x {run.ctx.world_size} processes" if run.ctx.enabled else "",
+             sum(p.numel() for p in run.model.parameters()) / 1e6, labels, run.total_steps, run.data.steps_per_epoch,
+             run.device, f" x {run.ctx.world_size} processes ({strategy})" if run.ctx.enabled else "",
              run.amp_dtype or torch.float32)
     log.info("%.2f GFLOP per training image; peak %s", window.flops_per_image / 1e9,
              f"{window.peak_tflops:g} TFLOP/s (MFU logged)" if window.peak_tflops else
@@ -265,6 +266,7 @@ def evaluate(run: Run, stop: StopRequest | None = None) -> dict[str, float] | No
     state, objective = run.state, objective_of(run.cfg)
     progress, metric, limit = run.cfg.trainer.progress and run.ctx.is_main, objective.METRIC, run.cfg.trainer.limit_val_batches
     during = contextlib.nullcontext() if stop is None else stop.during(f"the evaluation of step {state.step}")
+    distributed.broadcast_buffers(run.model, run.ema)  # every process evaluates the model rank 0 saves (BatchNorm)
     with run.window.paused(), sharding.gathered(run.cfg, run.model, run.ema), during:  # FSDP: no collective per val batch
         val = FirstBatches(run.data.val_loader, limit)  # trainer.limit_val_batches: a partial validation, said so
         passes = UntilStop(val, stop)
