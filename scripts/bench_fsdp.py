@@ -152,6 +152,11 @@ def _cpu() -> str:
     return names[0] if names else platform.machine()
 
 
+def _millions(count: int) -> str:
+    """A parameter count as the table shows it: 87M, 0.06M."""
+    return f"{count / 1e6:.0f}M" if count >= 1e7 else f"{count / 1e6:.2f}M"
+
+
 def _params(name: str, img: int) -> int:
     from vit_train.models.vit import build_model
 
@@ -185,7 +190,7 @@ def main() -> None:
         for strategy in args.strategies:
             needed = 16 * count * world if strategy == "ddp" else 16 * count
             if not args.memory_cap and needed > _available() - KEEP_FREE:
-                print(f"| {name} | {count / 1e6:.0f}M | {strategy} | {needed / world / 2**30:.1f} needed | not run: "
+                print(f"| {name} | {_millions(count)} | {strategy} | {needed / world / 2**20:.2f} needed | not run: "
                       f"{needed / 2**30:.1f} GB for 2 processes > {(_available() - KEEP_FREE) / 2**30:.1f} GB | | | |")
                 continue
             out = ctx.Queue()
@@ -201,7 +206,7 @@ def main() -> None:
                 for p in procs:
                     p.join()
                 rank, phase, message = result
-                print(f"| {name} | {count / 1e6:.0f}M | {strategy} | {needed / world / 2**20:.2f} needed | "
+                print(f"| {name} | {_millions(count)} | {strategy} | {needed / world / 2**20:.2f} needed | "
                       f"{kind} in {phase} (rank {rank}: {message}) | | | |", flush=True)
                 continue
             rows = result[0]
@@ -211,7 +216,7 @@ def main() -> None:
             ddp_time = seconds if strategy == "ddp" else ddp_time
             fsdp_time = seconds if strategy == "fsdp" else fsdp_time
             ratios = [f"{seconds / base:.2f}x" if base else "" for base in (ddp_time, fsdp_time)]
-            print(f"| {name} | {count / 1e6:.0f}M | {strategy} | {state / 2**20:.2f} | {peak / 2**30:.2f} | "
+            print(f"| {name} | {_millions(count)} | {strategy} | {state / 2**20:.2f} | {peak / 2**30:.2f} | "
                   f"{seconds:.2f} | {ratios[0]} | {ratios[1]} |", flush=True)
 
 

@@ -15,6 +15,7 @@ parameters (one foreach call cannot take both); clipping by the global norm of D
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -73,6 +74,8 @@ def test_fsdp_trains_as_ddp_and_as_one_process_and_saves_the_same_checkpoint(tmp
     assert ddp.returncode == 0, ddp.stdout + ddp.stderr
     _assert_losses_close(tmp_path / "ddp", tmp_path / "fsdp")
     _assert_same_layout_and_close(_ckpt(tmp_path / "ddp"), _ckpt(tmp_path / "fsdp"))
+    assert "x 2 processes (FSDP: weights, gradients and optimiser state sharded)" in (tmp_path / "fsdp" / "train.log").read_text()
+    assert "x 2 processes (DDP)" in (tmp_path / "ddp" / "train.log").read_text()
     # against one process (drop path off: its draws are per process)
     quiet = [a for a in EXTRAS if not a.startswith("model.drop_path")]
     one = vit_train(*TINY, *quiet, "trainer.epochs=2", "hydra.run.dir=one", cwd=tmp_path)
@@ -121,6 +124,8 @@ def test_every_objective_trains_under_fsdp_as_under_ddp(tmp_path, objective):
         assert done.returncode == 0, done.stdout + done.stderr
     _assert_losses_close(tmp_path / "ddp", tmp_path / "fsdp")
     _assert_same_layout_and_close(_ckpt(tmp_path / "ddp"), _ckpt(tmp_path / "fsdp"))
+    assert "x 2 processes (FSDP: weights, gradients and optimiser state sharded)" in (tmp_path / "fsdp" / "train.log").read_text()
+    assert "x 2 processes (DDP)" in (tmp_path / "ddp" / "train.log").read_text()
 
 
 @pytest.mark.slow  # 2 torchrun runs
@@ -222,3 +227,96 @@ def _mapped_from(tensor: torch.Tensor) -> str | None:
             if start <= address < end:
                 return fields[5].strip() if len(fields) == 6 and fields[5].startswith("/") else None
     return None
+
+
+@pytest.mark.slow  # 1 torchrun run
+def test_a_bf16_fsdp_run_draws_its_attention_figures(tmp_path):
+    """figures call model.attention_maps on the sharded model: FSDP must gather for it and cast its input to the
+    policy's bf16 (a crash at the first evaluation lost the epoch before the fix)."""
+    done = torchrun(*TINY, "trainer.epochs=1", "trainer.precision=bf16", FSDP, "trainer.viz_every=1",
+                    "hydra.run.dir=run", cwd=tmp_path)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout[-3000:] + done.stderr[-3000:]
+    assert read_results(tmp_path / "run")["status"] == "completed"
+    from helpers.files import tb_events
+
+    figures = {"figures/attention", "figures/attention_heads", "figures/position_similarity", "figures/patch_filters"}
+    assert figures <= set(tb_events(tmp_path / "run").Tags()["images"])
+
+
+BATCHNORM = {"resnet": ["model=resnet18"],  # BatchNorm throughout; the linear probe's head_norm is one BatchNorm
+             "probe": ["model.trainable=head", "optim.layer_decay=0.75", "model.depth=2"]}
+
+
+@pytest.mark.slow  # 3 torchrun runs and a vit-eval a case
+@pytest.mark.parametrize("model, strategy", [("resnet", "fsdp"), ("probe", "ddp"), ("probe", "fsdp")])
+def test_batchnorm_statistics_are_rank_0s_so_the_logged_val_is_the_checkpoints_and_resumes_exactly(tmp_path, model,
+                                                                                                    strategy):
+    """Each process evaluates a share of the val set: with its own BatchNorm running statistics (FSDP keeps them
+    per process; DDP's broadcast_buffers leaves each process's last update) the logged top-1 was of no saved
+    model, and a resume (every process loading rank 0's) changed it. Rank 0's are broadcast before each
+    evaluation: the logged score is vit-eval's of the checkpoint, and a resume logs the uninterrupted run's."""
+    args = [*TINY, *BATCHNORM[model], f"trainer.strategy={strategy}", "trainer.max_steps=6", "trainer.eval_every=3",
+            "trainer.ckpt_every=3", "trainer.keep_last=5"]
+    whole = torchrun(*args, "hydra.run.dir=whole", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
+    resumed = torchrun(f"resume={tmp_path / 'whole' / 'checkpoints' / 'step_00000003.pt'}", "hydra.run.dir=resumed",
+                       cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert [r for r in logged(tmp_path / "resumed", "val") if r["step"] == 6] == \
+        [r for r in logged(tmp_path / "whole", "val") if r["step"] == 6]
+    results = read_results(tmp_path / "whole")
+    alone = evaluate_checkpoint(tmp_path / "whole" / "checkpoints" / "last.pt", weights="model", attention_images=0,
+                                out_dir=tmp_path / "eval", progress=False)
+    assert alone["images"] == 101 and alone["top1"] == results["final_top1"]
+    assert alone["loss"] == pytest.approx(results["final_loss"], rel=1e-5)
+
+
+@pytest.mark.slow  # 3 torchrun runs
+@pytest.mark.parametrize("damage", ["moment of another shape", "moment missing"])
+def test_a_damaged_optimiser_state_loads_as_in_one_process(tmp_path, damage):
+    """The same file, resumed by 2 FSDP processes and by one: a moment of another shape is one line, exit 2, in
+    both; a parameter without saved state starts with fresh moments in both (torch's load_state_dict's rule)."""
+    made = torchrun(*TINY, FSDP, "trainer.max_steps=3", "hydra.run.dir=run", cwd=tmp_path)
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    ckpt = _ckpt(tmp_path / "run")
+    if damage == "moment missing":
+        del ckpt["optimizer"]["state"][len(ckpt["optimizer"]["state"]) - 1]  # the last parameter's (the head's bias)
+    else:
+        ckpt["optimizer"]["state"][2]["exp_avg"] = torch.zeros(5)
+    torch.save(ckpt, tmp_path / "damaged.pt")
+    runs = {"fsdp": torchrun(f"resume={tmp_path / 'damaged.pt'}", "trainer.max_steps=5", "hydra.run.dir=a",
+                             cwd=tmp_path),
+            "one": vit_train(f"resume={tmp_path / 'damaged.pt'}", "trainer.max_steps=5", "trainer.strategy=ddp",
+                             "hydra.run.dir=b", cwd=tmp_path)}
+    if damage == "moment missing":
+        assert all(done.returncode == 0 for done in runs.values()), {k: d.stderr[-2000:] for k, d in runs.items()}
+        return
+    for name, done in runs.items():
+        errors = [line for line in done.stderr.splitlines() if line.startswith("vit-train: error:")]
+        assert done.returncode != 0 and "/vit_train/" not in done.stderr, done.stderr[-3000:]  # no traceback of ours
+        assert errors and "the checkpoint's optimiser state does not fit this model (the saved optimiser's exp_avg of" \
+            in errors[0] and "has shape (5,), the parameter" in errors[0], (name, done.stderr[-2000:])
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("shape", r"the saved optimiser's exp_avg of blocks\.0\.mlp\.fc1\.weight has shape \(5,\), the parameter \(64, 32\)"),
+    ("index", r"the saved optimiser has state for parameter 99, this model's are 0-31\)"),
+    ("count", r"the saved optimiser has 31 parameters, this model 32\)")])
+def test_an_optimiser_state_that_does_not_fit_is_one_checkpoint_error_before_any_step(tmp_path, damage, says):
+    from vit_train.errors import CheckpointError
+    from vit_train.train.trainer import train
+
+    train(tiny_config(trainer={"max_steps": 2}), tmp_path / "run")
+    ckpt = _ckpt(tmp_path / "run")
+    state, groups = ckpt["optimizer"]["state"], ckpt["optimizer"]["param_groups"]
+    if damage == "shape":
+        state[3]["exp_avg"] = torch.zeros(5)
+    elif damage == "index":
+        state[99] = state.pop(3)
+    else:
+        groups[-1]["params"].pop()
+    torch.save(ckpt, tmp_path / "damaged.pt")
+    with pytest.raises(CheckpointError, match="the checkpoint's optimiser state does not fit this model") as caught:
+        train(tiny_config(trainer={"max_steps": 4}, resume=str(tmp_path / "damaged.pt")), tmp_path / "other")
+    assert re.search(says, str(caught.value)), str(caught.value)
+    assert not (tmp_path / "other" / "checkpoints").exists()

@@ -45,6 +45,11 @@ from vit_train.runtime.distributed import Context
 log = logging.getLogger("vit_train")
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0 only, on the CPU
+# Methods other than forward that the run calls on a sharded unit: FSDP gathers the unit's weights for them
+# and casts their inputs to the mixed-precision policy's dtype, as for forward (without it a bf16 run's
+# attention figures met bf16 weights with fp32 images). The class-token model's last block, the figures.
+BLOCK_METHODS = ("forward_first_tokens", "forward_with_weights")
+ROOT_METHODS = ("attention_maps",)
 
 
 def wanted(cfg: Config, ctx: Context) -> bool:
@@ -83,8 +88,12 @@ def shard(model: nn.Module, ema: AveragedModel | None, cfg: Config, amp_dtype: t
             if cfg.trainer.compile and module is model:
                 block.compile(mode=cfg.trainer.compile_mode)
             fully_shard(block, mp_policy=policy, reshard_after_forward=blocks_reshard)
-            register_fsdp_forward_method(block, "forward_first_tokens")  # the class-token model's last block
+            for method in BLOCK_METHODS:
+                register_fsdp_forward_method(block, method)
         fully_shard(module, mp_policy=policy, reshard_after_forward=root_reshard)
+        for method in ROOT_METHODS:
+            if hasattr(module, method):
+                register_fsdp_forward_method(module, method)
     if ema is not None and ema.multi_avg_fn is not None:
         ema.multi_avg_fn = _apart(ema.multi_avg_fn)
 
@@ -144,23 +153,42 @@ def full_states(model: nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
-    """An optimiser state dict in torch's layout (as any run saves it) into `optimizer`, sharded or not."""
+    """An optimiser state dict in torch's layout (as any run saves it) into `optimizer`, sharded or not, the same
+    way: a parameter without saved state (one that never had a gradient) starts with fresh moments, as torch's
+    own load_state_dict does. Raises ValueError naming the first saved state that does not fit a parameter
+    (another count of parameters, an index beyond them, a moment of another shape: a damaged or foreign file),
+    before anything is loaded."""
+    _check_fits(model, optimizer, saved)
     if not is_sharded(model):
         optimizer.load_state_dict(saved)
         return
     names = _names(model, optimizer)
-    if len(names) != sum(len(g["params"]) for g in saved["param_groups"]):
-        raise ValueError(f"the saved optimiser has {sum(len(g['params']) for g in saved['param_groups'])} "
-                         f"parameters, this model {len(names)}")
     # keys the scheduler added to the saved groups (initial_lr) are not this optimiser's yet: set them after,
     # as torch's load_state_dict would have
     extra = [{k: v for k, v in g.items() if k not in now} for g, now in zip(saved["param_groups"], optimizer.param_groups)]
     keyed = {"state": {names[i]: s for i, s in saved["state"].items()},
              "param_groups": [{k: v for k, v in g.items() if k not in more} | {"params": [names[i] for i in g["params"]]}
                               for g, more in zip(saved["param_groups"], extra)]}
-    set_optimizer_state_dict(model, optimizer, keyed, options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(model, optimizer, keyed, options=StateDictOptions(full_state_dict=True, strict=False))
     for group, more in zip(optimizer.param_groups, extra):
         group.update(more)
+
+
+def _check_fits(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """ValueError unless every saved per-parameter state fits this optimiser's parameters (shapes: a DTensor's
+    whole shape); scalars (AdamW's step) fit any parameter."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    count = sum(len(g["params"]) for g in saved["param_groups"])
+    if count != len(params):
+        raise ValueError(f"the saved optimiser has {count} parameters, this model {len(params)}")
+    names = _names(model, optimizer)
+    for index, state in saved["state"].items():
+        if not isinstance(index, int) or not 0 <= index < len(params):
+            raise ValueError(f"the saved optimiser has state for parameter {index!r}, this model's are 0-{len(params) - 1}")
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.ndim and tuple(value.shape) != tuple(params[index].shape):
+                raise ValueError(f"the saved optimiser's {key} of {names[index]} has shape {tuple(value.shape)}, the "
+                                 f"parameter {tuple(params[index].shape)}")
 
 
 def _names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:

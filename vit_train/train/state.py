@@ -157,8 +157,10 @@ def restore(ckpt: dict, model: nn.Module, optimizer, scaler, weights: bool = Tru
         restore_weights(ckpt, model)
     try:
         load_optimizer_state(model, optimizer, ckpt["optimizer"])
-    except (RuntimeError, ValueError, KeyError) as e:
-        raise CheckpointError(f"the checkpoint's weights do not fit this model: {str(e).splitlines()[0]}") from None
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"the checkpoint's optimiser state does not fit this model ({str(e).splitlines()[0]}): "
+                              f"the file is damaged or another model's; resume from another checkpoint of the run, or "
+                              f"start a new run from its weights with model.pretrained=<the checkpoint>") from None
     for group, hyper in zip(optimizer.param_groups, configured):
         group.update(hyper)
     if ckpt.get("scaler"):
