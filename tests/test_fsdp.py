@@ -279,8 +279,9 @@ def test_a_damaged_optimiser_state_loads_as_in_one_process(tmp_path, damage):
     made = torchrun(*TINY, FSDP, "trainer.max_steps=3", "hydra.run.dir=run", cwd=tmp_path)
     assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
     ckpt = _ckpt(tmp_path / "run")
+    last = len(ckpt["optimizer"]["state"]) - 1  # the last parameter the optimiser numbers
     if damage == "moment missing":
-        del ckpt["optimizer"]["state"][len(ckpt["optimizer"]["state"]) - 1]  # the last parameter's (the head's bias)
+        del ckpt["optimizer"]["state"][last]
     else:
         ckpt["optimizer"]["state"][2]["exp_avg"] = torch.zeros(5)
     torch.save(ckpt, tmp_path / "damaged.pt")
@@ -290,6 +291,9 @@ def test_a_damaged_optimiser_state_loads_as_in_one_process(tmp_path, damage):
                              "hydra.run.dir=b", cwd=tmp_path)}
     if damage == "moment missing":
         assert all(done.returncode == 0 for done in runs.values()), {k: d.stderr[-2000:] for k, d in runs.items()}
+        _assert_losses_close(tmp_path / "b", tmp_path / "a")  # FSDP gave it a phantom step: 3, not 2
+        steps = [_ckpt(tmp_path / run)["optimizer"]["state"][last]["step"].item() for run in ("a", "b")]
+        assert steps == [2.0, 2.0]  # the 2 resumed steps: it started fresh in both
         return
     for name, done in runs.items():
         errors = [line for line in done.stderr.splitlines() if line.startswith("vit-train: error:")]
@@ -298,23 +302,60 @@ def test_a_damaged_optimiser_state_loads_as_in_one_process(tmp_path, damage):
             in errors[0] and "has shape (5,), the parameter" in errors[0], (name, done.stderr[-2000:])
 
 
+FC1 = r"blocks\.0\.mlp\.fc1\.weight"  # the parameter the optimiser numbers 3
+ADAMW = r"AdamW keeps \['exp_avg', 'exp_avg_sq', 'step'\]"
+
+
 @pytest.mark.parametrize("damage, says", [
-    ("shape", r"the saved optimiser's exp_avg of blocks\.0\.mlp\.fc1\.weight has shape \(5,\), the parameter \(64, 32\)"),
+    ("shape", rf"the saved optimiser's exp_avg of {FC1} has shape \(5,\), the parameter \(64, 32\)"),
     ("index", r"the saved optimiser has state for parameter 99, this model's are 0-31\)"),
-    ("count", r"the saved optimiser has 31 parameters, this model 32\)")])
+    ("count", r"the saved optimiser has 31 parameters, this model 32\)"),
+    ("group names one twice", r"the saved optimiser's parameter groups name parameter \d+ twice"),
+    ("a moment missing", rf"the saved optimiser's state of {FC1} holds \['exp_avg', 'step'\]; {ADAMW}"),
+    ("a key too many", rf"the saved optimiser's state of {FC1} holds \['exp_avg', 'exp_avg_sq', 'momentum_buffer', 'step'\]"),
+    ("SGD's state", rf"the saved optimiser's state of {FC1} holds \['momentum_buffer'\]; {ADAMW}"),
+    ("a moment None", rf"the saved optimiser's exp_avg_sq of {FC1} is a NoneType, the parameter"),
+    ("a moment a list", rf"the saved optimiser's exp_avg of {FC1} is a list, the parameter"),
+    ("integer moment", rf"the saved optimiser's exp_avg of {FC1} is a torch.int64 tensor of shape \(64, 32\)"),
+    ("step text", rf"the saved optimiser's step of {FC1} is a str, not a count of steps"),
+    ("step nan", rf"the saved optimiser's step of {FC1} is nan, not a count of steps"),
+    ("step a vector", rf"the saved optimiser's step of {FC1} is a torch.float32 tensor of shape \(1,\), not a count")])
 def test_an_optimiser_state_that_does_not_fit_is_one_checkpoint_error_before_any_step(tmp_path, damage, says):
+    """Damage of every kind to a saved optimiser state (public reports' and a breaker's files): refused before any
+    step, naming it (it was a traceback mid-step, or under FSDP a silent fresh start, before)."""
     from vit_train.errors import CheckpointError
     from vit_train.train.trainer import train
 
     train(tiny_config(trainer={"max_steps": 2}), tmp_path / "run")
     ckpt = _ckpt(tmp_path / "run")
     state, groups = ckpt["optimizer"]["state"], ckpt["optimizer"]["param_groups"]
+    fc1 = state[3]
     if damage == "shape":
-        state[3]["exp_avg"] = torch.zeros(5)
+        fc1["exp_avg"] = torch.zeros(5)
     elif damage == "index":
         state[99] = state.pop(3)
-    else:
+    elif damage == "count":
         groups[-1]["params"].pop()
+    elif damage == "group names one twice":
+        groups[0]["params"][0] = groups[0]["params"][1]
+    elif damage == "a moment missing":
+        del fc1["exp_avg_sq"]
+    elif damage == "a key too many":
+        fc1["momentum_buffer"] = torch.zeros(64, 32)
+    elif damage == "SGD's state":
+        state[3] = {"momentum_buffer": torch.zeros(64, 32)}
+    elif damage == "a moment None":
+        fc1["exp_avg_sq"] = None
+    elif damage == "a moment a list":
+        fc1["exp_avg"] = fc1["exp_avg"].tolist()
+    elif damage == "integer moment":
+        fc1["exp_avg"] = fc1["exp_avg"].long()
+    elif damage == "step text":
+        fc1["step"] = "4"
+    elif damage == "step nan":
+        fc1["step"] = torch.tensor(float("nan"))
+    else:
+        fc1["step"] = torch.tensor([2.0])
     torch.save(ckpt, tmp_path / "damaged.pt")
     with pytest.raises(CheckpointError, match="the checkpoint's optimiser state does not fit this model") as caught:
         train(tiny_config(trainer={"max_steps": 4}, resume=str(tmp_path / "damaged.pt")), tmp_path / "other")

@@ -17,7 +17,8 @@ on those, so its moments are sharded too. A block's weights are all-gathered jus
   layout keyed like the unsharded model's, EMA) is gathered to rank 0 on the CPU
   (torch.distributed.checkpoint.state_dict, full_state_dict + cpu_offload) and written in the usual
   format; resuming loads the weights into the whole model before sharding and the optimiser state with
-  set_optimizer_state_dict. So an FSDP run resumes under DDP or one process and the other way round.
+  set_optimizer_state_dict (train/optimizer_state.py). So an FSDP run resumes under DDP or one process and
+  the other way round.
 - Evaluation (and rank 0's figures) runs with every unit gathered and kept gathered (`gathered`): the
   processes evaluate different numbers of val batches, which per-batch all-gathers could not follow.
 - With one process (no torchrun) trainer.strategy=fsdp shards nothing: the run is the plain model's.
@@ -31,8 +32,7 @@ from typing import Iterable, Iterator
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 from torch.optim.swa_utils import AveragedModel
@@ -41,6 +41,7 @@ from vit_train.config.schema import Config
 from vit_train.errors import ConfigError
 from vit_train.models.vit import Block
 from vit_train.runtime.distributed import Context
+from vit_train.train.optimizer_state import param_names
 
 log = logging.getLogger("vit_train")
 
@@ -152,53 +153,8 @@ def full_states(model: nn.Module, optimizer: torch.optim.Optimizer,
     return weights, _by_index(model, optimizer, moments), averaged
 
 
-def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
-    """An optimiser state dict in torch's layout (as any run saves it) into `optimizer`, sharded or not, the same
-    way: a parameter without saved state (one that never had a gradient) starts with fresh moments, as torch's
-    own load_state_dict does. Raises ValueError naming the first saved state that does not fit a parameter
-    (another count of parameters, an index beyond them, a moment of another shape: a damaged or foreign file),
-    before anything is loaded."""
-    _check_fits(model, optimizer, saved)
-    if not is_sharded(model):
-        optimizer.load_state_dict(saved)
-        return
-    names = _names(model, optimizer)
-    # keys the scheduler added to the saved groups (initial_lr) are not this optimiser's yet: set them after,
-    # as torch's load_state_dict would have
-    extra = [{k: v for k, v in g.items() if k not in now} for g, now in zip(saved["param_groups"], optimizer.param_groups)]
-    keyed = {"state": {names[i]: s for i, s in saved["state"].items()},
-             "param_groups": [{k: v for k, v in g.items() if k not in more} | {"params": [names[i] for i in g["params"]]}
-                              for g, more in zip(saved["param_groups"], extra)]}
-    set_optimizer_state_dict(model, optimizer, keyed, options=StateDictOptions(full_state_dict=True, strict=False))
-    for group, more in zip(optimizer.param_groups, extra):
-        group.update(more)
-
-
-def _check_fits(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
-    """ValueError unless every saved per-parameter state fits this optimiser's parameters (shapes: a DTensor's
-    whole shape); scalars (AdamW's step) fit any parameter."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    count = sum(len(g["params"]) for g in saved["param_groups"])
-    if count != len(params):
-        raise ValueError(f"the saved optimiser has {count} parameters, this model {len(params)}")
-    names = _names(model, optimizer)
-    for index, state in saved["state"].items():
-        if not isinstance(index, int) or not 0 <= index < len(params):
-            raise ValueError(f"the saved optimiser has state for parameter {index!r}, this model's are 0-{len(params) - 1}")
-        for key, value in state.items():
-            if torch.is_tensor(value) and value.ndim and tuple(value.shape) != tuple(params[index].shape):
-                raise ValueError(f"the saved optimiser's {key} of {names[index]} has shape {tuple(value.shape)}, the "
-                                 f"parameter {tuple(params[index].shape)}")
-
-
-def _names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-    """The parameters' names in the order torch's optimizer state_dict numbers them."""
-    name_of = {id(p): n for n, p in model.named_parameters()}
-    return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
-
-
 def _by_index(model: nn.Module, optimizer: torch.optim.Optimizer, keyed: dict) -> dict:
     """get_optimizer_state_dict's name-keyed layout -> torch's index-keyed one (what an unsharded run saves)."""
-    index = {name: i for i, name in enumerate(_names(model, optimizer))}
+    index = {name: i for i, name in enumerate(param_names(model, optimizer))}
     return {"state": {index[n]: s for n, s in keyed["state"].items()},
             "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in keyed["param_groups"]]}

@@ -28,7 +28,7 @@ from vit_train.data.webdataset import loader_workers
 from vit_train.runtime import distributed
 from vit_train.objectives import Objective, objective_state
 from vit_train.objectives.score import better, checkpoint_best, winner
-from vit_train.train.sharding import load_optimizer_state
+from vit_train.train.optimizer_state import load_optimizer_state
 
 log = logging.getLogger("vit_train")
 
