@@ -101,6 +101,8 @@ def test_a_global_batch_that_does_not_split_is_refused(tmp_path):
     assert done.returncode != 0
     assert "data.batch_size (34) must split evenly over 2 processes x trainer.accum_steps (2)" in done.stderr
     assert "vit_train/" not in done.stderr  # one line from each process, no traceback from our code
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob(".hydra")), \
+        sorted((tmp_path / "outputs").rglob("*"))  # no run directory left (it kept .hydra, .lock, .torchrun_run_id)
 
 
 @pytest.mark.slow
@@ -195,6 +197,7 @@ def test_figures_with_two_processes_sum_the_confusion_matrix_on_every_process(tm
 
 @pytest.mark.parametrize("rank, contents, kept", [
     ("0", [".hydra/config.yaml", ".lock"], False),  # rank 0: only Hydra's record and the lock -> removed
+    ("0", [".hydra/config.yaml", ".lock", ".torchrun_run_id"], False),  # refused after the process group formed
     ("0", [".hydra/config.yaml", "train.log"], True),  # a run wrote into it: kept
     ("0", None, False),  # gone already (another process): no error
     ("1", [], False),  # another rank: an empty directory its Hydra made again after rank 0 removed it

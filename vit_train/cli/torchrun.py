@@ -13,6 +13,7 @@ from vit_train.outputs import rundir
 from vit_train.runtime import distributed
 
 log = logging.getLogger("vit_train")
+RUN_ID_MARKER = ".torchrun_run_id"  # which torchrun chose the directory: its restarts resume there
 
 
 def shared_run_dir(config: Config, run_dir: Path, lock: rundir.RunLock | None) -> tuple[Path, rundir.RunLock | None]:
@@ -24,7 +25,7 @@ def shared_run_dir(config: Config, run_dir: Path, lock: rundir.RunLock | None) -
     run_id, restart = os.environ.get("TORCHELASTIC_RUN_ID", ""), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     chosen = run_dir
     if ctx.is_main and restart and run_id:  # the directory the first attempt of this torchrun chose
-        for marker in run_dir.parent.parent.glob("*/*/.torchrun_run_id"):
+        for marker in run_dir.parent.parent.glob(f"*/*/{RUN_ID_MARKER}"):
             if marker.read_text() == run_id:
                 chosen = marker.parent
     shared = Path(distributed.broadcast(str(chosen)))
@@ -37,7 +38,7 @@ def shared_run_dir(config: Config, run_dir: Path, lock: rundir.RunLock | None) -
         lock = rundir.acquire(shared)  # rank 0 holds the lock for every process
     if ctx.is_main and run_id:
         shared.mkdir(parents=True, exist_ok=True)
-        (shared / ".torchrun_run_id").write_text(run_id)
+        (shared / RUN_ID_MARKER).write_text(run_id)
     if restart and config.resume is None:
         config.resume = "auto"
         if ctx.is_main:
@@ -46,8 +47,9 @@ def shared_run_dir(config: Config, run_dir: Path, lock: rundir.RunLock | None) -
 
 
 def unused(run_dir: Path) -> bool:
-    """Whether `run_dir` holds nothing but Hydra's record and the lock: no run has written into it."""
-    return {p.name for p in run_dir.iterdir()} <= {".hydra", rundir.LOCK_NAME}
+    """Whether `run_dir` holds nothing but Hydra's record, the lock and torchrun's marker: no run has written
+    into it."""
+    return {p.name for p in run_dir.iterdir()} <= {".hydra", rundir.LOCK_NAME, RUN_ID_MARKER}
 
 
 def remove_unused(run_dir: Path) -> None:
