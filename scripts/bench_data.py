@@ -5,7 +5,7 @@ sizes on disk (docs/data.md, "Loader speed: folder, shards, Hugging Face").
 The images are JPEGs written by the script (--images, 160x120, 10 classes, random blocks so they do not
 compress to nothing) into a temporary folder, or a folder given with --folder (root/train/<class>/*,
 root/val/<class>/*). The same files become shards (image_format=source: their bytes, unchanged) and a
-save_to_disk dataset (an Image column of the same bytes). Each data set's training loader (build_data, as a
+save_to_disk dataset (an Image column of the same bytes). Each data set's training loader (its `build`, as a
 run builds it: aug=basic, RandomResizedCrop to --img-size, the same --workers) is run for one epoch
 (--epochs-fraction of it), images/s counted from the first batch's arrival to the last (start-up apart),
 the three in turn for --rounds rounds, medians given.
@@ -32,8 +32,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit_train.config.schema import Config
-from vit_train.data import build_data
+from vit_train.config import Config
 from vit_train.tools.shards import write_shards
 
 CLASSES = 10
@@ -56,7 +55,7 @@ def write_hf(folder: Path, out: Path) -> None:
     """The image folder's files as a save_to_disk DatasetDict (train, validation) with a ClassLabel."""
     import datasets
 
-    from vit_train.data.imagefolder import load_image_folders
+    from vit_train.data.sources.imagefolder import load_image_folders
 
     datasets.disable_progress_bars()
 
@@ -78,7 +77,8 @@ def config(name: str, root: Path, args) -> Config:
 
 def measure(name: str, root: Path, args) -> dict:
     """images/s over one epoch of the training loader (from the first batch), and the resume time."""
-    data = build_data(config(name, root, args), torch.device("cpu"))
+    cfg = config(name, root, args)
+    data = cfg.data.build(cfg, torch.device("cpu"))
     sampler, loader = data.train_sampler, data.train_loader
     epoch_size = data.steps_per_epoch * args.batch
     sampler.set_epoch(0)

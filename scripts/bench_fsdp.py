@@ -39,7 +39,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vit_train.config.schema import Config  # noqa: E402
+from vit_train.config import Config  # noqa: E402
 
 MODELS = {  # the configs/model/*.yaml shapes
     "vit_micro": dict(embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0, patch_size=4),

@@ -31,7 +31,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from vit_train.cli.train import _config_dir
-from vit_train.config.schema import Config
+from vit_train.config import Config
 from vit_train.runtime.cpu import usable_cpus
 from vit_train.train.trainer import train
 

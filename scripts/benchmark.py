@@ -36,14 +36,16 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from vit_train.config.schema import AugConfig, Config, DistillConfig, ModelConfig
+from vit_train.config import Config
+from vit_train.data.aug.basic import Basic
+from vit_train.schema.sections import ModelConfig
 from vit_train.data.on_device import DeviceTrainPipeline
 from vit_train.data.datasets import TensorImages, TransformedDataset
 from vit_train.data.sampler import EpochSampler
 from vit_train.data.transforms import build_transforms
 from vit_train.runtime.device import autocast_dtype
 from vit_train.models.mae import build_autoencoder
-from vit_train.objectives.mae import MaeObjective
+from vit_train.objectives.mae import MaskedReconstruction
 from vit_train.models.vit import build_model
 from vit_train.train.throughput import flops_per_image, peak_tflops
 
@@ -109,11 +111,11 @@ def training_step(model: torch.nn.Module, loss_fn, batch: tuple, dtype: torch.dt
 def distill_cost(cfg: ModelConfig, teacher_arch: str, num_classes: int, batch: tuple, dtype, device, args) -> dict:
     """Seconds per training step of a distilled student with and without its teacher's forward."""
     from vit_train.models.cnn import build_resnet
-    from vit_train.objectives.distill import Distill
+    from vit_train.objectives.distill import Distill, DistillationLoss
 
     student = build_model(ModelConfig(**{**cfg.__dict__, "distilled": True}), num_classes).to(device)
     teacher = build_resnet(teacher_arch, num_classes, cfg.img_size).to(device).eval().requires_grad_(False)
-    objective = Distill(teacher, DistillConfig(), 0.0, two_heads=True, info={})
+    objective = DistillationLoss(teacher, Distill(), 0.0, two_heads=True, info={})
     plain = training_step(student, cross_entropy, batch, dtype, device)
     distill = training_step(student, lambda m, x, y: objective(m, x, y)[0], batch, dtype, device)
     seconds = interleaved({"plain": plain, "distill": distill}, args.rounds, args.steps, device)
@@ -174,9 +176,9 @@ def pipeline_images_per_second(kind: str, count: int, img_size: int, batch_size:
     stats = ((0.5,) * 3, (0.25,) * 3)
     sampler = EpochSampler(count, seed=0, batch_size=batch_size)
     if kind == "device":
-        batches = DeviceTrainPipeline(images, labels, sampler, AugConfig(), img_size, stats, device)
+        batches = DeviceTrainPipeline(images, labels, sampler, Basic(), img_size, stats, device)
     else:
-        train_tf, _ = build_transforms(AugConfig(), img_size, stats, 32)
+        train_tf, _ = build_transforms(Basic(), img_size, stats, 32)
         batches = torch.utils.data.DataLoader(TransformedDataset(TensorImages(images, labels), train_tf),
                                               batch_size=batch_size, sampler=sampler, drop_last=True,
                                               num_workers=workers, pin_memory=device.type == "cuda")
@@ -220,8 +222,9 @@ def main() -> None:
     models = {"vit_train": ours, "timm": timm_twin(ours, cfg, args.num_classes).to(device)}
     mae = None
     if args.mae_ratio:
-        mae_cfg = Config.from_dict({"model": dataclasses.asdict(cfg), "mae": {"mask_ratio": args.mae_ratio}})
-        mae = (build_autoencoder(mae_cfg).to(device), MaeObjective(mae_cfg))
+        mae_cfg = Config.from_dict({"model": dataclasses.asdict(cfg), "objective": {"name": "mae",
+                                                                                     "mask_ratio": args.mae_ratio}})
+        mae = (build_autoencoder(mae_cfg.model, mae_cfg.objective).to(device), MaskedReconstruction(mae_cfg))
         mae[0].encoder.load_state_dict({k: v for k, v in ours.state_dict().items() if not k.startswith("head.")})
     if args.compile:
         models = {name: torch.compile(m) for name, m in models.items()}

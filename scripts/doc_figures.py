@@ -14,8 +14,7 @@ from pathlib import Path
 
 import torch
 
-from vit_train.config.schema import Config
-from vit_train.data import build_data
+from vit_train.config import Config
 from vit_train.data.mix import BatchMix
 from vit_train.tools.report import evaluate_checkpoint
 from vit_train.viz.figures import denormalize, images_figure, save_figure
@@ -31,7 +30,7 @@ def main() -> None:
 
     deit = {"name": "deit", "mixup_alpha": 0.8, "cutmix_alpha": 1.0, "random_erasing": 0.25, "label_smoothing": 0.1}
     cfg = Config.from_dict({"aug": deit, "data": {"batch_size": 16, "train_size": 64, "val_size": 16}})
-    data = build_data(cfg, torch.device("cpu"))
+    data = cfg.data.build(cfg, torch.device("cpu"))
     images, labels = next(iter(data.train_loader))
     images, targets = BatchMix(cfg.aug, len(data.class_names), cfg.seed)(images, labels, step=0)
     share, index = targets.max(dim=1)

@@ -58,7 +58,7 @@ def test_a_comma_is_a_sweep_only_with_minus_m():
         arguments.check_override_keys(["data=imagefolder", "data.root=/d/a,b"], sweeps=False)
     assert not arguments.is_multirun(["data.root=/d/a,b"]) and arguments.is_multirun(["-m", "optim.lr=1e-3,5e-4"])
     arguments.check_override_keys(["-m", "optim.lr=1e-3,5e-4"], sweeps=True)
-    arguments.check_override_keys(["data.root='/d/a,b'"], sweeps=False)
+    arguments.check_override_keys(["data=imagefolder", "data.root='/d/a,b'"], sweeps=False)
 
 
 @pytest.mark.parametrize("main, args", [
@@ -79,7 +79,7 @@ def test_every_command_refuses_with_one_line_and_exit_2(main, args, monkeypatch,
 def test_all_commands_read_values_the_same_way():
     """vit-eval's data.* values equal what vit-train composes from the same arguments (1e-2 is a number)."""
     args = ["data.max_bad_fraction=1e-2", "data.root='/d/a=b, [c] #1 é'", "data.num_workers=null",
-            "data.download=false", "data.batch_size=64"]
+            "data.bad_images=error", "data.batch_size=64"]
     _, overrides = commands.parse_args(args, {"ckpt": None}, config=True)
     train_data = composed(["data=imagefolder", *args])["data"]
     assert overrides["data"] == {k: train_data[k] for k in overrides["data"]}

@@ -3,7 +3,8 @@ from omegaconf import OmegaConf
 
 from helpers.configs import composed, config_dir
 from vit_train.cli.train import check_override_keys
-from vit_train.config.schema import Config, known_keys
+from vit_train.config import Config
+from vit_train.schema.config import known_keys
 from vit_train.errors import ConfigError
 
 CONFIGS = config_dir()
@@ -11,8 +12,8 @@ GROUP_FILES = sorted(
     (path.parent.name, path.stem) for path in CONFIGS.glob("*/*.yaml") if path.parent.name != "hydra"
 )
 NEEDS = {("data", "imagefolder"): ["data.root=/somewhere"], ("data", "webdataset"): ["data.root=/somewhere"],
-         ("data", "hf"): ["data.root=/somewhere"], ("objective", "distill"): ["distill.teacher=t.pt"]} | {
-    ("experiment", name): ["data.root=/somewhere"] * name.startswith(("imagenet", "imagefolder")) + ["distill.teacher=t.pt"] *
+         ("data", "hf"): ["data.root=/somewhere"], ("objective", "distill"): ["objective.teacher=t.pt"]} | {
+    ("experiment", name): ["data.root=/somewhere"] * name.startswith(("imagenet", "imagefolder")) + ["objective.teacher=t.pt"] *
     name.endswith("distilled") for _, name in GROUP_FILES if name.startswith(("imagenet", "imagefolder")) or
     name.endswith("distilled")}
 

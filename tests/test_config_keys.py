@@ -1,5 +1,7 @@
-"""Every documented key is settable under every group option; the typed schema is the one source of
-defaults; a key the chosen option ignores gets one warning line."""
+"""Every key of the chosen group option is settable (a shared section's under every option, a data, aug or
+objective option's own keys under that option); a key of another option is refused in one line naming
+the option that has it; the typed schema is the one source of defaults; a key the chosen options
+ignore (a shared section's, read or not by what else is chosen) gets one warning line."""
 
 import dataclasses
 import typing
@@ -9,14 +11,27 @@ from omegaconf import OmegaConf
 
 from helpers.configs import TINY, composed, config_dir
 from helpers.runs import vit_train
+from vit_train.cli.arguments import check_override_keys
 from vit_train.cli.commands import group_file
-from vit_train.config.schema import Config
-from vit_train.config.unused_keys import RULES, ignored_keys, override_keys
+from vit_train.config import Config
+from vit_train.errors import ConfigError
+from vit_train.schema.config import OPTION_GROUPS, ignored_keys, override_keys
+from vit_train.schema.typed import option_class
 
 CONFIGS = config_dir()
-SECTIONS = ("model", "data", "aug", "optim", "schedule", "trainer")
+SECTIONS = ("model", "data", "aug", "optim", "schedule", "trainer", "objective")
 OPTIONS = [(group, path.stem) for group in SECTIONS for path in sorted((CONFIGS / group).glob("*.yaml"))]
-DEFAULTS = Config().to_dict()
+NEEDS = {("data", "imagefolder"): ["data.root=/x"], ("data", "webdataset"): ["data.root=/x"],
+         ("data", "hf"): ["data.root=/x"], ("objective", "distill"): ["objective.teacher=t.pt"]}
+
+
+def section_class(group: str, option: str) -> type:
+    """The dataclass of `group`'s section when `option` is chosen: the option's own for data, aug and objective."""
+    return option_class(group, option) if group in OPTION_GROUPS else type(getattr(Config(), group))
+
+
+def defaults(group: str, option: str) -> dict:
+    return dataclasses.asdict(section_class(group, option)())
 
 
 def other_value(tp, default):
@@ -43,15 +58,16 @@ def other_value(tp, default):
 
 
 @pytest.mark.parametrize("group, option", OPTIONS)
-def test_every_key_of_the_section_is_settable_under_every_option(group, option):
-    cls = type(getattr(Config(), group))
+def test_every_key_of_the_chosen_option_is_settable(group, option):
+    cls = section_class(group, option)
     hints = typing.get_type_hints(cls)
     wanted, args = {}, [f"{group}={option}"]
     for f in dataclasses.fields(cls):
         if f.name == "name":
             continue
-        wanted[f.name], text = other_value(hints[f.name], DEFAULTS[group][f.name])
+        wanted[f.name], text = other_value(hints[f.name], defaults(group, option)[f.name])
         args.append(f"{group}.{f.name}={text}")
+    check_override_keys(args)  # what the command line is checked with before Hydra reads it
     got = composed(args)[group]
     assert {k: got[k] for k in wanted} == wanted
     assert got.get("name", option) == option  # the trainer section has no name
@@ -59,31 +75,57 @@ def test_every_key_of_the_section_is_settable_under_every_option(group, option):
 
 def test_the_reported_command_composes_with_its_values():
     """`vit-train aug=autoaug aug.mixup_alpha=0.8 aug.cutmix_alpha=1.0 aug.switch_prob=0.3` failed with
-    Hydra's 'not in struct'; so did aug.randaug_m outside randaug/deit and data.bad_images on shapes."""
+    Hydra's 'not in struct' once; batch mixing is every aug option's."""
     cfg = Config.from_dict(composed(["aug=autoaug", "aug.mixup_alpha=0.8", "aug.cutmix_alpha=1.0",
-                                     "aug.switch_prob=0.3", "data=shapes", "data.bad_images=error",
-                                     "optim=sgd", "optim.betas=[0.8,0.9]"]))
+                                     "aug.switch_prob=0.3", "optim=sgd", "optim.betas=[0.8,0.9]"]))
     assert (cfg.aug.name, cfg.aug.mixup_alpha, cfg.aug.cutmix_alpha, cfg.aug.switch_prob) == ("autoaug", 0.8, 1.0, 0.3)
-    assert cfg.data.bad_images == "error" and cfg.optim.betas == [0.8, 0.9]
-    assert ignored_keys(cfg) == [
-        "optim.betas=[0.8, 0.9] has no effect with optim=sgd; it applies only to optim=adamw",
-        "data.bad_images=error has no effect with data=shapes; it applies only to data=imagefolder, webdataset and hf"]
+    assert cfg.optim.betas == [0.8, 0.9]
+    assert ignored_keys(cfg) == ["optim.betas=[0.8, 0.9] has no effect with optim=sgd; it applies only to optim=adamw"]
+
+
+@pytest.mark.parametrize("args, line", [
+    (["data=shapes", "data.bad_images=error"], "data.bad_images is a key of data=hf, imagefolder and webdataset, "
+                                                "not of data=shapes (its keys: batch_size, eval_batch_size, num_workers, "
+                                                "pipeline, repeated_aug, train_size, val_size, seed); pick data=hf or drop "
+                                                "data.bad_images"),
+    (["data=cifar10", "data.train_size=500"], "data.train_size is a key of data=shapes, not of data=cifar10"),
+    (["aug=basic", "aug.randaug_m=12"], "aug.randaug_m is a key of aug=deit and randaug, not of aug=basic"),
+    (["aug=none", "aug.hflip=0.4"], "aug.hflip is a key of aug=autoaug, basic, deit, randaug and trivial, not of aug=none"),
+    (["objective.mask_ratio=0.5"], "objective.mask_ratio is a key of objective=mae, not of objective=classify"),
+    (["experiment=cifar10_vit_tiny", "data.shuffle_buffer=8"], "data.shuffle_buffer is a key of data=webdataset, not "
+                                                               "of data=cifar10"),  # the recipe's choice
+    (["-m", "data=shapes,cifar10", "data.root=x"], "data.root is a key of data=cifar10"),  # one job would lack it
+    (["data.nonsense=1"], "unknown config key 'data.nonsense'"),
+])
+def test_a_key_of_another_option_is_refused_in_one_line_naming_the_option_that_has_it(args, line):
+    with pytest.raises(ConfigError) as refused:
+        check_override_keys(args, sweeps="-m" in args)
+    assert str(refused.value).startswith(line) and "\n" not in str(refused.value), refused.value
+
+
+def test_a_dict_with_a_key_of_another_option_is_refused_the_same_way():
+    with pytest.raises(ConfigError, match="^data.shuffle_buffer is a key of data=webdataset, not of data=shapes"):
+        Config.from_dict({"data": {"shuffle_buffer": 8}})
+    with pytest.raises(ConfigError, match="^aug.randaug_n is a key of aug=deit and randaug, not of aug=autoaug"):
+        Config.from_dict({"aug": {"name": "autoaug", "randaug_n": 3}})
 
 
 @pytest.mark.parametrize("group, option", OPTIONS)
 def test_option_files_set_only_what_differs_from_the_schema(group, option):
     plain = OmegaConf.to_container(OmegaConf.load(CONFIGS / group / f"{option}.yaml")) or {}
     plain.pop("defaults", None)
-    same = [k for k, v in plain.items() if k != "name" and v == DEFAULTS[group][k]]
+    same = [k for k, v in plain.items() if k != "name" and v == defaults(group, option)[k]]
     assert same == [], f"{group}/{option}.yaml repeats the schema's defaults for {same}"
 
 
 @pytest.mark.parametrize("group, option", OPTIONS + [("experiment", p.stem) for p in (CONFIGS / "experiment").glob("*.yaml")])
 def test_no_option_or_recipe_sets_a_key_it_ignores(group, option):
-    extra = ["data.root=/somewhere"] if option in ("imagefolder", "webdataset", "hf") or option.startswith(("imagenet", "imagefolder")) else []
-    extra += ["distill.teacher=t.pt"] if option.endswith("distilled") or option == "distill" else []
-    cfg = Config.from_dict(composed([f"{group}={option}", *extra]))
+    extra = ["data.root=/somewhere"] if option.startswith(("imagenet", "imagefolder")) else []
+    extra += ["objective.teacher=t.pt"] if option.endswith("distilled") else []
+    cfg = Config.from_dict(composed([f"{group}={option}", *extra, *NEEDS.get((group, option), [])]))
     assert ignored_keys(cfg) == []
+    for name, section in cfg.sections().items():  # every key a section says it ignores is one of its own
+        assert {key for key, _, _ in section.ignored(cfg)} <= {f.name for f in dataclasses.fields(section)}, name
 
 
 @pytest.mark.parametrize("overrides, warned", [
@@ -91,32 +133,29 @@ def test_no_option_or_recipe_sets_a_key_it_ignores(group, option):
     (["optim=sgd", "optim.momentum=0.5"], []),
     (["optim=adamw", "optim.momentum=0.9"], ["optim.momentum=0.9 has no effect"]),  # named, though the default
     (["schedule=constant", "schedule.min_lr=0.0"], ["schedule.min_lr=0.0 has no effect with schedule=constant"]),
-    (["aug=basic", "aug.randaug_m=12"], ["aug.randaug_m=12 has no effect with aug=basic"]),
     (["aug=deit", "aug.randaug_m=12"], []),
     (["aug=basic", "aug.mixup_alpha=0.2", "aug.switch_prob=0.3"],
      ["aug.switch_prob=0.3 has no effect with aug.mixup_alpha=0.2, aug.cutmix_alpha=0.0"]),
     (["aug=basic", "aug.mixup_alpha=0.2", "aug.cutmix_alpha=1.0", "aug.switch_prob=0.3"], []),
-    (["data=cifar10", "data.train_size=500"], ["data.train_size=500 has no effect with data=cifar10"]),
     (["data=imagefolder", "data.root=/x", "aug.crop_padding=2"],
-     ["aug.crop_padding=2 has no effect with aug=basic, data=imagefolder"]),
+     ["aug.crop_padding=2 has no effect with aug=basic, data=imagefolder; it applies only to data=cifar10, cifar100, shapes"]),
     (["data=imagefolder", "data.root=/x", "aug.scale_min=0.2"], []),
+    (["data=cifar10", "aug.scale_min=0.2"], ["aug.scale_min=0.2 has no effect with aug=basic, data=cifar10; it applies "
+                                             "only to data=hf, imagefolder, webdataset"]),
     (["trainer.compile_mode=max-autotune"], ["trainer.compile_mode=max-autotune has no effect with trainer.compile=false"]),
+    (["model=resnet18", "model.depth=3"], ["model.depth=3 has no effect with model.arch=resnet18"]),
 ])
 def test_a_key_the_chosen_option_ignores_gets_one_warning(overrides, warned):
     lines = ignored_keys(Config.from_dict(composed(overrides)), override_keys(overrides))
-    assert len(lines) == len(warned)
+    assert len(lines) == len(warned), lines
     for line, start in zip(lines, warned):
         assert line.startswith(start) and "\n" not in line
 
 
-def test_every_rule_names_a_schema_key():
-    for key in RULES:
-        section, leaf = key.split(".")
-        assert leaf in DEFAULTS[section], key
-
-
 def test_vit_eval_group_switch_gives_the_whole_section():
-    assert group_file("data", "cifar10") == {**DEFAULTS["data"], "name": "cifar10", "root": "data", "num_workers": 4}
+    assert group_file("data", "cifar10") == {"name": "cifar10", "batch_size": 128, "eval_batch_size": None,
+                                             "num_workers": 4, "pipeline": "auto", "repeated_aug": 1, "root": "data",
+                                             "download": True}
 
 
 @pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores

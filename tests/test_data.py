@@ -13,11 +13,12 @@ import torch
 from PIL import Image
 
 from helpers.images import write_cifar10, write_image, write_image_folder
-from vit_train.data import build_data, cifar
-from vit_train.data.imagefolder import load_image_folders
+from helpers.configs import build_data
+from vit_train.data.sources import cifar
+from vit_train.data.sources.imagefolder import load_image_folders
 from vit_train.data.datasets import TensorImages, TransformedDataset
 from vit_train.data.sampler import EpochSampler
-from vit_train.data.shapes import CLASS_NAMES, generate_shapes
+from vit_train.data.sources.shapes import CLASS_NAMES, generate_shapes
 from vit_train.errors import DataError
 
 

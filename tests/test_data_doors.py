@@ -92,7 +92,7 @@ def hf_split(n: int):
 
 
 def load_hf(root: Path):
-    from vit_train.data.hf import load_hf_splits
+    from vit_train.data.sources.hf import load_hf_splits
 
     return load_hf_splits(root, "image", "label", "train", None)
 
@@ -130,7 +130,7 @@ def test_a_save_to_disk_file_that_is_not_a_regular_file_is_named(tmp_path, fifos
 
 @datasets_missing
 def test_an_image_path_cell_naming_a_fifo_is_an_unreadable_image(tmp_path, fifos):
-    from vit_train.data.hf import HFImages
+    from vit_train.data.sources.hf import HFImages
 
     import torch
 

@@ -6,10 +6,9 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
-from vit_train.config.schema import DistillConfig
-from vit_train.objectives.distill import Distill, check_teacher_output, distillation_loss, file_sha256, load_teacher
+from vit_train.objectives.distill import (Distill, DistillationLoss, check_teacher_output, distillation_loss, file_sha256,
+                                          load_teacher)
 from vit_train.errors import CheckpointError, ConfigError
-from vit_train.objectives import check_objective
 from vit_train.models.vit import VisionTransformer
 from vit_train.train.trainer import train
 
@@ -23,7 +22,7 @@ def logits(seed: int, batch: int = 6, classes: int = 5) -> torch.Tensor:
 def test_hard_distillation_is_ce_to_the_teachers_argmax_on_the_distillation_head():
     """vit-pytorch #138: the teacher term belongs on the distillation head, not the class head."""
     cls, dist, teacher, y = logits(0), logits(1), logits(2), torch.tensor([0, 1, 2, 3, 4, 0])
-    cfg = DistillConfig(type="hard", alpha=0.3)
+    cfg = Distill(type="hard", alpha=0.3)
     expected = 0.7 * F.cross_entropy(cls, y) + 0.3 * F.cross_entropy(dist, teacher.argmax(1))
     torch.testing.assert_close(distillation_loss(cls, dist, teacher, y, CE, cfg), expected)
     swapped = distillation_loss(dist, cls, teacher, y, CE, cfg)
@@ -36,7 +35,7 @@ def test_soft_distillation_is_tau_squared_kl_per_image(tau):
     cls, dist, teacher, y = logits(0), logits(1), logits(2), torch.tensor([0, 1, 2, 3, 4, 0])
     p_t = (teacher / tau).softmax(1)
     kl = (p_t * (p_t.log() - (dist / tau).log_softmax(1))).sum(1).mean()  # written out, per image
-    cfg = DistillConfig(type="soft", alpha=0.5, tau=tau)
+    cfg = Distill(type="soft", alpha=0.5, tau=tau)
     got = distillation_loss(cls, dist, teacher, y, CE, cfg)
     torch.testing.assert_close(got, 0.5 * F.cross_entropy(cls, y) + 0.5 * tau * tau * kl)
     deit_code = 0.5 * F.cross_entropy(cls, y) + 0.5 * tau * tau * kl / 5  # /numel = /(batch x classes)
@@ -47,9 +46,9 @@ def test_alpha_weighs_the_two_terms_and_label_smoothing_stays_off_the_teacher_te
     """DeiT #56: no label smoothing on the teacher branch."""
     cls, dist, teacher, y = logits(0), logits(1), logits(2), torch.tensor([0, 1, 2, 3, 4, 0])
     smooth = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
-    only_teacher = distillation_loss(cls, dist, teacher, y, smooth, DistillConfig(alpha=1.0))
+    only_teacher = distillation_loss(cls, dist, teacher, y, smooth, Distill(alpha=1.0))
     torch.testing.assert_close(only_teacher, F.cross_entropy(dist, teacher.argmax(1)))
-    only_labels = distillation_loss(cls, dist, teacher, y, smooth, DistillConfig(alpha=0.0))
+    only_labels = distillation_loss(cls, dist, teacher, y, smooth, Distill(alpha=0.0))
     torch.testing.assert_close(only_labels, smooth(cls, y))
 
 
@@ -57,7 +56,7 @@ def test_mixed_targets_go_to_the_label_term_and_the_teacher_labels_the_mixed_ima
     """DeiT #168: with MixUp/CutMix the label term takes the mixed probabilities, the teacher sees the mixed image."""
     cls, dist, teacher = logits(0), logits(1), logits(2)
     mixed = torch.softmax(logits(3), dim=1)
-    got = distillation_loss(cls, dist, teacher, mixed, CE, DistillConfig())
+    got = distillation_loss(cls, dist, teacher, mixed, CE, Distill())
     torch.testing.assert_close(got, 0.5 * F.cross_entropy(cls, mixed) + 0.5 * F.cross_entropy(dist, teacher.argmax(1)))
 
 
@@ -75,7 +74,7 @@ def test_the_objective_trains_both_heads_and_never_the_teacher():
     student = VisionTransformer(img_size=8, patch_size=4, num_classes=4, embed_dim=16, depth=1, num_heads=2,
                                 distilled=True).train()
     teacher = DropoutTeacher().eval().requires_grad_(False)
-    objective = Distill(teacher, DistillConfig(), 0.0, two_heads=True, info={})
+    objective = DistillationLoss(teacher, Distill(), 0.0, two_heads=True, info={})
     x, y = torch.randn(5, 3, 8, 8), torch.tensor([0, 1, 2, 3, 0])
     loss, train_logits = objective(student, x, y)
     loss.backward()
@@ -90,7 +89,7 @@ def test_a_plain_student_gets_both_terms_on_its_one_head():
     student = VisionTransformer(img_size=8, patch_size=4, num_classes=4, embed_dim=16, depth=1, num_heads=2).eval()
     teacher = DropoutTeacher().eval()
     x, y = torch.randn(5, 3, 8, 8), torch.tensor([0, 1, 2, 3, 0])
-    loss, out = Distill(teacher, DistillConfig(alpha=0.25), 0.0, two_heads=False, info={})(student, x, y)
+    loss, out = DistillationLoss(teacher, Distill(alpha=0.25), 0.0, two_heads=False, info={})(student, x, y)
     expected = 0.75 * F.cross_entropy(out, y) + 0.25 * F.cross_entropy(out, teacher(x).argmax(1))
     torch.testing.assert_close(loss, expected)
 
@@ -106,27 +105,27 @@ def test_teacher_from_a_vit_train_checkpoint_and_its_safetensors_export(tmp_path
     train(make_config(trainer={"max_steps": 2}), tmp_path / "first")  # objective=classify refuses model.distilled
     first = tmp_path / "first" / "checkpoints" / "last.pt"
     train(make_config(model={"distilled": True}, trainer={"max_steps": 2, "ema_decay": 0.5},
-                      objective={"name": "distill"}, distill={"teacher": str(first)}), tmp_path)
+                      objective={"name": "distill", "teacher": str(first)}), tmp_path)
     last = tmp_path / "checkpoints" / "last.pt"
     reference, *_ = load_for_inference(last)  # EMA weights, as vit-eval takes them
     x = torch.randn(3, 3, 16, 16)
-    teacher, described = load_teacher(DistillConfig(teacher=str(last)), 10, 16)
+    teacher, described = load_teacher(Distill(teacher=str(last)), 10, 16)
     assert described == "vit-train vit_micro"
     torch.testing.assert_close(teacher.eval()(x), reference(x), rtol=0, atol=0)
     export_safetensors(load_checkpoint(last), tmp_path / "teacher.safetensors")
-    from_file, _ = load_teacher(DistillConfig(teacher=str(tmp_path / "teacher.safetensors")), 10, 16)
+    from_file, _ = load_teacher(Distill(teacher=str(tmp_path / "teacher.safetensors")), 10, 16)
     assert torch.equal(from_file.state_dict()["head.weight"], load_checkpoint(last)["model"]["head.weight"])
-    at_32, _ = load_teacher(DistillConfig(teacher=str(last)), 10, 32)  # a ViT teacher follows the student's size
+    at_32, _ = load_teacher(Distill(teacher=str(last)), 10, 32)  # a ViT teacher follows the student's size
     assert at_32.pos_embed.shape[1] == 2 + 64
     with pytest.raises(ConfigError, match="predicts 10 classes, the data has 7"):
-        load_teacher(DistillConfig(teacher=str(last)), 7, 16)
-    from_run, _ = load_teacher(DistillConfig(teacher=str(tmp_path)), 10, 16)  # a run directory: its best.pt
+        load_teacher(Distill(teacher=str(last)), 7, 16)
+    from_run, _ = load_teacher(Distill(teacher=str(tmp_path)), 10, 16)  # a run directory: its best.pt
     best, *_ = load_for_inference(tmp_path / "checkpoints" / "best.pt")
     torch.testing.assert_close(from_run.eval()(x), best(x), rtol=0, atol=0)
     with pytest.raises(ConfigError) as named:  # the checkpoint names its network; a teacher_arch is a mistake
-        load_teacher(DistillConfig(teacher=str(last), teacher_arch="resnet18"), 10, 16)
-    assert str(named.value) == "distill.teacher=last.pt is a vit-train checkpoint, which names its own network " \
-                               "(vit_micro): drop distill.teacher_arch=resnet18"
+        load_teacher(Distill(teacher=str(last), teacher_arch="resnet18"), 10, 16)
+    assert str(named.value) == "objective.teacher=last.pt is a vit-train checkpoint, which names its own network " \
+                               "(vit_micro): drop objective.teacher_arch=resnet18"
 
 
 @pytest.mark.parametrize("img_size", [32, 224])
@@ -135,7 +134,7 @@ def test_teacher_from_a_torchvision_state_dict(tmp_path, img_size):
 
     net = build_resnet("resnet18", 10, img_size).eval()  # 32: vit-train's small stem; 224: torchvision's own
     torch.save(net.state_dict(), tmp_path / "resnet18.pth")
-    teacher = load_teacher(DistillConfig(teacher=str(tmp_path / "resnet18.pth"), teacher_arch="resnet18"), 10, 32)[0]
+    teacher = load_teacher(Distill(teacher=str(tmp_path / "resnet18.pth"), teacher_arch="resnet18"), 10, 32)[0]
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(teacher.eval()(x), net(x), rtol=0, atol=0)
     check_teacher_output(teacher.eval(), 10, 32, torch.device("cpu"))
@@ -145,7 +144,7 @@ def test_teacher_from_a_timm_name_and_file(tmp_path):
     timm = pytest.importorskip("timm")
     net = timm.create_model("test_resnet", num_classes=10).eval()
     torch.save({"model": net.state_dict()}, tmp_path / "timm.pth")  # DeiT's checkpoint layout
-    teacher = load_teacher(DistillConfig(teacher=str(tmp_path / "timm.pth"), teacher_arch="test_resnet"), 10, 32)[0]
+    teacher = load_teacher(Distill(teacher=str(tmp_path / "timm.pth"), teacher_arch="test_resnet"), 10, 32)[0]
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(teacher.eval()(x), net(x), rtol=0, atol=0)
 
@@ -154,18 +153,18 @@ def test_teacher_problems_are_one_line_errors(tmp_path):
     weights = tmp_path / "w.pth"
     torch.save(torchvision.models.resnet18(num_classes=10).state_dict(), weights)
     cases = [
-        (DistillConfig(teacher=str(tmp_path / "missing.pt")), "missing.pt does not exist; give a vit-train run"),
-        (DistillConfig(teacher=None), "distill.teacher is not set"),
-        (DistillConfig(teacher=str(weights)), "name the network with distill.teacher_arch"),
-        (DistillConfig(teacher=str(weights), teacher_arch="resnet_9000"), "neither a torchvision"),
-        (DistillConfig(teacher=str(weights), teacher_arch="resnet50"), "does not fit resnet50"),
+        (Distill(teacher=str(tmp_path / "missing.pt")), "missing.pt does not exist; give a vit-train run"),
+        (Distill(teacher=None), "objective.teacher is not set"),
+        (Distill(teacher=str(weights)), "name the network with objective.teacher_arch"),
+        (Distill(teacher=str(weights), teacher_arch="resnet_9000"), "neither a torchvision"),
+        (Distill(teacher=str(weights), teacher_arch="resnet50"), "does not fit resnet50"),
     ]
     for cfg, message in cases:
         with pytest.raises(ConfigError, match=message) as refused:
             load_teacher(cfg, 10, 32)
         assert len(str(refused.value)) < 400  # one readable line, not load_state_dict's list of every key
     with pytest.raises(ConfigError, match="does not fit resnet18 with 5 classes"):
-        load_teacher(DistillConfig(teacher=str(weights), teacher_arch="resnet18"), 5, 32)
+        load_teacher(Distill(teacher=str(weights), teacher_arch="resnet18"), 5, 32)
     vit = VisionTransformer(img_size=32, patch_size=8, num_classes=10, embed_dim=16, depth=1, num_heads=2).eval()
     with pytest.raises(ConfigError, match="cannot take 16x16 images"):
         check_teacher_output(vit, 10, 16, torch.device("cpu"))
@@ -176,7 +175,7 @@ def test_teacher_problems_are_one_line_errors(tmp_path):
 def test_a_changed_teacher_file_refuses_the_resume(tmp_path):
     path = tmp_path / "teacher.pth"
     path.write_bytes(b"one")
-    objective = Distill(DropoutTeacher(), DistillConfig(teacher=str(path)), 0.0, False,
+    objective = DistillationLoss(DropoutTeacher(), Distill(teacher=str(path)), 0.0, False,
                         {"teacher": str(path), "teacher_sha256": file_sha256(path)})
     objective.load_state_dict(objective.state_dict())  # the same file: fine
     path.write_bytes(b"two")
@@ -187,8 +186,7 @@ def test_a_changed_teacher_file_refuses_the_resume(tmp_path):
 # --- through the training loop --------------------------------------------------------------------
 
 def distill_config(make_config, teacher, **extra):
-    return make_config(objective={"name": "distill"}, distill={"teacher": str(teacher), **extra.pop("distill", {})},
-                       **extra)
+    return make_config(objective={"name": "distill", "teacher": str(teacher), **extra.pop("objective", {})}, **extra)
 
 
 def test_a_distillation_run_records_the_teacher_but_never_saves_it_and_resumes_exactly(tmp_path, make_config):
@@ -214,8 +212,8 @@ def test_a_distillation_run_records_the_teacher_but_never_saves_it_and_resumes_e
 
 
 def test_distill_without_a_teacher_is_refused(make_config):
-    with pytest.raises(ConfigError, match="objective=distill needs distill.teacher"):
-        check_objective(make_config(objective={"name": "distill"}))
+    with pytest.raises(ConfigError, match="objective=distill needs objective.teacher"):
+        make_config(objective={"name": "distill"})
 
 
 def agreement(model, teacher, loader) -> float:
@@ -234,7 +232,7 @@ def test_a_distilled_student_agrees_with_its_teacher_far_more_than_without_it(tr
     rotated by one, so that agreeing with the teacher and with the labels are two different things; a
     student distilled from it (DeiT's two heads, hard, alpha 1) agrees with it on val far more than the
     same student trained on the labels for the same steps (395 steps each; numbers in docs/distillation.md)."""
-    from vit_train.data import build_data
+    from helpers.configs import build_data
     from vit_train.tools.inference import load_for_inference
 
     run_dir, _ = trained_run
@@ -248,11 +246,11 @@ def test_a_distilled_student_agrees_with_its_teacher_far_more_than_without_it(tr
     sections = dict(model=student, data={"train_size": 5000, "val_size": 500, "batch_size": 64},
                     trainer={"epochs": 5}, optim={"lr": 2e-3}, schedule={"warmup_epochs": 0.5})
     train(make_config(**sections), tmp_path / "plain")
-    train(distill_config(make_config, tmp_path / "rotated.pt", distill={"alpha": 1.0}, **sections),
+    train(distill_config(make_config, tmp_path / "rotated.pt", objective={"alpha": 1.0}, **sections),
           tmp_path / "distilled")
     cfg = make_config(**sections)
     loader = build_data(cfg, torch.device("cpu")).val_loader
-    teacher, _ = load_teacher(DistillConfig(teacher=str(tmp_path / "rotated.pt")), 10, 32)
+    teacher, _ = load_teacher(Distill(teacher=str(tmp_path / "rotated.pt")), 10, 32)
     teacher.eval()
     scores = {}
     for name in ("plain", "distilled"):
@@ -270,7 +268,7 @@ def test_the_train_rows_carry_both_loss_terms_and_the_teacher_agreement(tmp_path
 
     train(make_config(trainer={"max_steps": 2}), tmp_path / "teacher")
     teacher = tmp_path / "teacher" / "checkpoints" / "last.pt"
-    cfg = distill_config(make_config, teacher, model={"pretrained": str(teacher)}, distill={"alpha": 0.3},
+    cfg = distill_config(make_config, teacher, model={"pretrained": str(teacher)}, objective={"alpha": 0.3},
                          trainer={"max_steps": 3, "log_every": 1})
     train(cfg, tmp_path / "student")
     rows = logged(tmp_path / "student", "train")

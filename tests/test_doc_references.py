@@ -75,7 +75,7 @@ CITATIONS = all_citations()
 
 def test_the_docs_and_configs_cite_files():
     cited = {param.values[0] for param in CITATIONS}
-    assert len(CITATIONS) >= 50 and "docs/references.md" in cited and "vit_train/config/schema.py" in cited
+    assert len(CITATIONS) >= 50 and "docs/references.md" in cited and "vit_train/schema/sections.py" in cited
 
 
 @pytest.mark.parametrize("cited, target", CITATIONS)

@@ -11,8 +11,10 @@ turn. A page added under docs/ is covered without being listed here.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf, open_dict
 
 from vit_train.cli.train import check_override_keys
-from vit_train.config.schema import Config, config_dir
+from vit_train.config import Config, config_dir
 from vit_train.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,9 +70,43 @@ def doc_commands() -> list:
     return params
 
 
+@contextlib.contextmanager
+def your_options(tmp: Path):
+    """docs/extending.md's options of your own, registered for the block (tests/helpers/toy_options.py, as
+    tests/config/test_new_options.py uses them), and their YAML files in `tmp`: the `hydra.searchpath`
+    argument to give instead of the one shown."""
+    import importlib
+    import sys
+
+    from vit_train.cli.train import register_options
+    from vit_train.schema.typed import REGISTRY
+
+    registered = {group: dict(found) for group, found in REGISTRY.items()}
+    try:
+        importlib.import_module("helpers.toy_options")
+        register_options()
+        for group, name in (("data", "stripes"), ("objective", "hinge")):
+            (tmp / group).mkdir(parents=True, exist_ok=True)
+            (tmp / group / f"{name}.yaml").write_text(f"defaults:\n  - /schema/{group}/{name}\n  - _self_\n")
+        yield f"hydra.searchpath=[file://{tmp}]"
+    finally:
+        sys.modules.pop("helpers.toy_options", None)
+        REGISTRY.clear()
+        REGISTRY.update(registered)
+
+
 def check_command(args: list[str]) -> Config:
     """What `vit-train ARGS --cfg job` composes, validated as a run validates it; raises otherwise.
-    A sweep is checked value by value (each swept value with the first of the others)."""
+    A sweep is checked value by value (each swept value with the first of the others). A command with
+    `hydra.searchpath` (docs/extending.md) is checked with the example options of your own."""
+    if any(a.startswith("hydra.searchpath=") for a in args):
+        with tempfile.TemporaryDirectory() as tmp, your_options(Path(tmp)) as searchpath:
+            return composes([searchpath if a.startswith("hydra.searchpath=") else a for a in args])
+    return composes(args)
+
+
+def composes(args: list[str]) -> Config:
+    """`check_command`'s check of `args` as they are."""
     args = [a for a in args if a not in ("-m", "--multirun")]
     if "--cfg" in args:
         k = args.index("--cfg")

@@ -9,7 +9,8 @@ import pytest
 
 from helpers.configs import tiny_config
 from vit_train.cli.commands import eval_main, eval_text
-from vit_train.objectives import classify
+from vit_train.data.sources.shapes import Shapes
+from vit_train.objectives.classify import Classify
 from vit_train.tools.report import eval_dir, evaluate_checkpoint
 from vit_train.train.trainer import train
 
@@ -66,12 +67,14 @@ def test_an_evaluation_replaces_the_earlier_ones_files_and_nothing_else(run_dir,
 def test_the_folder_is_named_by_what_changes_the_evaluation(tmp_path):
     ckpt = tmp_path / "run" / "checkpoints" / "best.pt"
     base = tmp_path / "run" / "eval"
+    same = Shapes().all_loading_keys()  # the data set's keys that say how its images are read, not which
     assert eval_dir(ckpt, {}) == base
     assert eval_dir(tmp_path / "run" / "export" / "best.safetensors", {}) == base  # what vit-export wrote
     # how the images are loaded, the device, the progress bar: the same evaluation
     assert eval_dir(ckpt, {"data.batch_size": 7, "data.num_workers": 2, "trainer.device": "cpu",
-                           "trainer.progress": False}) == base
-    assert eval_dir(ckpt, {"model.img_size": 48, "data.batch_size": 7}) == base / "model.img_size=48"
+                           "trainer.progress": False}, same) == base
+    assert eval_dir(ckpt, {"data.batch_size": 7}) == base / "data.batch_size=7"  # without them it names the folder
+    assert eval_dir(ckpt, {"model.img_size": 48, "data.batch_size": 7}, same) == base / "model.img_size=48"
     assert eval_dir(ckpt, {"trainer.precision": "bf16"}) == base / "trainer.precision=bf16"
     one = eval_dir(ckpt, {"data.name": "imagefolder", "data.root": "/data/a/my set"})
     other = eval_dir(ckpt, {"data.name": "imagefolder", "data.root": "/data/b/my set"})
@@ -92,10 +95,11 @@ def test_vit_eval_says_what_it_evaluated_and_where_it_wrote(run_dir, monkeypatch
 @pytest.mark.parametrize("classes, shown", [(3, False), (5, False), (6, True), (10, True), (None, True)])
 def test_top5_is_shown_only_with_more_than_5_classes(classes, shown):
     metrics = {"loss": 0.5, "top1": 90.0, "top5": 100.0}
-    line = classify.eval_text(metrics, None, classes)
+    line = Classify().eval_text(metrics, None, classes)
     assert ("top-5" in line) == shown
     assert line.startswith("val loss 0.5000, top-1 90.00%")
-    results = {"checkpoint": "x.pt", "step": 1, "weights": "model", "data": "imagefolder", "img_size": 16,
+    results = {"checkpoint": "x.pt", "step": 1, "weights": "model", "objective": "classify", "data": "imagefolder",
+               "img_size": 16,
                "images": 9, **metrics, "per_class": {f"c{i}": 90.0 for i in range(classes or 10)},
                "confusion": [[1] * (classes or 10)] * (classes or 10), "figures": [], "out_dir": "eval"}
     text = eval_text(results)
@@ -154,9 +158,10 @@ def test_vit_export_refuses_an_out_that_is_a_folder_or_names_another_format(tmp_
 
 def test_the_per_class_table_lines_up_with_wide_class_names():
     """Chinese class names take two terminal columns each: the rows sat two columns off the header."""
-    from vit_train.cli.commands import columns
+    from vit_train.objectives.classify import columns
 
-    results = {"weights": "model", "checkpoint": "c.pt", "step": 1, "data": "imagefolder", "out_dir": "e",
+    results = {"weights": "model", "checkpoint": "c.pt", "step": 1, "objective": "classify", "data": "imagefolder",
+               "out_dir": "e",
                "figures": [], "images": 4, "top1": 50.0, "top5": 100.0, "loss": 0.7,
                "per_class": {"猫": 100.0, "dog": 0.0}, "confusion": [[2, 0], [2, 0]]}
     header, *rows = eval_text(results).splitlines()[3:6]

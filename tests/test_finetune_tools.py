@@ -4,7 +4,7 @@ probes (model.trainable=head) and evaluation at another resolution than training
 import pytest
 import torch
 
-from vit_train.config.schema import OptimConfig, ScheduleConfig
+from vit_train.schema.sections import OptimConfig, ScheduleConfig
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.models.vit import VisionTransformer
 from vit_train.models.probe import set_trainable
@@ -144,8 +144,8 @@ def test_eval_at_another_img_size_interpolates_positions(tmp_path, make_config, 
     model_cfg = {"img_size": 16, "patch_size": 4, "pos_embed": pos_embed, "reg_tokens": 2, "distilled": True}
     teacher = tmp_path / "teacher"  # a distillation token is trained by objective=distill, from a teacher
     train(make_config(model={"img_size": 16, "patch_size": 4}, trainer={"max_steps": 1}), teacher)
-    train(make_config(model=model_cfg, trainer={"max_steps": 2}, objective={"name": "distill"},
-                      distill={"teacher": str(teacher / "checkpoints" / "last.pt")}), tmp_path / "run")
+    train(make_config(model=model_cfg, trainer={"max_steps": 2},
+                      objective={"name": "distill", "teacher": str(teacher / "checkpoints" / "last.pt")}), tmp_path / "run")
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     model, cfg, ckpt, _ = load_for_inference(last, "model", {"model": {"img_size": 32}})
     assert cfg.model.img_size == 32 and model.patch_embed.grid_size == 8

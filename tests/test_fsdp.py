@@ -26,9 +26,9 @@ from helpers.configs import tiny_config
 from helpers.files import logged, model_weights, read_results
 from helpers.runs import torchrun, vit_train
 from test_distributed import TINY, assert_weights_close
-from vit_train.config.schema import Config
+from vit_train.config import Config
 from vit_train.errors import ConfigError
-from vit_train.config.unused_keys import ignored_keys
+from vit_train.schema.config import ignored_keys
 from vit_train.tools.report import evaluate_checkpoint
 from vit_train.train.sharding import reshard_policy
 
@@ -114,11 +114,11 @@ def test_an_fsdp_checkpoint_resumes_under_ddp_and_one_process_and_a_ddp_one_unde
 @pytest.mark.slow  # 4 torchrun runs, ~60 s on 2 cores
 @pytest.mark.parametrize("objective", ["mae", "distill"])
 def test_every_objective_trains_under_fsdp_as_under_ddp(tmp_path, objective):
-    extra = ["objective=mae", "mae.decoder_dim=16", "mae.decoder_depth=2", "mae.decoder_heads=2"]
+    extra = ["objective=mae", "objective.decoder_dim=16", "objective.decoder_depth=2", "objective.decoder_heads=2"]
     if objective == "distill":
         teacher = vit_train(*TINY, "model.depth=1", "trainer.max_steps=2", "hydra.run.dir=teacher", cwd=tmp_path)
         assert teacher.returncode == 0, teacher.stderr
-        extra = ["objective=distill", "model.distilled=true", f"distill.teacher={tmp_path / 'teacher/checkpoints/last.pt'}"]
+        extra = ["objective=distill", "model.distilled=true", f"objective.teacher={tmp_path / 'teacher/checkpoints/last.pt'}"]
     for name, strategy in (("fsdp", FSDP), ("ddp", "trainer.strategy=ddp")):
         done = torchrun(*TINY, *EXTRAS, *extra, "trainer.max_steps=6", strategy, f"hydra.run.dir={name}", cwd=tmp_path)
         assert done.returncode == 0, done.stdout + done.stderr

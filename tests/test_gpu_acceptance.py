@@ -222,8 +222,8 @@ def test_cifar_folder_reads_back_through_the_project_reader(tmp_path):
     """The generated folder is CIFAR-10's python format: the restricted unpickler reads it, with the
     generated images and labels in order and the ten class names."""
     folders = acceptance_module("folders")
-    from vit_train.data.cifar import load_cifar
-    from vit_train.data.shapes import CLASS_NAMES, generate_shapes
+    from vit_train.data.sources.cifar import load_cifar
+    from vit_train.data.sources.shapes import CLASS_NAMES, generate_shapes
 
     root, seconds = folders.write_cifar_folder(tmp_path, 50, 20)
     assert seconds > 0 and folders.write_cifar_folder(tmp_path, 50, 20)[1] == 0.0  # written once

@@ -13,7 +13,7 @@ import torch
 from helpers.configs import tiny_config
 from helpers.files import logged, model_weights
 from helpers.runs import torchrun
-from vit_train.config.schema import Config
+from vit_train.config import Config
 from vit_train.models.mae import build_autoencoder
 from vit_train.models.vit import Block, build_model, set_grad_checkpointing
 from vit_train.train.trainer import train
@@ -63,9 +63,9 @@ def test_each_block_runs_twice_with_it_and_once_without(monkeypatch):
 
 
 def test_the_autoencoder_checkpoints_encoder_and_decoder_blocks():
-    cfg = tiny_config(model={"depth": 2, "grad_checkpointing": True}, objective={"name": "mae"},
-                      mae={"decoder_dim": 16, "decoder_depth": 3, "decoder_heads": 2})
-    model = build_autoencoder(cfg)
+    cfg = tiny_config(model={"depth": 2, "grad_checkpointing": True},
+                      objective={"name": "mae", "decoder_dim": 16, "decoder_depth": 3, "decoder_heads": 2})
+    model = build_autoencoder(cfg.model, cfg.objective)
     blocks = [m for m in model.modules() if isinstance(m, Block)]
     assert len(blocks) == 5 and all(b.grad_checkpointing for b in blocks)
     assert set_grad_checkpointing(model, False) == 5 and not any(b.grad_checkpointing for b in blocks)
@@ -77,14 +77,15 @@ def test_classify_losses_and_weights_equal_the_run_without_it(tmp_path, pool):
 
 
 def test_mae_losses_and_weights_equal_the_run_without_it(tmp_path):
-    _assert_identical(*_runs(tmp_path, objective={"name": "mae"},
-                             mae={"decoder_dim": 16, "decoder_depth": 2, "decoder_heads": 2}))
+    _assert_identical(*_runs(tmp_path, objective={"name": "mae", "decoder_dim": 16, "decoder_depth": 2,
+                                                  "decoder_heads": 2}))
 
 
 def test_distill_losses_and_weights_equal_the_run_without_it(tmp_path):
     train(tiny_config(model={"depth": 1}, trainer={"max_steps": 2}), tmp_path / "teacher")
-    _assert_identical(*_runs(tmp_path, model={"distilled": True}, objective={"name": "distill"},
-                             distill={"teacher": str(tmp_path / "teacher" / "checkpoints" / "last.pt")}))
+    _assert_identical(*_runs(tmp_path, model={"distilled": True},
+                             objective={"name": "distill",
+                                        "teacher": str(tmp_path / "teacher" / "checkpoints" / "last.pt")}))
 
 
 TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=16", "data.train_size=128",

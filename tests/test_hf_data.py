@@ -21,8 +21,8 @@ datasets = pytest.importorskip("datasets")
 
 from helpers.configs import tiny_config  # noqa: E402
 from helpers.files import assert_same_run  # noqa: E402
-from vit_train.data import build_data  # noqa: E402
-from vit_train.data.hf import load_hf_splits  # noqa: E402
+from helpers.configs import build_data  # noqa: E402
+from vit_train.data.sources.hf import load_hf_splits  # noqa: E402
 from vit_train.errors import DataError, RunStopped  # noqa: E402
 from vit_train.train.trainer import train  # noqa: E402
 
@@ -339,7 +339,7 @@ def test_a_run_killed_mid_epoch_with_loader_workers_resumes_as_the_uninterrupted
 def test_an_image_cell_that_holds_only_a_path_is_read_from_that_file(tmp_path):
     """A cell {"bytes": None, "path": ...} (datasets keeps paths for images it has not embedded; see
     huggingface/datasets#8254's review): the file is read and decoded as any other image."""
-    from vit_train.data import hf
+    from vit_train.data.sources import hf
 
     for i in range(2):
         Image.fromarray(picture(i)).save(tmp_path / f"{i}.png")
@@ -355,7 +355,7 @@ def test_an_image_cell_that_holds_only_a_path_is_read_from_that_file(tmp_path):
 def test_mae_pretrains_on_a_dataset_without_a_label_column(tmp_path):
     datasets.DatasetDict(train=split(32, 0, labels=None), validation=split(8, 100, labels=None)).save_to_disk(
         str(tmp_path / "ds"))
-    cfg = tiny_config(objective={"name": "mae"}, mae={"decoder_dim": 16, "decoder_depth": 1, "decoder_heads": 2},
+    cfg = tiny_config(objective={"name": "mae", "decoder_dim": 16, "decoder_depth": 1, "decoder_heads": 2},
                       data={"name": "hf", "root": str(tmp_path / "ds"), "batch_size": 8, "num_workers": 0},
                       trainer={"max_steps": 2})
     results = train(cfg, tmp_path / "run")

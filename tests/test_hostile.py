@@ -16,7 +16,6 @@ from helpers.images import write_image_folder
 from helpers.runs import command
 from vit_train.outputs.checkpoint import load_checkpoint
 from vit_train.outputs.weights import load_weights
-from vit_train.data import build_data
 from vit_train.data.decode import open_rgb
 from vit_train.errors import CheckpointError, DataError
 from vit_train.outputs.integrity import load_failure
@@ -178,15 +177,17 @@ def test_a_class_that_becomes_unreadable_mid_run_is_one_line_naming_a_file(tmp_p
     the loader workers' replacement runs out, and the error reaches the run as one line, not the
     worker's traceback."""
     write_image_folder(tmp_path, {"train": 20, "val": 2}, pixels=lambda cls, i: (10 * i, 0, 0), name="{i:02d}.png")
-    import vit_train.train.run as run_module
+    from vit_train.data.sources.base import DataSource
+
+    build = DataSource.build
 
     def build_then_damage(*args, **kwargs):
-        data = build_data(*args, **kwargs)
+        data = build(*args, **kwargs)
         for path in (tmp_path / "train" / "b").iterdir():
             path.write_bytes(b"\0" * 10)
         return data
 
-    monkeypatch.setattr(run_module, "build_data", build_then_damage)
+    monkeypatch.setattr(DataSource, "build", build_then_damage)  # the image folder's door to its loaders
     cfg = make_config(data={"name": "imagefolder", "root": str(tmp_path), "batch_size": 4, "num_workers": 2,
                             "max_bad_fraction": 1.0}, model={"img_size": 16, "patch_size": 8})
     with pytest.raises(DataError) as stopped:

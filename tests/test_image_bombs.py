@@ -16,7 +16,7 @@ from PIL import Image, features
 
 import vit_train.data.decode as decode
 from vit_train.data.decode import IMAGE_ERRORS, decode_rgb, open_rgb
-from vit_train.data.imagefolder import UnreadableImage, load_image_folders
+from vit_train.data.sources.imagefolder import UnreadableImage, load_image_folders
 from helpers.images import write_image_folder
 
 LIMIT = Image.MAX_IMAGE_PIXELS  # 89,478,485 pixels by default: decode.py keeps it, strict

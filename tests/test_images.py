@@ -11,12 +11,12 @@ import torch
 from PIL import Image
 from helpers.ugly_folder import SIDE, picture, write_every_mode
 
-from vit_train.data import build_data
+from helpers.configs import build_data
 from vit_train.data.decode import open_rgb, read_uint8
-from vit_train.data.imagefolder import load_image_folders
+from vit_train.data.sources.imagefolder import load_image_folders
 from vit_train.errors import DataError
 from vit_train.tools.predict import predict, read_image
-from vit_train.data.preprocess import eval_spec as preprocess_spec, eval_transform as preprocess
+from vit_train.data.preprocess import eval_transform as preprocess
 from vit_train.models.vit import build_model
 
 
@@ -103,7 +103,7 @@ def test_training_eval_and_predict_see_the_same_picture_in_every_mode(ugly_folde
     """Oracle: each file, in each path, gives the tensor its expected RGB version gives, within 1/255."""
     cfg = folder_config(make_config, ugly_folder.root)
     data = build_data(cfg, torch.device("cpu"))
-    spec = preprocess_spec(cfg)
+    spec = cfg.data.eval_spec(cfg.model.img_size)
     predict_tf = preprocess(spec)
     tolerance = 1.01 / 255 / min(spec["std"])  # one level of 8 bits, after normalisation
     paths = {"train": data.train_loader.dataset, "val": data.val_loader.dataset}  # val: vit-eval and figures
@@ -122,7 +122,7 @@ def test_predict_reads_rgba_palette_and_16_bit_files_as_their_rgb_twins(tmp_path
     cfg = folder_config(make_config, tmp_path)
     written = write_every_mode(tmp_path, picture(11))
     model = build_model(cfg.model, 3).eval()
-    ckpt = {"class_names": ["a", "b", "c"], "preprocess": preprocess_spec(cfg)}
+    ckpt = {"class_names": ["a", "b", "c"], "preprocess": cfg.data.eval_spec(cfg.model.img_size)}
     files = sorted(str(p) for p in written)
     results = predict(model, ckpt, cfg, files, top_k=3)
     for path, result in zip(files, results):

@@ -1,7 +1,7 @@
-"""model.img_size and model.patch_size come from the data set, visibly: each data option sets them
-(configs/data/input_size/), so `vit-train --cfg job` shows them; the model option, a recipe and the
-command line (in any order) set others; a Config built in Python gets the same sizes from
-DATASET_DEFAULTS."""
+"""model.img_size and model.patch_size come from the data set, visibly: each data set's class says them
+(its `input_size`), its Hydra node sets them, so `vit-train --cfg job` shows them; the model option, a
+recipe and the command line (in any order) set others; a Config built in Python gets the same sizes from
+the same class attribute."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import yaml
 
 from helpers.configs import composed
 from helpers.runs import vit_train
-from vit_train.config.checks import DATASET_DEFAULTS
-from vit_train.config.schema import IMAGE_FILES, Config, config_dir
+from vit_train.config import Config, config_dir
+from vit_train.schema.typed import options
 
 CONFIGS = Path(config_dir())
 DATA_OPTIONS = sorted(path.stem for path in (CONFIGS / "data").glob("*.yaml"))
+DATASET_DEFAULTS = {name: cls.input_size for name, cls in options("data").items()}  # each data set's own
 
 
 def printed_model(*args: str, cwd: Path) -> dict:
@@ -79,6 +80,6 @@ def test_a_config_built_in_python_gets_the_same_sizes():
 
 @pytest.mark.parametrize("data", DATA_OPTIONS)
 def test_the_composed_and_the_python_sizes_agree(data):
-    plain = composed([f"data={data}"] + ["data.root=/somewhere"] * (data in IMAGE_FILES))
+    plain = composed([f"data={data}"] + ["data.root=/somewhere"] * options("data")[data].encoded)
     filled = Config.from_dict({"data": plain["data"]}).model
     assert (plain["model"]["img_size"], plain["model"]["patch_size"]) == (filled.img_size, filled.patch_size)

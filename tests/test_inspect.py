@@ -13,9 +13,9 @@ from torchvision.transforms import v2
 from helpers.files import tb_events
 from helpers.images import write_image_folder
 from helpers.runs import command
-from vit_train.data import SHAPES_STATS
+from vit_train.data.sources.shapes import SHAPES_STATS
 from vit_train.errors import CheckpointError
-from vit_train.data.shapes import CLASS_NAMES, generate_shapes_with_masks
+from vit_train.data.sources.shapes import CLASS_NAMES, generate_shapes_with_masks
 from vit_train.outputs.checkpoint import load_checkpoint
 from vit_train.tools.export import export
 from vit_train.tools.inference import auto_weights, load_for_inference

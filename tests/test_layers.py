@@ -15,8 +15,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "vit_train"
 
 # Low to high. Layers on one row are siblings: neither imports the other.
-LAYERS = [("errors",), ("extras",), ("config",), ("runtime",), ("data",), ("outputs",), ("models",), ("viz",),
-          ("objectives",), ("train", "tools"), ("sweeps",), ("cli",)]
+LAYERS = [("errors",), ("extras",), ("schema",), ("runtime",), ("data",), ("outputs",), ("models",), ("viz",),
+          ("objectives",), ("config",), ("train", "tools"), ("sweeps",), ("cli",)]
 RANK = {layer: rank for rank, row in enumerate(LAYERS) for layer in row}
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from helpers.configs import composed, tiny_config
-from vit_train.config.schema import Config
+from vit_train.config import Config
 from vit_train.data.first_batches import FirstBatches
 from vit_train.errors import ConfigError
 from vit_train.train.trainer import train

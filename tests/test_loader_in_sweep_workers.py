@@ -6,7 +6,7 @@ import multiprocessing
 
 import pytest
 
-from vit_train.data import worker_context
+from vit_train.data.loaders import worker_context
 
 
 @pytest.mark.parametrize("current, expected", [(None, None), ("fork", None), ("spawn", None), ("forkserver", None),
@@ -20,7 +20,7 @@ def first_batch_in_a_loky_worker(root: str) -> tuple[str, list[int]]:
     import torch
 
     from helpers.configs import tiny_config
-    from vit_train.data import build_data
+    from helpers.configs import build_data
 
     cfg = tiny_config(data={"name": "imagefolder", "root": root, "batch_size": 4, "num_workers": 1})
     data = build_data(cfg, torch.device("cpu"), 0, 1)

@@ -91,8 +91,7 @@ def test_a_checkpoint_without_a_window_resumes_with_an_empty_one(tmp_path):
 def test_distills_terms_after_a_kill_between_logs_are_the_uninterrupted_runs(tmp_path):
     train(tiny_config(trainer={"max_steps": 2}), tmp_path / "teacher")
     teacher = str(tmp_path / "teacher" / "checkpoints" / "last.pt")
-    sections = {"trainer": {**SECTIONS["trainer"], "max_steps": 8}, "objective": {"name": "distill"},
-                "distill": {"teacher": teacher}}
+    sections = {"trainer": {**SECTIONS["trainer"], "max_steps": 8}, "objective": {"name": "distill", "teacher": teacher}}
     train(tiny_config(**sections), tmp_path / "reference")
     assert [r["step"] for r in logged(tmp_path / "reference", "train")] == [5, 8]
     assert "loss_teacher" in logged(tmp_path / "reference", "train")[0]

@@ -10,11 +10,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.images import write_images
-from vit_train.data.shapes import generate_shapes
+from vit_train.data.sources.shapes import generate_shapes
 from vit_train.errors import ConfigError
 from vit_train.models.mae import MaskedAutoencoder, MaskSampler, build_autoencoder, mae_flops_per_image, num_visible, patch_targets, patchify, reconstruct, reconstruction_loss, unpatchify
-from vit_train.objectives import check_objective
-from vit_train.objectives.mae import MaeObjective
+from vit_train.errors import ConfigError
+from vit_train.objectives.mae import Mae, MaskedReconstruction
 from vit_train.models.vit import VisionTransformer
 
 
@@ -97,7 +97,7 @@ def test_training_flops_of_mae_are_far_below_classification(make_config):
     from vit_train.train.throughput import flops_per_image
 
     cfg = make_config(model={"embed_dim": 192, "depth": 12, "num_heads": 3, "img_size": 32, "patch_size": 4})
-    mae, full = mae_flops_per_image(cfg), flops_per_image(cfg.model, 10)
+    mae, full = mae_flops_per_image(cfg.model, Mae()), flops_per_image(cfg.model, 10)
     assert 0.25 < mae / full < 0.45  # encoder ~0.26 of a full pass, plus a light decoder on every patch
 
 
@@ -208,14 +208,14 @@ def test_state_dict_keeps_the_encoder_names_and_the_fixed_positions():
 
 
 @pytest.mark.parametrize("mae, message", [
-    ({"mask_ratio": 1.0}, "mae.mask_ratio must be in (0, 1)"),
+    ({"mask_ratio": 1.0}, "objective.mask_ratio must be in (0, 1)"),
     ({"mask_ratio": 0.99}, "leaves no visible patch"),
-    ({"decoder_dim": 30, "decoder_heads": 3}, "mae.decoder_dim (30) must be divisible"),
-    ({"decoder_depth": 0}, "mae.decoder_depth must be > 0"),
+    ({"decoder_dim": 30, "decoder_heads": 3}, "objective.decoder_dim (30) must be divisible"),
+    ({"decoder_depth": 0}, "objective.decoder_depth must be > 0"),
 ])
 def test_bad_mae_settings_are_refused_naming_the_key(make_config, mae, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        check_objective(make_config(mae=mae, objective={"name": "mae"}))  # mae.* is the MAE objective's check
+        make_config(objective={"name": "mae", **mae})  # objective=mae's own keys, checked by its section
 
 
 @pytest.mark.slow  # ~5 s alone, ~45 s on a shared 2-core machine
@@ -223,13 +223,14 @@ def test_short_pretraining_reconstructs_far_better_than_the_untrained_model(make
     """60 AdamW steps on shapes: the val loss on masked patches falls far below the untrained model's
     (measured 2.44 -> 0.69) and well below the best blind guess, each patch's own mean (0.98 here)."""
     cfg = make_config(model={"embed_dim": 64, "depth": 2, "num_heads": 4, "img_size": 16, "patch_size": 4},
-                      mae={"decoder_dim": 64, "decoder_depth": 1, "decoder_heads": 4, "norm_pix_loss": True})
+                      objective={"name": "mae", "decoder_dim": 64, "decoder_depth": 1, "decoder_heads": 4,
+                                 "norm_pix_loss": True})
     torch.manual_seed(0)
-    model = build_autoencoder(cfg)
+    model = build_autoencoder(cfg.model, cfg.objective)
     train_images, _ = generate_shapes(1024, 16, seed=0)
     val_images, _ = generate_shapes(256, 16, seed=1)
     val = (val_images.float() / 255 - 0.28) / 0.236
-    objective = MaeObjective(cfg)
+    objective = MaskedReconstruction(cfg)
 
     def val_loss(predict_mean: bool = False) -> float:
         with torch.no_grad():
@@ -274,7 +275,7 @@ def test_a_classifier_starts_from_the_mae_encoder_with_a_new_head(tmp_path, capl
 
 
 def test_unlabelled_folders_flat_nested_or_split_by_holdout(tmp_path):
-    from vit_train.data.imagefolder import load_unlabelled_folders
+    from vit_train.data.sources.imagefolder import load_unlabelled_folders
 
     write_images(tmp_path / "a" / "train", 5)
     write_images(tmp_path / "a" / "train" / "cats", 2, start=50)  # class folders are read too, labels ignored
@@ -292,7 +293,7 @@ def test_unlabelled_folders_flat_nested_or_split_by_holdout(tmp_path):
 
 
 def test_unlabelled_folders_that_cannot_work_are_explained(tmp_path):
-    from vit_train.data.imagefolder import load_unlabelled_folders
+    from vit_train.data.sources.imagefolder import load_unlabelled_folders
     from vit_train.errors import DataError
 
     with pytest.raises(DataError, match="does not exist"):

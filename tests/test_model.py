@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from vit_train.config.schema import ModelConfig
+from vit_train.schema.sections import ModelConfig
 from vit_train.models.vit import VisionTransformer, build_model, sincos_2d
 
 SMALL = dict(img_size=32, patch_size=4, num_classes=10, embed_dim=64, depth=3, num_heads=4)

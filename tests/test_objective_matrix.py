@@ -1,5 +1,6 @@
 """Every objective x model x `model.trainable` x option either trains with the right parameters
-learning, or is refused in one line before any work (vit_train/objectives: each objective's `check`).
+learning, or is refused in one line before any work (Config.validate: each section's `check`, the
+objective's among them).
 
 The combinations are built directly (the objective's model, loss, evaluation and score, the run's
 optimiser) and train two steps on a few `shapes` images on the CPU; a few representative refusals go
@@ -19,15 +20,15 @@ import torch
 
 from helpers.configs import tiny_config
 from vit_train.data.mix import BatchMix
-from vit_train.data.shapes import generate_shapes
+from vit_train.data.sources.shapes import generate_shapes
 from vit_train.errors import ConfigError
 from vit_train.objectives.weights_in import load_pretrained
-from vit_train.objectives import OBJECTIVES, check_objective
 from vit_train.objectives.score import best_weights
 from vit_train.train.optim import build_optimizer
 from vit_train.train.state import TrainState
 
 CPU = torch.device("cpu")
+OBJECTIVES = ["classify", "distill", "mae"]
 MODELS = {"vit_micro": {}, "resnet18": {"name": "resnet18", "arch": "resnet18"}}
 OPTIONS = {
     "plain": {},
@@ -64,7 +65,7 @@ def expected_refusal(objective: str, model: str, trainable: str, option: str) ->
 def weights_files(tmp_path_factory):
     """{"vit_micro", "resnet18": a plain state-dict file of that network (10 classes)} and a vit-train-like
     teacher checkpoint for objective=distill."""
-    from vit_train.objectives.classify import build_model
+    from vit_train.models.vit import build_model
 
     folder = tmp_path_factory.mktemp("weights")
     files = {}
@@ -72,11 +73,11 @@ def weights_files(tmp_path_factory):
         cfg = tiny_config(model=model)
         torch.manual_seed(1)
         files[name] = folder / f"{name}.pth"
-        torch.save(build_model(cfg, 10).state_dict(), files[name])
+        torch.save(build_model(cfg.model, 10).state_dict(), files[name])
     teacher_cfg = tiny_config(model={"depth": 1})
     torch.manual_seed(2)
     files["teacher"] = folder / "teacher.pt"
-    torch.save({"model": build_model(teacher_cfg, 10).state_dict(), "config": teacher_cfg.to_dict(),
+    torch.save({"model": build_model(teacher_cfg.model, 10).state_dict(), "config": teacher_cfg.to_dict(),
                 "class_names": [str(i) for i in range(10)], "ema": None, "step": 0}, files["teacher"])
     return files
 
@@ -86,9 +87,7 @@ def config_for(objective: str, model: str, trainable: str, option: str, files: d
     sections.setdefault("model", {}).update({**MODELS[model], "trainable": trainable})
     if option == "pretrained":
         sections["model"]["pretrained"] = str(files[model])
-    sections["objective"] = {"name": objective}
-    if objective == "distill":
-        sections["distill"] = {"teacher": str(files["teacher"])}
+    sections["objective"] = {"name": objective, **({"teacher": str(files["teacher"])} if objective == "distill" else {})}
     sections["data"] = {"batch_size": 8}
     return tiny_config(**sections)
 
@@ -102,7 +101,7 @@ def batches(count: int = 2, size: int = 8) -> tuple:
 
 def two_steps(cfg, files: dict) -> tuple[torch.nn.Module, dict, set[str]]:
     """Build as a run does and train two steps: (model, val metrics, names of the parameters that changed)."""
-    objective = check_objective(cfg)
+    objective = cfg.objective
     torch.manual_seed(0)
     model = objective.build_model(cfg, 10)
     if cfg.model.pretrained:
@@ -147,16 +146,15 @@ def test_each_combination_trains_the_right_parameters_or_is_refused_in_one_line(
                                                                                 weights_files):
     refusal = expected_refusal(objective, model, trainable, option)
     try:
-        cfg = config_for(objective, model, trainable, option, weights_files)
-        check_objective(cfg)
+        cfg = config_for(objective, model, trainable, option, weights_files)  # validated
     except ConfigError as e:
         assert refusal is not None, f"refused, but should train: {e}"
         assert refusal in str(e) and "\n" not in str(e), str(e)
         return
     assert refusal is None, f"trained, but should be refused ({refusal})"
-    kind = OBJECTIVES[objective]
+    kind = cfg.objective
     model_, metrics, changed = two_steps(cfg, weights_files)
-    assert math.isfinite(metrics[kind.METRIC])
+    assert math.isfinite(metrics[kind.metric])
     first = "conv1.weight" if model == "resnet18" else "patch_embed.proj.weight"
     if objective == "mae":  # the encoder pre-trains (and the decoder with it)
         assert f"encoder.{first}" in changed and "encoder.blocks.0.attn.qkv.weight" in changed, sorted(changed)
@@ -199,8 +197,8 @@ def test_one_best_score_follows_the_objectives_direction_and_weights_auto_agrees
     ckpt = {**state.checkpoint_fields(), "ema": {"module.x": torch.zeros(1)},
             "last_eval": {"step": 5, "metric": objective, **scores}}
     assert best_weights(ckpt)[0] == won  # weights=auto: the same rule
-    top1, loss = ckpt["best_top1"], ckpt["best_loss"]
-    assert (top1, loss) == ((scores[won], math.inf) if objective == "top1" else (-1.0, scores[won]))
+    assert (ckpt["best_score"], ckpt["best_metric"]) == (scores[won], objective)
+    assert "best_top1" not in ckpt and "best_loss" not in ckpt  # the one best score, under no metric's own key
 
 
 @pytest.mark.parametrize("old, metric, score", [({"best_top1": 71.5, "best_loss": math.inf}, "top1", 71.5),
@@ -212,7 +210,7 @@ def test_an_older_checkpoints_best_top1_or_best_loss_becomes_the_one_best_score(
     state = TrainState(**{k: ckpt[k] for k in fields if k in ckpt})  # as state.restore reads a checkpoint
     assert (state.best_metric, state.best_score, state.best_step, state.best_source) == (metric, score, 4, "ema")
     again = state.checkpoint_fields()
-    assert (again["best_top1"], again["best_loss"]) == (old["best_top1"], old["best_loss"])  # written back the same
+    assert (again["best_score"], again["best_metric"]) == (score, metric)  # written back as the one best score
 
 
 @pytest.mark.parametrize("overrides, says", [
@@ -239,7 +237,8 @@ def test_a_checkpoint_without_best_score_resumes_with_its_best_top1_through_rest
     state = TrainState(step=7)
     state.record_eval("top1", {"model": 55.0})
     ckpt = checkpoint_state(model, optimizer, scheduler, scaler, None, state, tiny_config(), [], ["a", "b"])
-    assert (ckpt["best_top1"], ckpt["best_loss"], ckpt["best_score"]) == (55.0, math.inf, 55.0)
-    old = {k: v for k, v in ckpt.items() if k not in ("best_score", "best_metric")}
+    assert (ckpt["best_score"], ckpt["best_metric"]) == (55.0, "top1")
+    old = {**{k: v for k, v in ckpt.items() if k not in ("best_score", "best_metric")},
+           "best_top1": 55.0, "best_loss": math.inf}  # what checkpoints held before best_score
     restored = restore(old, model, optimizer, scaler)
     assert (restored.best_metric, restored.best_score, restored.best_step) == ("top1", 55.0, 7)

@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from helpers.files import logged
-from vit_train.objectives import Classify, build_objective
+from vit_train.objectives.classify import Classify, CrossEntropy
 
 
 def test_classify_is_cross_entropy_with_label_smoothing_on_indices_and_probabilities(make_config):
     cfg = make_config(aug={"label_smoothing": 0.1})
-    objective = build_objective(cfg, torch.nn.Identity(), 4)
+    objective = cfg.objective.build_loss(cfg, torch.nn.Identity(), 4)
     logits = torch.tensor([[2.0, 0.0, -1.0, 0.5], [0.0, 1.0, 0.0, 3.0]])
     loss, out = objective(torch.nn.Identity(), logits, torch.tensor([0, 3]))
     smoothed = torch.full((2, 4), 0.1 / 4) + 0.9 * torch.eye(4)[[0, 3]]
@@ -19,7 +19,7 @@ def test_classify_is_cross_entropy_with_label_smoothing_on_indices_and_probabili
     assert torch.allclose(loss_p, expected)
 
 
-class NoTop1(Classify):
+class NoTop1(CrossEntropy):
     """The classification loss, but no logits handed back, as an objective without class
     predictions (MAE) does; it also records whether it ran under autocast."""
 
@@ -40,7 +40,7 @@ def test_the_loop_trains_on_the_objectives_loss_and_logs_no_top1_without_logits(
 
     train(make_config(**cfg), plain)
     NoTop1.autocast = []
-    monkeypatch.setattr("vit_train.train.run.build_objective", lambda cfg, model, classes, *names: NoTop1())
+    monkeypatch.setattr(Classify, "build_loss", lambda self, cfg, model, classes, *names: NoTop1())
     train(make_config(**cfg), tmp_path / "no_top1")
     assert NoTop1.autocast == [precision == "bf16"] * 8  # 4 steps of 2 micro-batches, under the loop's autocast
     ours, theirs = logged(tmp_path / "no_top1", "train"), logged(plain, "train")
@@ -52,7 +52,7 @@ def test_the_loop_trains_on_the_objectives_loss_and_logs_no_top1_without_logits(
 
 
 
-class Counting(Classify):
+class Counting(CrossEntropy):
     """An objective with state that must survive a restart: the micro-batches it has seen."""
 
     def __init__(self):
@@ -67,11 +67,12 @@ class Counting(Classify):
         return {"calls": self.calls}
 
     def load_state_dict(self, state):
-        self.calls = state["calls"]
+        if state is not None:
+            self.calls = state["calls"]
 
 
 def test_an_objectives_state_is_checkpointed_and_restored_on_resume(tmp_path, make_config, monkeypatch):
-    monkeypatch.setattr("vit_train.train.run.build_objective", lambda cfg, model, classes, *names: Counting())
+    monkeypatch.setattr(Classify, "build_loss", lambda self, cfg, model, classes, *names: Counting())
     sections = dict(trainer={"max_steps": 4, "ckpt_every": 1, "keep_last": 10})
     from vit_train.train.trainer import train
 

@@ -13,8 +13,8 @@ from PIL import Image
 
 from helpers.configs import tiny_config
 from vit_train.cli import commands
-from vit_train.data.preprocess import SHAPES_STATS
-from vit_train.data.shapes import CLASS_NAMES
+from vit_train.data.sources.shapes import SHAPES_STATS
+from vit_train.data.sources.shapes import CLASS_NAMES
 from vit_train.tools.inference import load_for_inference
 from vit_train.tools.predict import predict
 from vit_train.train.trainer import train

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from vit_train.config.schema import OptimConfig, ScheduleConfig
+from vit_train.schema.sections import OptimConfig, ScheduleConfig
 from vit_train.models.vit import VisionTransformer
 from vit_train.train.optim import build_optimizer, build_scheduler, param_groups
 

@@ -107,7 +107,7 @@ def test_what_the_build_logs_is_in_train_log_once_and_before_the_config(tmp_path
     if kind == "pretrained":
         cfg = make_config(model={"pretrained": str(source_run)}, trainer={"max_steps": 1})
     else:
-        cfg = make_config(objective={"name": "distill"}, distill={"teacher": str(source_run)}, trainer={"max_steps": 1})
+        cfg = make_config(objective={"name": "distill", "teacher": str(source_run)}, trainer={"max_steps": 1})
     with caplog.at_level("INFO", logger="vit_train"):
         train(cfg, tmp_path)
     assert sum(r.getMessage().startswith(line) for r in caplog.records) == 1  # the console's once, as before

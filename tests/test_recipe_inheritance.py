@@ -3,8 +3,12 @@ only what differs from their composition, yet every recipe composes to exactly t
 each was a full copy.
 
 tests/data/recipes_composed.json holds, per configs/experiment/*.yaml, what `vit-train experiment=NAME`
-composed before the recipes inherited (Hydra's compose API, resolved, no other override). A new recipe
-adds its entry the same way, once it is known to be right:
+composed before the recipes inherited (Hydra's compose API, resolved, no other override), in the layout
+of the time: every option's keys side by side in its section, mae.* and distill.* at the top. Read in
+today's layout (schema/legacy.py `upgrade_saved`: an objective's keys under objective.*, each option's
+section cut to its own keys), each recipe composes to exactly that; and no key a section lost held
+anything but the schema's default of the time (`OLD_DEFAULTS`): the same run. A new recipe adds its
+entry in today's layout, once it is known to be right:
     python -c "import json, sys; sys.path.insert(0, 'tests'); from helpers.configs import composed; \
 print(json.dumps(composed(['experiment=NAME']), indent=1))"
 """
@@ -19,12 +23,23 @@ import pytest
 from omegaconf import OmegaConf
 
 from helpers.configs import composed
-from vit_train.config.checks import DATASET_DEFAULTS
-from vit_train.config.schema import config_dir
+from vit_train.config import config_dir
+from vit_train.schema.legacy import upgrade_saved
+from vit_train.schema.typed import options
 
 CONFIGS = Path(config_dir())
 RECIPES = sorted(path.stem for path in (CONFIGS / "experiment").glob("*.yaml"))
 BEFORE = json.loads((Path(__file__).parent / "data" / "recipes_composed.json").read_text())
+# the schema's defaults, at the time of the fixture, of the keys a section no longer holds for every option
+OLD_DEFAULTS = {
+    "data": {"root": None, "download": True, "train_size": 10000, "val_size": 2000, "seed": 0, "bad_images": "skip",
+             "max_bad_fraction": 0.01, "train_shards": None, "val_shards": None, "shuffle_buffer": 5000,
+             "image_key": "image", "label_key": "label", "train_split": "train", "val_split": None},
+    "aug": {"crop_padding": None, "scale_min": 0.08, "hflip": 0.5, "randaug_n": 2, "randaug_m": 9,
+            "autoaug_policy": None},
+    "mae": {"mask_ratio": 0.75, "decoder_dim": 128, "decoder_depth": 2, "decoder_heads": 4, "norm_pix_loss": True},
+    "distill": {"teacher": None, "teacher_arch": None, "type": "hard", "alpha": 0.5, "tau": 1.0},
+}
 
 
 def test_the_fixture_holds_every_recipe():
@@ -33,13 +48,24 @@ def test_the_fixture_holds_every_recipe():
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_every_recipe_composes_exactly_as_before(name):
-    expected = json.loads(json.dumps(BEFORE[name]))
-    # The one intended change: sizes the data set supplied inside the checks are now in the composed config.
-    img, patch = DATASET_DEFAULTS[expected["data"]["name"]]
+    expected = upgrade_saved(json.loads(json.dumps(BEFORE[name])))
+    # An earlier intended change: sizes the data set supplied inside the checks are now in the composed config.
+    img, patch = options("data")[expected["data"]["name"]].input_size
     model = expected["model"]
     model["img_size"] = img if model["img_size"] is None else model["img_size"]
     model["patch_size"] = patch if model["patch_size"] is None else model["patch_size"]
     assert composed([f"experiment={name}"]) == expected
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_no_key_a_recipe_set_was_lost_in_todays_layout(name):
+    """What `upgrade_saved` dropped from a recipe's composition (another option's keys, another objective's
+    section) held the old schema's defaults: the recipe set none of them, so its run reads all it set."""
+    before, after = _keys(BEFORE[name]), _keys(upgrade_saved(json.loads(json.dumps(BEFORE[name]))))
+    moved = {key for key in before if key.split(".")[0] in ("mae", "distill")
+             and f"objective.{key.split('.', 1)[1]}" in after}  # now objective.*, equal (the test above)
+    dropped = {key: value for key, value in before.items() if key not in after and key not in moved}
+    assert dropped and dropped == {k: OLD_DEFAULTS[k.split(".")[0]][k.split(".")[1]] for k in dropped}
 
 
 def _body(path: Path) -> dict:

@@ -14,13 +14,13 @@ from vit_train.data.datasets import TransformedDataset
 from vit_train.errors import CheckpointError, RunStopped
 from vit_train.models.vit import build_model
 from vit_train.runtime.preemption import StopRequest
-from vit_train.train.resume_checks import check_compatible
+from vit_train.train.resume import check_compatible
 from vit_train.train.state import restore_rng
 from vit_train.outputs.weights import export_safetensors, load_weights
 from vit_train.train.trainer import train
 
 # Everything a resumed run must reproduce; timing fields (images_seen, train_seconds) aside.
-EXACT_KEYS = ("model", "optimizer", "scheduler", "scaler", "ema", "epoch", "step", "batch_in_epoch", "best_top1",
+EXACT_KEYS = ("model", "optimizer", "scheduler", "scaler", "ema", "epoch", "step", "batch_in_epoch", "best_score",
               "best_step", "skipped_steps", "rng")
 
 
@@ -192,10 +192,10 @@ def test_compatibility_refuses_image_size_and_classes_and_allows_more_epochs(mak
     saved = make_config()
     ckpt = {"config": saved.to_dict(), "class_names": ["a", "b"]}
     with pytest.raises(CheckpointError, match=r"model.img_size: 16 -> 32"):
-        check_compatible(ckpt, make_config(model={"img_size": 32}).to_dict())
+        check_compatible(ckpt, make_config(model={"img_size": 32}))
     with pytest.raises(CheckpointError, match="classes: 2 saved, 3 in the data now"):
         check_classes(ckpt, ["a", "b", "c"])
-    assert check_compatible(ckpt, make_config(trainer={"epochs": 9}).to_dict()) == ["trainer.epochs: 2 -> 9"]
+    assert check_compatible(ckpt, make_config(trainer={"epochs": 9})) == ["trainer.epochs: 2 -> 9"]
 
 
 def test_a_failed_rng_restore_is_an_error():

@@ -60,8 +60,8 @@ def test_vit_only_options_on_a_resnet_are_refused(make_config, extra, message):
 
 
 def test_vit_keys_on_a_resnet_get_a_warning():
-    from vit_train.config.schema import Config
-    from vit_train.config.unused_keys import ignored_keys
+    from vit_train.config import Config
+    from vit_train.schema.config import ignored_keys
 
     assert ignored_keys(Config.from_dict({"model": {"arch": "resnet18", "reg_tokens": 4}})) == [
         "model.reg_tokens=4 has no effect with model.arch=resnet18; it applies only to ViTs (model.arch=vit)"]

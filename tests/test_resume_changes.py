@@ -6,7 +6,7 @@ directory byte for byte as it was.
 Three base runs on the built-in shapes data, each stopped at step 3 of the 8 of its first epoch:
 classify (with an EMA), MAE, and distillation from the classify run. Most cases call train()
 directly; the real command line (a subprocess) is tested where it is the point: the reported
-commands (`resume=<run> optim.name=sgd`, `resume=<run> objective.name=distill distill.teacher=...`).
+commands (`resume=<run> optim.name=sgd`, `resume=<run> objective.name=distill objective.teacher=...`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit_train.config.schema import Config
+from vit_train.cli.arguments import apply_overrides
+from vit_train.config import Config
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.outputs import rundir
 from vit_train.train import trainer
@@ -47,8 +48,8 @@ def bases(tmp_path_factory) -> dict[str, Path]:
     """{"classify", "mae", "distill"}: run directories stopped at step 3, never written again (copy them)."""
     root = tmp_path_factory.mktemp("bases")
     runs = {"classify": tiny(trainer={"ema_decay": 0.9}), "mae": tiny(objective={"name": "mae"})}
-    runs["distill"] = tiny(objective={"name": "distill"}, model={"distilled": True},
-                           distill={"teacher": str(root / "classify" / "checkpoints" / "last.pt")})
+    runs["distill"] = tiny(objective={"name": "distill", "teacher": str(root / "classify" / "checkpoints" / "last.pt")},
+                           model={"distilled": True})
     for name, plain in runs.items():
         train(Config.from_dict(plain), root / name)
     return {name: root / name for name in runs}
@@ -61,15 +62,13 @@ def copy_run(bases: dict[str, Path], base: str, tmp_path: Path) -> Path:
 
 
 def resumed_config(run: Path, changes: dict) -> Config:
-    """The run's saved config with `changes` ({"optim.name": "sgd"}) applied, resuming `run`."""
+    """The run's saved config with `changes` ({"optim.name": "sgd"}) applied as the command line applies
+    `vit-train resume=<run> optim.name=sgd` (cli/arguments.py `apply_overrides`), resuming `run`."""
     plain = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["config"]
-    for key, value in {"resume": str(run), **changes}.items():
-        *sections, name = key.split(".")
-        target = plain
-        for part in sections:
-            target = target[part]
-        target[name] = value
-    return Config.from_dict(plain)
+    spelled = {None: "null", True: "true", False: "false"}
+    plain = apply_overrides(plain, [f"{k}={spelled.get(v, v) if isinstance(v, (bool, type(None))) else v}"
+                                    for k, v in changes.items()])
+    return Config.from_dict({**plain, "resume": str(run)})
 
 
 def snapshot(run: Path) -> dict[str, bytes]:
@@ -87,9 +86,10 @@ REFUSED = [
     ("classify", "model.pos_embed", "sincos2d"), ("classify", "model.trainable", "head"),
     ("classify", "optim.name", "sgd"), ("classify", "optim.layer_decay", 0.75), ("classify", "data.name", "cifar10"),
     ("classify", "objective.name", "mae"), ("classify", "trainer.ema_decay", None),
-    ("mae", "objective.name", "classify"), ("mae", "mae.mask_ratio", 0.5), ("mae", "mae.norm_pix_loss", False),
-    ("mae", "mae.decoder_dim", 64), ("mae", "mae.decoder_depth", 1), ("mae", "mae.decoder_heads", 2),
-    ("distill", "distill.type", "soft"), ("distill", "model.distilled", False),
+    ("mae", "objective.name", "classify"), ("mae", "objective.mask_ratio", 0.5),
+    ("mae", "objective.norm_pix_loss", False), ("mae", "objective.decoder_dim", 64),
+    ("mae", "objective.decoder_depth", 1), ("mae", "objective.decoder_heads", 2),
+    ("distill", "objective.type", "soft"), ("distill", "model.distilled", False),
 ]
 # in the middle of an epoch, what reorders its permutation (check_data_position); fine at an epoch's end
 REFUSED_MID_EPOCH = [("classify", "seed", 1, "seed is 1, not 0"),
@@ -124,10 +124,10 @@ NO_FIT = {"model.arch", "model.embed_dim", "model.patch_size", "model.depth", "m
 
 def advice_fits(key: str, message: str) -> bool:
     """The refusal's alternative to resuming suits the kind of key: no model.pretrained for weights that
-    cannot load, the encoder-only note for mae.*, model.pretrained=<checkpoint> for the rest."""
+    cannot load, the encoder-only note for objective=mae's own keys, model.pretrained=<checkpoint> for the rest."""
     if key in NO_FIT:
         return "start a new run from scratch" in message and "do not fit the new architecture" in message
-    if key.startswith("mae."):
+    if key.startswith("objective.") and key != "objective.name" and "objective=mae" in message:
         return ("vit-train objective=mae model.pretrained=" in message and "loads the encoder only" in message
                 and "decoder starts fresh" in message)
     return "model.pretrained=" in message
@@ -194,9 +194,9 @@ ALLOWED = [
     ("classify", "trainer.accum_steps", 2, None), ("classify", "trainer.ema_decay", 0.99, None),
     ("classify", "model.drop_path", 0.1, None), ("classify", "model.dropout", 0.1, None),
     ("classify", "model.name", "vit_renamed", None), ("classify", "aug.mixup_alpha", 0.8, None),
-    ("classify", "aug.label_smoothing", 0.1, None), ("classify", "mae.mask_ratio", 0.5, None),
+    ("classify", "aug.label_smoothing", 0.1, None),
     ("mae", "trainer.ema_decay", 0.9, lambda run: ema_of(run) is not None),
-    ("distill", "distill.alpha", 0.7, None), ("distill", "distill.tau", 2.0, None),
+    ("distill", "objective.alpha", 0.7, None), ("distill", "objective.tau", 2.0, None),
 ]
 
 
@@ -260,7 +260,7 @@ def test_a_checkpoint_the_caller_loaded_is_not_loaded_again_nor_the_lock_taken_t
     def refuse(*args, **kwargs):
         raise AssertionError("loaded or locked a second time")
 
-    monkeypatch.setattr(trainer, "find_resume_checkpoint", refuse)
+    monkeypatch.setattr(trainer, "find_start", refuse)
     monkeypatch.setattr(rundir, "acquire", refuse)
     lock = rundir.RunLock(run, -1)  # stands for the caller's: train() neither takes nor frees one
     results = train(resumed_config(run, {"trainer.max_steps": RESUMED_TO}), run, resume_from=(path, ckpt), lock=lock)
@@ -276,10 +276,11 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.parametrize("changes,named", [
     (["optim.name=sgd"], "optim.name: 'adamw' -> 'sgd'"),
-    (["objective.name=distill", "model.distilled=true", "distill.teacher={teacher}"],
+    (["objective.name=distill", "model.distilled=true", "objective.teacher={teacher}"],
      "objective.name: 'classify' -> 'distill'"),
     (["trainer.ema_decay=null"], "trainer.ema_decay: 0.9 -> None"),
-], ids=["optim.name", "objective.name", "ema-off"])
+    (["data.name=cifar10"], "data.name: 'shapes' -> 'cifar10'"),  # a key override, not a group choice
+], ids=["optim.name", "objective.name", "ema-off", "data.name"])
 def test_the_command_line_refuses_in_one_line_and_changes_no_file(bases, tmp_path, changes, named):
     run = copy_run(bases, "classify", tmp_path)
     teacher = tmp_path / "teacher.pt"
@@ -291,6 +292,32 @@ def test_the_command_line_refuses_in_one_line_and_changes_no_file(bases, tmp_pat
     assert len(lines) == 1 and "Traceback" not in result.stdout + result.stderr, result.stderr
     assert named in lines[0] and f"model.pretrained={run / 'checkpoints' / 'last.pt'}" in lines[0], lines[0]
     assert snapshot(run) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("base, change, said", [
+    ("distill", "objective.alpha=0.7", "objective.alpha: 0.5 -> 0.7"),  # the run's own objective's keys
+    ("mae", "objective.mask_ratio=0.75", None),  # its saved value: no change
+    ("classify", "data.val_size=64", None),
+])
+def test_the_command_line_resumes_with_a_change_of_the_runs_own_options(bases, tmp_path, base, change, said):
+    """The keys are those of the resumed run's options (its checkpoint's), not of what the command line composes
+    by default: `resume=<a distill run> objective.alpha=0.7` was refused as a key of no classify option."""
+    run = copy_run(bases, base, tmp_path)
+    result = cli(f"resume={run}", f"trainer.max_steps={RESUMED_TO}", change, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert said is None or f"changed since the checkpoint: {said}" in result.stdout
+    saved = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["config"]
+    key, value = change.split("=")
+    assert str(saved[key.split(".")[0]][key.split(".")[1]]) == value
+
+
+@pytest.mark.slow
+def test_the_command_line_refuses_a_key_the_resumed_runs_option_lacks(bases, tmp_path):
+    run = copy_run(bases, "distill", tmp_path)
+    result = cli(f"resume={run}", "objective.mask_ratio=0.5", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith(
+        "vit-train: error: objective.mask_ratio is a key of objective=mae, not of objective=distill"), result.stderr
 
 
 @pytest.mark.slow
@@ -321,7 +348,7 @@ VIT_ONLY_CHANGES = [("model.embed_dim", 48), ("model.depth", 3), ("model.num_hea
     pytest.param(k, v, id=k, marks=() if k in ("model.embed_dim", "model.pool") else pytest.mark.slow)
     for k, v in VIT_ONLY_CHANGES])
 def test_a_vit_only_key_resumes_a_resnet_run_with_the_no_effect_warning(resnet_base, tmp_path, key, value):
-    from vit_train.objectives import ignored_keys
+    from vit_train.schema.config import ignored_keys
 
     run = tmp_path / "run"
     shutil.copytree(resnet_base, run)

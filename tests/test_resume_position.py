@@ -16,11 +16,11 @@ import torch
 import vit_train.train.trainer as trainer_module
 from helpers.files import logged, model_weights, read_results
 from helpers.runs import torchrun, vit_train
-from vit_train.config.schema import AugConfig
-from vit_train.data import SHAPES_STATS
+from helpers.configs import aug as aug_option
+from vit_train.data.sources.shapes import SHAPES_STATS
 from vit_train.data.on_device import DeviceTrainPipeline
 from vit_train.data.sampler import EpochSampler
-from vit_train.data.shapes import generate_shapes
+from vit_train.data.sources.shapes import generate_shapes
 from vit_train.errors import ConfigError
 from vit_train.train.trainer import train
 
@@ -274,7 +274,7 @@ def test_the_on_device_pipeline_gives_the_short_last_batch_to_each_process(world
     for rank in range(world_size):
         sampler = EpochSampler(SIZE, seed=4, batch_size=32, rank=rank, world_size=world_size)
         sampler.set_epoch(0, start=48, end=SIZE)
-        pipeline = DeviceTrainPipeline(images, torch.arange(SIZE), sampler, AugConfig(name="basic"), 8,
+        pipeline = DeviceTrainPipeline(images, torch.arange(SIZE), sampler, aug_option("basic"), 8,
                                        ((0.0,) * 3, (1.0,) * 3), torch.device("cpu"))
         batches = list(pipeline)
         assert [len(y) for _, y in batches] == [32 // world_size, 32 // world_size, 16 // world_size]

@@ -19,9 +19,9 @@ from PIL import Image
 from helpers.images import write_cifar10, write_image_folder
 from helpers.ugly_folder import write_ugly_folder
 from vit_train.cli.commands import shards_main
-from vit_train.config.schema import Config
+from vit_train.config import Config
 from vit_train.data.decode import decode_rgb, open_rgb
-from vit_train.data.shapes import generate_shapes
+from vit_train.data.sources.shapes import generate_shapes
 from vit_train.tools import shards
 from vit_train.tools.shards import write_shards
 
@@ -56,7 +56,7 @@ def pixels(data: bytes) -> np.ndarray:
 @pytest.mark.parametrize("image_format", ["source", "png", "webp"])
 def test_an_ugly_image_folder_round_trips_to_the_same_pixels_and_labels(tmp_path, image_format):
     ugly = write_ugly_folder(tmp_path / "src")
-    from vit_train.data.imagefolder import load_image_folders
+    from vit_train.data.sources.imagefolder import load_image_folders
 
     train, val, classes = load_image_folders(ugly.root)
     index = write_shards(cfg(name="imagefolder", root=str(ugly.root)), tmp_path / "out", ["train", "val"],
@@ -205,7 +205,7 @@ def test_a_full_disk_mid_way_leaves_no_index_and_no_partial_shard(tmp_path, monk
 
 KILLED = """
 import os, signal, sys
-from vit_train.config.schema import Config
+from vit_train.config import Config
 from vit_train.tools import shards
 real, n = shards.SplitWriter.add, [0]
 def add(self, *args):
@@ -292,7 +292,7 @@ def test_data_webdataset_reads_what_vit_shards_wrote_as_the_folder_reads_it(tmp_
 
     from helpers.configs import tiny_config
     from helpers.images import write_noisy_colours
-    from vit_train.data import build_data
+    from helpers.configs import build_data
     from vit_train.train.trainer import train
 
     root = write_noisy_colours(tmp_path / "src")

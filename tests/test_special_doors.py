@@ -1,6 +1,6 @@
 """Every door that reads a file the user names refuses a FIFO, socket, device, folder named like a file
 or link loop in one line, without opening it (issue 23): ckpt=, resume=, model.pretrained=,
-distill.teacher=, vit-predict's images, CIFAR batch files and an image opened by decode.open_rgb
+objective.teacher=, vit-predict's images, CIFAR batch files and an image opened by decode.open_rgb
 (a FIFO opened for reading blocks until a writer comes: forever). Calls that could block run in a
 thread with a deadline, and every FIFO gets a writer at the end, so a regression fails, not hangs."""
 
@@ -15,9 +15,10 @@ import pytest
 
 from helpers.images import write_cifar10, write_image, write_image_folder
 from helpers.special_files import DEADLINE, release, within
-from vit_train.data.cifar import find_folder, load_cifar
+from vit_train.data.sources.cifar import find_folder, load_cifar
 from vit_train.data.decode import open_rgb
-from vit_train.data.imagefolder import UnreadableImage, describe_unreadable, load_image_folders
+from vit_train.data.decode import UnreadableImage, describe_unreadable
+from vit_train.data.sources.imagefolder import load_image_folders
 from vit_train.data.regular import NotRegularFile, not_regular
 from vit_train.errors import CheckpointError, ConfigError, DataError
 from vit_train.objectives.weights_in import resolve
@@ -55,7 +56,7 @@ def test_not_regular_names_each_kind_without_opening(specials, tmp_path):
     assert not_regular(tmp_path / "file.pt") is None
 
 
-@pytest.mark.parametrize("key", ["ckpt", "model.pretrained", "distill.teacher"])
+@pytest.mark.parametrize("key", ["ckpt", "model.pretrained", "objective.teacher"])
 def test_weights_doors_refuse_special_files_in_one_line(specials, key):
     for kind, path in specials.items():
         if kind == "a folder":  # a folder is read as a run directory: its own message

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers.configs import TINY
+from helpers.configs import TINY_MODEL
 from helpers.images import write_image, write_image_folder
 from helpers.runs import command, vit_train
-from vit_train.data.imagefolder import load_image_folders, load_unlabelled_folders
+from vit_train.data.sources.imagefolder import load_image_folders, load_unlabelled_folders
 from vit_train.data.listing import list_images
 from vit_train.errors import DataError
 from vit_train.tools.predict import image_files
@@ -111,7 +111,7 @@ def test_training_and_predict_through_the_commands_never_hang_on_a_fifo(tmp_path
     plant_specials(tmp_path / "data" / "train" / "red")
     os.mkfifo(tmp_path / "data" / "val" / "blue" / "v.png")
     run_dir = tmp_path / "run"
-    done = vit_train(*TINY, "data=imagefolder", f"data.root={tmp_path / 'data'}", "data.num_workers=1",
+    done = vit_train(*TINY_MODEL, "data=imagefolder", f"data.root={tmp_path / 'data'}", "data.num_workers=1",
                      "data.batch_size=8", "trainer.max_steps=2", f"hydra.run.dir={run_dir}",
                      cwd=tmp_path)  # the helper's timeout: 300 s
     assert done.returncode == 0, done.stderr

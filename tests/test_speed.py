@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vit_train.config.schema import ModelConfig
-from vit_train.data import build_data
+from vit_train.schema.sections import ModelConfig
+from helpers.configs import build_data
 from vit_train.data.mix import BatchMix
 from vit_train.errors import ConfigError
 from vit_train.train.throughput import flops_per_image, peak_tflops
@@ -93,7 +93,7 @@ def test_device_pipeline_trains_and_resumes_bit_identically(tmp_path, make_confi
 
 
 @pytest.mark.parametrize("sections, message", [
-    ({"data": {"pipeline": "device"}, "aug": {"name": "randaug"}}, "data.pipeline=device does aug=none or aug=basic"),
+    ({"data": {"pipeline": "device"}, "aug": {"name": "randaug"}}, "data.pipeline=device does aug=basic or aug=none on data=cifar10, cifar100, shapes"),
 ])
 def test_device_pipeline_refuses_what_it_cannot_do(make_config, sections, message):
     with pytest.raises(ConfigError, match=message):

@@ -119,19 +119,20 @@ def test_bad_data_found_mid_run_leaves_a_failed_record_and_a_line_of_its_own(tmp
                                                                             terminal):
     """A val image goes bad after the run has started (a disk or mount gone bad): the first evaluation,
     with the epoch's bar still drawn, stops the run. The bar is gone before the message."""
-    import vit_train.train.run as run_module
-    from vit_train.data import build_data
+    from vit_train.data.sources.base import DataSource
+
+    build = DataSource.build
 
     write_image_folder(tmp_path / "data", {"train": 4, "val": 2},
                        pixels=lambda cls, i: (40 * i, 100 if cls == "a" else 0, 0))
     bad = tmp_path / "data" / "val" / "b" / "1.png"
 
     def build_then_damage(*args, **kwargs):
-        data = build_data(*args, **kwargs)
+        data = build(*args, **kwargs)
         bad.write_bytes(b"\0" * 10)
         return data
 
-    monkeypatch.setattr(run_module, "build_data", build_then_damage)
+    monkeypatch.setattr(DataSource, "build", build_then_damage)  # the image folder's door to its loaders
     stderr = Terminal() if terminal else io.StringIO()
     monkeypatch.setattr("sys.stderr", stderr)
     cfg = make_config(data={"name": "imagefolder", "root": str(tmp_path / "data"), "batch_size": 2, "num_workers": 0,

@@ -84,8 +84,8 @@ def test_a_failing_job_is_recorded_the_others_finish_and_the_exit_status_says_so
     assert summary.stderr.count("\n") == 1 and summary.stderr.startswith(f"vit-sweep-summary: {named}; see ")
 
 
-MAE_SHORT = [*SHORT, "objective=mae", "mae.decoder_dim=16", "mae.decoder_depth=1", "mae.decoder_heads=2",
-             "mae.mask_ratio=0.5,0.75"]
+MAE_SHORT = [*SHORT, "objective=mae", "objective.decoder_dim=16", "objective.decoder_depth=1", "objective.decoder_heads=2",
+             "objective.mask_ratio=0.5,0.75"]
 
 
 @pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores

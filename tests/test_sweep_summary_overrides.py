@@ -84,13 +84,13 @@ def test_optuna_floats_are_short_in_the_table_and_exact_in_the_csv(tmp_path):
 
 
 def test_a_loss_objective_has_its_own_column_and_top1_is_not_marked(tmp_path):
-    jobs = hydra_jobs(["mae.mask_ratio=0.5,0.75"])
-    sweep = make_sweep(tmp_path, jobs, [10.0, 20.0], ["mae.mask_ratio=0.5,0.75"], losses=[0.25, 0.125])
+    jobs = hydra_jobs(["objective.mask_ratio=0.5,0.75"])
+    sweep = make_sweep(tmp_path, jobs, [10.0, 20.0], ["objective.mask_ratio=0.5,0.75"], losses=[0.25, 0.125])
     summarize(sweep, "best_loss", "minimize", out=None)
     assert (sweep / "summary.md").read_text().splitlines()[:3] == [
         "| job | status | best_loss | best top-1 | final top-1 | epochs | images/s | wall s | overrides |",
         "|---|---|---|---|---|---|---|---|---|",
-        "| 1 | completed | 0.1250 | 20.00 | 19.00 | 1.00 | 100 | 2 | mae.mask_ratio=0.75 |"]
+        "| 1 | completed | 0.1250 | 20.00 | 19.00 | 1.00 | 100 | 2 | objective.mask_ratio=0.75 |"]
 
 
 def test_a_pipe_in_a_value_does_not_break_the_table(tmp_path):

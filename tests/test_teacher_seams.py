@@ -12,13 +12,12 @@ import pytest
 import torch
 
 from vit_train.errors import CheckpointError, ConfigError
-from vit_train.objectives import check_objective
 from vit_train.objectives.distill import file_sha256
 from vit_train.outputs.checkpoint import load_checkpoint
 from vit_train.train.trainer import train
 
 FEW = {"train_size": 64, "val_size": 32, "batch_size": 16}
-MAE = {"objective": {"name": "mae"}, "mae": {"decoder_dim": 16, "decoder_depth": 1, "decoder_heads": 2}}
+MAE = {"objective": {"name": "mae", "decoder_dim": 16, "decoder_depth": 1, "decoder_heads": 2}}
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +39,8 @@ def runs(tmp_path_factory):
 
 
 def distill(make_config, teacher, **extra):
-    return make_config(objective={"name": "distill"}, model={"distilled": True}, data=FEW,
-                       distill={"teacher": str(teacher)}, **extra)
+    return make_config(objective={"name": "distill", "teacher": str(teacher)}, model={"distilled": True}, data=FEW,
+                       **extra)
 
 
 @pytest.mark.parametrize("teacher, message", [
@@ -89,7 +88,7 @@ def test_a_relative_teacher_resumed_elsewhere_says_where_it_is_relative_to(relat
     with pytest.raises(ConfigError) as refused:
         train(distill(make_config, "teacher.pt", trainer={"max_steps": 3}, resume="auto"), run)
     text = str(refused.value)
-    assert "relative to where the first run started" in text and "distill.teacher=<its new path>" in text, text
+    assert "relative to where the first run started" in text and "objective.teacher=<its new path>" in text, text
     assert "\n" not in text
     results = train(distill(make_config, teacher, trainer={"max_steps": 3}, resume="auto"), run)  # the same file
     assert results["status"] == "completed" and results["steps"] == 3
@@ -110,7 +109,6 @@ def test_classify_with_a_distillation_token_trains_both_heads_on_the_labels(make
     """Fine-tuning a distilled DeiT on a new task without a teacher (timm: VisionTransformerDistilled,
     distilled training off): objective=classify accepts model.distilled and both heads learn."""
     cfg = make_config(model={"distilled": True}, data=FEW, trainer={"max_steps": 2, "ckpt_every": 1, "keep_last": 5})
-    check_objective(cfg)
     train(cfg, tmp_path / "run")
     folder = tmp_path / "run" / "checkpoints"
     after_1, after_2 = (torch.load(folder / f"step_{n:08d}.pt", weights_only=True)["model"] for n in (1, 2))
@@ -120,10 +118,10 @@ def test_classify_with_a_distillation_token_trains_both_heads_on_the_labels(make
 
 @pytest.mark.slow
 def test_the_command_line_refuses_an_mae_teacher_in_one_line_with_exit_2(runs, tmp_path):
-    """The tester's repro: an MAE run's last.pt as distill.teacher crashed with KeyError: 'pos_embed'."""
+    """The tester's repro: an MAE run's last.pt as objective.teacher crashed with KeyError: 'pos_embed'."""
     result = subprocess.run([sys.executable, "-m", "vit_train", "model=vit_micro", "trainer=debug", "data=shapes",
                              "data.train_size=64", "data.val_size=32", "data.batch_size=16", "trainer.max_steps=2",
-                             "objective=distill", f"distill.teacher={runs / 'mae' / 'checkpoints' / 'last.pt'}",
+                             "objective=distill", f"objective.teacher={runs / 'mae' / 'checkpoints' / 'last.pt'}",
                              "model.distilled=true", "hydra.run.dir=student"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr

@@ -28,7 +28,7 @@ def test_checkpoint_is_plain_data_with_everything_needed(tmp_path, make_config):
     train(make_config(trainer={"max_steps": 2}), tmp_path)
     ckpt = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)  # no pickled objects
     assert set(REQUIRED_KEYS) <= set(ckpt)
-    assert {"scaler", "ema", "rng", "best_top1", "versions", "overrides"} <= set(ckpt)
+    assert {"scaler", "ema", "rng", "best_score", "best_metric", "versions", "overrides"} <= set(ckpt)
     assert (ckpt["step"], ckpt["epoch"], ckpt["batch_in_epoch"]) == (2, 0, 2)
     assert ckpt["config"]["model"]["embed_dim"] == 32 and ckpt["class_names"][0] == "circle"
     assert set(ckpt["rng"]) == {"python", "numpy", "torch", "cuda"}

@@ -26,7 +26,7 @@ from vit_train.data import decode
 from vit_train.data.shard_index import load_index
 from vit_train.data.stream_order import (buffered_order, locate, resumed_slot, sample_seeds, shard_order,
                                          slot_batches, slot_seed, stream_starts, train_slots, val_slots)
-from vit_train.data.webdataset import ShardStream, StreamUnreadable
+from vit_train.data.shard_stream import ShardStream, StreamUnreadable
 from vit_train.errors import ConfigError, DataError
 from vit_train.train.trainer import train
 

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 from helpers.shards import png, write_shards
 from test_webdataset import read_back, stream
 from vit_train.data.shard_index import load_index
-from vit_train.data.webdataset import StreamUnreadable
+from vit_train.data.shard_stream import StreamUnreadable
 from vit_train.errors import DataError
 
 

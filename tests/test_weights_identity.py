@@ -1,5 +1,5 @@
 """Weights that cross from one run into another (objectives/weights_in.py, the one door): every door
-(model.pretrained, distill.teacher, vit-eval/predict/export's ckpt) takes every input kind (a
+(model.pretrained, objective.teacher, vit-eval/predict/export's ckpt) takes every input kind (a
 checkpoint, a run directory, its checkpoints/ folder, vit-export's safetensors of the model's or the
 EMA's weights, plain and wrapper-prefixed state dicts in both orders, DeiT and Lightning files) by the
 same rule, with the weights it says it took (torch.equal); architecture and class mismatches stop in
@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from helpers.configs import tiny_config
-from vit_train.config.schema import DistillConfig
-from vit_train.data.shapes import CLASS_NAMES
+from vit_train.config import Config
+from vit_train.objectives.distill import Distill
+from vit_train.data.sources.shapes import CLASS_NAMES
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.models.vit import VisionTransformer
 from vit_train.objectives.distill import load_teacher
@@ -106,11 +107,11 @@ def test_model_pretrained_takes_every_input_kind(runs, kind):
 def test_distill_teacher_takes_every_input_kind_or_refuses_in_one_line(runs, kind):
     folder, ckpt = runs
     path, expected = written(folder, ckpt, kind)
-    if kind not in RECORDED:  # a plain state dict names no network: the teacher needs distill.teacher_arch
+    if kind not in RECORDED:  # a plain state dict names no network: the teacher needs objective.teacher_arch
         with pytest.raises(ConfigError, match="holds plain weights without a vit-train config; name the network"):
-            load_teacher(DistillConfig(teacher=str(path)), 10, 16, class_names=CLASSES)
+            load_teacher(Distill(teacher=str(path)), 10, 16, class_names=CLASSES)
         return
-    teacher, _ = load_teacher(DistillConfig(teacher=str(path)), 10, 16, class_names=CLASSES)
+    teacher, _ = load_teacher(Distill(teacher=str(path)), 10, 16, class_names=CLASSES)
     assert same(teacher.state_dict(), expected)
 
 
@@ -139,7 +140,7 @@ def test_every_door_takes_the_better_scoring_weights_and_says_so(runs, caplog, d
             model = VisionTransformer(num_classes=10, **SHAPE)
             load_pretrained(model, folder / won, CLASSES)
         elif door == "teacher":
-            model, _ = load_teacher(DistillConfig(teacher=str(folder / won)), 10, 16, class_names=CLASSES)
+            model, _ = load_teacher(Distill(teacher=str(folder / won)), 10, 16, class_names=CLASSES)
         else:
             model = load_for_inference(folder / won)[0]
     assert same(model.state_dict(), expected)
@@ -192,7 +193,7 @@ def test_other_classes_stop_the_teacher_and_pretrained_naming_the_first_differen
     folder, ckpt = runs
     path, _ = written(folder, ckpt, kind)
     with pytest.raises(ConfigError) as refused:
-        load_teacher(DistillConfig(teacher=str(path)), 10, 16, class_names=classes)
+        load_teacher(Distill(teacher=str(path)), 10, 16, class_names=classes)
     assert first in str(refused.value) and "distil from a teacher trained on these classes" in str(refused.value)
     model = VisionTransformer(num_classes=10, **SHAPE)
     with pytest.raises(ConfigError) as refused:
@@ -215,13 +216,13 @@ def test_a_file_without_class_names_needs_reset_head_for_another_class_count(run
 
 
 @pytest.mark.parametrize("given, message", [
-    ("missing.pt", "distill.teacher={} does not exist; give a vit-train run directory"),
-    ("empty-dir", "distill.teacher={} is a directory but no vit-train run directory (it has no checkpoints/)"),
+    ("missing.pt", "objective.teacher={} does not exist; give a vit-train run directory"),
+    ("empty-dir", "objective.teacher={} is a directory but no vit-train run directory (it has no checkpoints/)"),
 ])
 def test_a_teacher_path_that_is_no_weights_is_one_line_before_any_work(tmp_path, given, message):
-    """distill.teacher=<a directory> was an IsADirectoryError traceback that left an empty run directory."""
+    """objective.teacher=<a directory> was an IsADirectoryError traceback that left an empty run directory."""
     (tmp_path / "empty-dir").mkdir()
-    cfg = tiny_config(objective={"name": "distill"}, data=FEW, distill={"teacher": str(tmp_path / given)},
+    cfg = tiny_config(objective={"name": "distill", "teacher": str(tmp_path / given)}, data=FEW,
                       trainer={"max_steps": 1})
     with pytest.raises(ConfigError) as refused:
         train(cfg, tmp_path / "student")
@@ -232,9 +233,9 @@ def test_a_teacher_path_that_is_no_weights_is_one_line_before_any_work(tmp_path,
 def test_a_teacher_whose_patches_do_not_tile_the_student_names_the_teacher_key(runs):
     folder, _ = runs
     with pytest.raises(ConfigError) as refused:
-        load_teacher(DistillConfig(teacher=str(folder / "model_won")), 10, 18, class_names=CLASSES)
+        load_teacher(Distill(teacher=str(folder / "model_won")), 10, 18, class_names=CLASSES)
     text = str(refused.value)
-    assert text.startswith(f"distill.teacher={folder / 'model_won'} is a ViT with 4-pixel patches") and \
+    assert text.startswith(f"objective.teacher={folder / 'model_won'} is a ViT with 4-pixel patches") and \
         "model.img_size=18" in text, text
 
 
@@ -297,7 +298,7 @@ def test_resuming_another_runs_file_into_a_directory_that_holds_a_run_is_refused
 
 def test_a_run_directory_named_like_a_checkpoint_file_is_a_run_directory(two_runs, tmp_path):
     """resume=<a directory named x.pt> wrote the resumed run into the directory above it."""
-    from vit_train.config.schema import run_dir_of
+    from vit_train.config import run_dir_of
 
     shutil.copytree(two_runs / "a", tmp_path / "x.pt")
     assert run_dir_of(str(tmp_path / "x.pt")) == tmp_path / "x.pt"
@@ -306,10 +307,10 @@ def test_a_run_directory_named_like_a_checkpoint_file_is_a_run_directory(two_run
 
 
 def test_model_pretrained_on_resume_is_said_to_be_ignored(two_runs):
-    from vit_train.train.resume_checks import check_compatible
+    from vit_train.train.resume import check_compatible
 
     ckpt = torch.load(two_runs / "a" / "checkpoints" / "last.pt", weights_only=True)
-    changed = {**ckpt["config"], "model": {**ckpt["config"]["model"], "pretrained": "elsewhere.pt"}}
+    changed = Config.from_dict({**ckpt["config"], "model": {**ckpt["config"]["model"], "pretrained": "elsewhere.pt"}})
     assert check_compatible(ckpt, changed) == [
         "model.pretrained: None -> 'elsewhere.pt' (ignored: a resumed run continues from its checkpoint's weights)"]
 
@@ -367,7 +368,7 @@ def test_numbered_classes_sorted_as_text_by_one_run_and_as_numbers_by_the_other_
     record = {**ckpt["identity"], "class_names": as_text}
     torch.save({**ckpt, "class_names": as_text, "identity": record}, tmp_path / "numbered.pt")
     expected = "class 2 is '10' there and '2' here; '2' is class 4 there"
-    for load in (lambda: load_teacher(DistillConfig(teacher=str(tmp_path / "numbered.pt")), 10, 16, class_names=as_numbers),
+    for load in (lambda: load_teacher(Distill(teacher=str(tmp_path / "numbered.pt")), 10, 16, class_names=as_numbers),
                  lambda: load_pretrained(VisionTransformer(num_classes=10, **SHAPE), tmp_path / "numbered.pt", as_numbers)):
         with pytest.raises(ConfigError) as refused:
             load()
@@ -445,7 +446,7 @@ def test_an_edited_or_ambiguous_file_is_refused_in_one_line_at_every_door(runs, 
         if door == "pretrained":
             load_pretrained(model, path, CLASSES)
         elif door == "teacher":
-            load_teacher(DistillConfig(teacher=str(path)), 10, 16, class_names=CLASSES)
+            load_teacher(Distill(teacher=str(path)), 10, 16, class_names=CLASSES)
         else:
             load_for_inference(path)
     assert says in str(refused.value) and "\n" not in str(refused.value), refused.value
@@ -465,7 +466,7 @@ def test_a_run_directory_whose_best_pt_is_another_runs_is_refused_at_every_door(
     (a / "checkpoints" / "best.pt").unlink()
     shutil.copyfile(two_runs / "b" / "checkpoints" / "last.pt", a / "checkpoints" / "best.pt")
     for load in (lambda: load_for_inference(a), lambda: load_pretrained(VisionTransformer(num_classes=10, **SHAPE), a),
-                 lambda: load_teacher(DistillConfig(teacher=str(a)), 10, 16)):
+                 lambda: load_teacher(Distill(teacher=str(a)), 10, 16)):
         with pytest.raises(CheckpointError, match="holds files of two runs: checkpoints/best.pt is run"):
             load()
     load_for_inference(a / "checkpoints" / "last.pt")  # the file itself, named: taken as given

@@ -77,7 +77,7 @@ def ddp(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from vit_train.config.schema import ModelConfig
+    from vit_train.schema.sections import ModelConfig
     from vit_train.models.vit import build_model
 
     cuda = torch.cuda.is_available() and not args.cpu

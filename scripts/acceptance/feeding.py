@@ -3,7 +3,7 @@
 data: CIFAR-shaped uint8 images through the on-device pipeline (aug=basic) and through the
 DataLoader with many workers (scripts/benchmark.py's pipeline measurement); the data-wait share of
 a short ViT-Ti/4 vit-train run with each; an image folder of generated JPEGs through the loader at
-224 (build_data, as vit-train builds it).
+224 (the data set's `build`, as vit-train builds it).
 
 e2e: the cifar10_vit_tiny recipe on a CIFAR-format folder of generated images, for as many
 epochs as its time allows (then SIGTERM: vit-train checkpoints and stops): wall time per epoch
@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-from vit_train.config.schema import Config
-from vit_train.data import build_data
+from vit_train.config import Config
 
 from .folders import write_cifar_folder, write_jpeg_folder
 from .record import Recorder, read_metrics, read_results, run_command, start_group, stop_group, vit_train
@@ -93,7 +92,7 @@ def image_folder_rate(root: Path, s: dict, device: torch.device) -> float:
     cfg = Config.from_dict({"data": {"name": "imagefolder", "root": str(root), "batch_size": s["jpeg_batch"],
                                      "num_workers": s["workers"]}, "model": {"img_size": 224, "patch_size": 16},
                             "trainer": {"device": device.type}})
-    data = build_data(cfg, device)
+    data = cfg.data.build(cfg, device)
     seen, start = 0, None
     for epoch in range(2):
         data.train_sampler.set_epoch(epoch)

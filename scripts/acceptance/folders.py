@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_train.data.shapes import CLASS_NAMES, generate_shapes
+from vit_train.data.sources.shapes import CLASS_NAMES, generate_shapes
 
 CHUNK = 10_000  # images generated at once (bounded memory: ~0.15 GB per chunk at 32x32)
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vit_train.config.schema import Config
+from vit_train.config import Config
 
-# A micro ViT on a small shapes set, as command-line overrides: 4 steps per epoch.
-TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=16", "data.train_size=128",
-        "data.val_size=64", "data.batch_size=32", "trainer.device=cpu", "trainer.progress=false"]
+# A micro ViT on the CPU, as command-line overrides (`TINY_MODEL`), on a small shapes set (`TINY`): 4 steps per epoch.
+TINY_MODEL = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=16", "data.batch_size=32",
+              "trainer.device=cpu", "trainer.progress=false"]
+TINY = TINY_MODEL + ["data.train_size=128", "data.val_size=64"]  # shapes' own keys
 
 
 def tiny_config(**sections) -> Config:
@@ -25,6 +26,8 @@ def tiny_config(**sections) -> Config:
             plain.setdefault(name, {}).update(values)
         else:
             plain[name] = values
+    if plain["data"].get("name", "shapes") != "shapes":  # the sizes are shapes' own keys
+        plain["data"] = {k: v for k, v in plain["data"].items() if (k, v) not in (("train_size", 256), ("val_size", 128))}
     return Config.from_dict(plain)
 
 
@@ -45,3 +48,15 @@ def config_dir() -> Path:
     from vit_train.cli.train import _config_dir
 
     return Path(_config_dir())
+
+
+def build_data(cfg: Config, device, rank: int = 0, world_size: int = 1, labels: bool = True):
+    """The loaders a training process of `cfg` gets: its data set's `build` (vit_train/data/sources/)."""
+    return cfg.data.build(cfg, device, rank, world_size, labels=labels)
+
+
+def aug(name: str = "basic", **keys):
+    """The augmentation option `name` (vit_train/data/aug/) with `keys` set."""
+    from vit_train.schema.typed import option_class
+
+    return option_class("aug", name)(**keys)

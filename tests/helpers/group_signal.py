@@ -58,7 +58,7 @@ def arm(where: str, n: int, signum: int) -> None:
 
         trainer.save_run_checkpoint = save_run_checkpoint
     elif where == "loader":
-        import vit_train.data as data
+        import vit_train.data.loaders as data
 
         real_init = data._worker_signals
 
@@ -73,16 +73,16 @@ def arm(where: str, n: int, signum: int) -> None:
 
         data._worker_signals = worker_signals
     elif where == "build":
-        import vit_train.train.run as run_module
+        from vit_train.data.sources.base import DataSource
 
-        real_build = run_module.build_data
+        real_build = DataSource.build
 
-        def build_data(*args, **kwargs):
+        def build(*args, **kwargs):
             data = real_build(*args, **kwargs)
             signal_on_nth()
             return data
 
-        run_module.build_data = build_data
+        DataSource.build = build  # every random-access data set's door (shapes in these runs)
     elif where == "figures":
         from vit_train.viz.figures import TrainingVisuals as Visuals
 

@@ -15,7 +15,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 from helpers.configs import tiny_config  # noqa: E402
 from helpers.shards import sample_id  # noqa: E402
 
-from vit_train.data import build_data  # noqa: E402
+from helpers.configs import build_data  # noqa: E402
 from vit_train.runtime import distributed  # noqa: E402
 
 

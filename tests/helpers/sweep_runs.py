@@ -29,8 +29,9 @@ def job_config(base: dict, overrides: list[str]):
     return tiny_config(**sections)
 
 
-def run_sweep_job(sweep_dir: Path, index: int, overrides: list[str], base: dict) -> float:
-    """Job `index` of a sweep in `sweep_dir`: its record written as Hydra does, then run_job; its objective."""
+def run_sweep_job(sweep_dir: Path, index: int, overrides: list[str], base: dict, objective: str = "best_top1") -> float:
+    """Job `index` of a sweep in `sweep_dir`: its record written as Hydra does, then run_job; its `objective`
+    (sweep.objective: a results.json key)."""
     from vit_train.sweeps.job import run_job
 
     run_dir = Path(sweep_dir) / str(index)
@@ -39,13 +40,14 @@ def run_sweep_job(sweep_dir: Path, index: int, overrides: list[str], base: dict)
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(yaml.safe_dump(list(overrides)))
     return run_job(lambda: (job_config(base, overrides), list(overrides), None), run_dir, list(overrides), index,
-                   "best_top1")
+                   objective)
 
 
-def sweep(sweep_dir: Path, grid: list[list[str]], base: dict) -> list[float]:
-    """Every job of `grid` in order, then the summary; the jobs' objectives."""
+def sweep(sweep_dir: Path, grid: list[list[str]], base: dict, objective: str = "best_top1",
+          direction: str = "maximize") -> list[float]:
+    """Every job of `grid` in order, then the summary sorted by `objective` in `direction`; the jobs' objectives."""
     from vit_train.sweeps.summary import summarize
 
-    values = [run_sweep_job(sweep_dir, i, overrides, base) for i, overrides in enumerate(grid)]
-    summarize(Path(sweep_dir), out=None)
+    values = [run_sweep_job(sweep_dir, i, overrides, base, objective) for i, overrides in enumerate(grid)]
+    summarize(Path(sweep_dir), objective, direction, out=None)
     return values

@@ -12,19 +12,20 @@ Bad input ends with one line on stderr and exit status 2, as for vit-train.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import logging.handlers
 import os
 import sys
-import unicodedata
 from pathlib import Path
 from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
-from vit_train.config.schema import Config, config_dir, known_keys, run_dir_of, unknown_key_message
 from vit_train.errors import ConfigError, UserError, exit_with
+from vit_train.schema.config import config_dir, known_keys, run_dir_of
+from vit_train.schema.typed import option_class, unknown_key_message
 
 CONFIG_SECTIONS = ("data", "trainer")  # what vit-eval may change in a checkpoint's config
 CONFIG_KEYS = ("model.img_size",)  # and these keys: another resolution, positions interpolated
@@ -36,6 +37,7 @@ def parse_args(argv: list[str], options: dict[str, Any], config: bool = False) -
     `options` maps each option to its default (... = required). With `config`, `data=NAME` picks a
     data group file and `data.KEY=VALUE` / `trainer.KEY=VALUE` override single keys.
     """
+    from vit_train import config  # noqa: F401 (registers every option, whose keys are valid here; torch)
     from vit_train.cli.arguments import parse_override  # values are read as vit-train reads its overrides (Hydra's grammar)
 
     values, overrides = dict(options), {}
@@ -64,15 +66,15 @@ def parse_args(argv: list[str], options: dict[str, Any], config: bool = False) -
 
 
 def group_file(group: str, name: str) -> dict:
-    """The whole `group` section as option `name` makes it: the schema's defaults, then what the
-    option's YAML file sets (as vit-train composes it)."""
+    """The whole `group` section as option `name` makes it: its class's defaults, then what the option's
+    YAML file sets (as vit-train composes it)."""
     path = Path(config_dir()) / group / f"{name}.yaml"
     if not path.is_file():
         choices = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise ConfigError(f"no {group} option '{name}' (choices: {', '.join(choices)})")
     plain = OmegaConf.to_container(OmegaConf.load(path)) or {}  # YAML as Hydra reads it (5e-4 is a number)
     plain.pop("defaults", None)
-    return {**Config().to_dict()[group], **plain}
+    return {**dataclasses.asdict(option_class(group, name)()), **plain}
 
 
 def run(prog: str, work: Callable[[list[str]], tuple[Any, Callable[[Any], str]]]) -> None:
@@ -121,16 +123,9 @@ def _eval(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
                                opts["out"], bool(opts["progress"]), unwritten), eval_text
 
 
-def columns(text: str) -> int:
-    """Terminal columns `text` takes: East Asian wide and full-width characters (猫, ｶ) take two, combining
-    marks none (Unicode's East Asian Width, UAX #11)."""
-    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-
-
 def eval_text(results: dict) -> str:
     """vit-eval's text: what was evaluated (checkpoint, step, weights, data, image size, overrides), the
-    metrics (top-5 only with more than 5 classes: with fewer it is 100% by definition), per-class
-    top-1 and the files written."""
+    numbers as the checkpoint's objective reports them (tools/report.py `evaluation_text`) and the files written."""
     weights = {"ema": "EMA weights", "model": "model weights"}[results["weights"]]
     size = results.get("img_size")
     changed = results.get("overrides") or {}
@@ -139,18 +134,9 @@ def eval_text(results: dict) -> str:
             + (f" ({', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else ""))
     written = (f"\n\nwritten to {results['out_dir']}: metrics.json" + "".join(f", {Path(f).name}" for f in results["figures"])
                if "out_dir" in results else "\n\nnot written: metrics.json and the figures could not be (the line below says why)")
-    if "per_class" not in results:  # an objective without classes (mae): its reconstruction loss
-        return (f"{what}: masked-autoencoder reconstruction loss {results['loss']:.4f} (masked patches, fixed masks)"
-                f"{written}")
-    width = max(columns(name) for name in [*results["per_class"], "class"])
-    counts = [sum(row) for row in results["confusion"]]
-    top5 = f"   top-5 {results['top5']:.2f}%" if len(results["per_class"]) > 5 else ""
-    lines = [f"{what}, {results['images']} images",
-             f"top-1 {results['top1']:.2f}%{top5}   loss {results['loss']:.4f}\n",
-             f"{'class':<{width}}  top-1    images"]
-    lines += [f"{name}{' ' * (width - columns(name))}  {'-' if acc is None else f'{acc:5.1f}%'}  {count:>7}"
-              for (name, acc), count in zip(results["per_class"].items(), counts)]
-    return "\n".join(lines) + written
+    from vit_train.tools.report import evaluation_text  # torch: only once the arguments are known to be valid
+
+    return evaluation_text(results, what) + written
 
 
 def _predict(argv: list[str]) -> tuple[list, Callable[[list], str]]:
@@ -215,6 +201,8 @@ def _shards(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
                           f"maxsize={opts['maxsize']}")
     if not (opts["workers"] is None or isinstance(opts["workers"], int) and opts["workers"] >= 0):
         raise ConfigError(f"workers is a number of processes (0: none besides this one); got {opts['workers']}")
+    from vit_train.config import Config
+
     cfg = Config.from_dict(overrides)
     index = write_shards(cfg, str(opts["out"]), [str(s) for s in splits], opts["shard_size"],
                          None if opts["maxsize"] is None else int(opts["maxsize"]), str(opts["image_format"]),

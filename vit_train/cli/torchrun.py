@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from vit_train.config.schema import Config
+from vit_train.config import Config
 from vit_train.outputs import rundir
 from vit_train.runtime import distributed
 

@@ -27,14 +27,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from vit_train.cli import torchrun
 from vit_train.cli.arguments import (apply_overrides, check_override_keys, check_writable, is_multirun, is_resume_path,
-                                     resumes_existing)
-from vit_train.outputs import rundir
-from vit_train.config.schema import Config, config_dir as _config_dir, run_dir_of
-from vit_train.config.checks import LOSSES
+                                     resumed_keys, resumes_existing)
+from vit_train.config import Config, config_dir as _config_dir, run_dir_of
 from vit_train.errors import ConfigError, RunStopped, UserError, exit_with
+from vit_train.outputs import rundir
 from vit_train.outputs.rundir import RunDirBusy
 from vit_train.runtime.logs import EarlyRecords, QuietStdout
-from vit_train.config.unused_keys import override_keys
+from vit_train.schema.config import OPTION_GROUPS, ignored_keys, override_keys
+from vit_train.schema.legacy import rename_old_keys
+from vit_train.schema.typed import option_class, options
 
 def _output_subdir(resume: object, run_dir: str) -> str | None:
     """.hydra/, unless the directory already holds a run (its record of how it started is kept: a
@@ -54,10 +55,22 @@ OmegaConf.register_new_resolver("vit_run_dir", lambda resume, default: str(run_d
 OmegaConf.register_new_resolver("vit_output_subdir", _output_subdir, replace=True)
 
 
-# The typed schema is the one source of defaults: configs/train.yaml lists this node first, so every
-# key of every section exists whatever group option is chosen (each YAML sets only what differs), and
-# `aug=autoaug aug.switch_prob=0.3` or `data=shapes data.bad_images=error` are settable overrides.
-ConfigStore.instance().store(name="schema", node=Config().to_dict())
+def register_options() -> None:
+    """The typed schema as Hydra's nodes, the one source of defaults: `schema` holds the shared sections
+    (configs/train.yaml lists it first), and each option of the data, aug and objective groups is the node
+    schema/<group>/<name>, which the option's YAML (configs/<group>/<name>.yaml) lists first: its section holds
+    that option's keys only (`vit-train --cfg job` shows them), so a key of another option is refused. Run
+    again for an option registered after this module was imported (your own, docs/extending.md)."""
+    store = ConfigStore.instance()
+    # the option sections empty here (each option's node fills its own), so that they keep the schema's order
+    store.store(name="schema", node={k: {} if k in OPTION_GROUPS else v for k, v in Config().to_dict().items()})
+    for group in OPTION_GROUPS:
+        for name, cls in options(group).items():
+            store.store(group=f"schema/{group}", name=name, package="_global_", node=cls.composed())
+
+
+register_options()
+RENAMED: list[str] = []  # this command line's old spellings, renamed before Hydra read it (logged with the config)
 
 
 def _save_hydra_record(cfg: DictConfig, filename: str, output_dir: Path) -> None:
@@ -83,28 +96,24 @@ hydra_core_utils._save_config = _save_hydra_record  # run_job calls it by this m
 
 def compose_config(cfg: DictConfig) -> tuple[Config, list[str], tuple[Path, dict] | None]:
     """The typed config for this run, the command-line overrides that made it, and for `resume=PATH`
-    the (path, checkpoint) it names, loaded once here for its config and handed to the trainer (which
-    finds resume=auto's itself, in the run directory); logs one warning per key the options ignore."""
+    the (path, checkpoint) it names, found once here (train/resume.py `find_start`) for its config and
+    handed to the trainer (which finds resume=auto's itself, in the run directory); logs one warning per
+    key the options ignore and per old spelling renamed."""
     overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
+    overrides = [o.removeprefix("++") if o[2:].split(".")[0] in OPTION_GROUPS else o for o in overrides]  # resumed_keys
     if is_resume_path(cfg.resume):
-        from vit_train.outputs.checkpoint import find_resume_checkpoint
+        from vit_train.train.resume import find_start  # whose checkpoint: said before any other check of the config
 
-        from vit_train.train.resume_checks import check_own_run
-
-        run_dir = Path(HydraConfig.get().runtime.output_dir)
-        path, ckpt = find_resume_checkpoint(cfg.resume, run_dir, mmap=True)
-        check_own_run(Path(path), ckpt, run_dir)  # whose checkpoint: said before any other check of the config
+        path, ckpt = find_start(cfg.resume, Path(HydraConfig.get().runtime.output_dir))
         plain = apply_overrides(ckpt["config"], overrides)
         plain["resume"] = cfg.resume
         config, overrides = Config.from_dict(plain), list(ckpt.get("overrides", [])) + overrides
         resume_from = (path, ckpt)
     else:
         config, resume_from = Config.from_dict(OmegaConf.to_container(cfg, resolve=True)), None
-    from vit_train.objectives import check_objective, ignored_keys  # torch: only once the config itself is valid
-
-    check_objective(config)  # what the objective cannot train is refused before anything is written
+    config.objective.check_run(config)  # what the objective needs (a teacher's file) is refused before anything is written
     if os.environ.get("RANK", "0") == "0":
-        for line in ignored_keys(config, override_keys(overrides)):
+        for line in RENAMED + ignored_keys(config, override_keys(overrides)):
             logging.getLogger("vit_train").warning("%s", line)  # no "warning: ": train.log's [WARNING] says it
     return config, overrides, resume_from
 
@@ -153,7 +162,7 @@ def _run_or_job(cfg: DictConfig) -> float:
             from vit_train.runtime import distributed
 
             distributed.cleanup()
-    return results["best_top1"]
+    return results.get(config.sweep.objective)
 
 
 class RunDirLock(Callback):
@@ -203,17 +212,17 @@ class SweepSummary(Callback):
     summary.csv, summary.md), TensorBoard HParams, and exit status 1 when any job did not complete."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from vit_train.objectives import named
-
         objective, name = str(OmegaConf.select(config, "sweep.objective")), str(OmegaConf.select(config, "objective.name"))
         try:
-            scored = named(name)
+            results = option_class("objective", name).results
         except ConfigError as e:
             exit_with("vit-train", e)
-        if not scored.HIGHER_IS_BETTER and objective not in LOSSES:  # jobs report a loss, no top-1
+        if objective not in results:  # a number its jobs never report: every job's would be empty
+            first, direction = next(iter(results.items()))
             exit_with("vit-train", ConfigError(
-                f"objective={name} jobs report a {scored.BEST_TEXT} and no top-1, so sweep.objective={objective} "
-                f"would be empty for every job: add sweep.objective=best_loss sweep.direction=minimize"))
+                f"objective={name} jobs report {', '.join(results)} in results.json, not {objective}, so "
+                f"sweep.objective={objective} would be empty for every job: add sweep.objective={first}"
+                f"{' sweep.direction=minimize' if direction == 'minimize' else ''}"))
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         from vit_train.sweeps.summary import incomplete_jobs, summarize
@@ -232,8 +241,11 @@ class SweepSummary(Callback):
 
 
 def train_main() -> None:
+    sys.argv[1:], renamed = rename_old_keys(sys.argv[1:])  # mae.mask_ratio=... is objective.mask_ratio=... now
+    RENAMED[:] = renamed
     try:
         check_override_keys(sys.argv[1:], sweeps=is_multirun(sys.argv[1:]))
+        sys.argv[1:] = resumed_keys(sys.argv[1:])
         if not {"--cfg", "-c", "--help", "-h", "--info", "--hydra-help"} & set(sys.argv[1:]):
             check_writable(sys.argv[1:])
     except ConfigError as e:

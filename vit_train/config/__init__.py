@@ -1,4 +1,24 @@
-"""The typed run config (schema.py), its combination checks (checks.py) and the warnings for keys the
-chosen options ignore (unused_keys.py). No torch: a bad config fails in milliseconds."""
+"""The run's config with every option registered: `from vit_train.config import Config`.
 
-from vit_train.config.schema import Config  # noqa: F401  (the public name: `from vit_train.config import Config`)
+The typed schema is vit_train/schema/ (no torch): the sections every run has and the bases of the
+three varying groups. Each option of a group is one module that registers its class when imported:
+the data sets in data/sources/, the augmentations in data/aug/, the objectives in objectives/. This
+package imports every module of those three folders, and the modules that installed packages name
+in the entry-point group `vit_train.options` (your own options, docs/extending.md), so a config read
+here knows every option (Config.from_dict, a checkpoint's saved config, the command line's Hydra
+nodes in cli/).
+"""
+
+import importlib
+import pkgutil
+from importlib.metadata import entry_points
+
+from vit_train.data import aug, sources
+from vit_train import objectives
+from vit_train.schema.config import Config, config_dir, run_dir_of  # noqa: F401 (the public names)
+
+for _package in (sources, aug, objectives):
+    for _module in pkgutil.iter_modules(_package.__path__):
+        importlib.import_module(f"{_package.__name__}.{_module.name}")
+for _plugin in entry_points(group="vit_train.options"):
+    _plugin.load()  # a module of options outside vit-train: importing it registers them

@@ -41,6 +41,19 @@ SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
 IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 TRANSPARENT_MODES = ("LA", "RGBA", "PA")
 
+
+class UnreadableImage(Exception):
+    """An image that Pillow cannot decode; the data set replaces it and reports its index."""
+
+
+def describe_unreadable(path: str) -> str:
+    """Why Pillow cannot read `path`, in a few words."""
+    try:
+        open_rgb(path)
+    except IMAGE_ERRORS as e:
+        return f"{type(e).__name__}: {e}"
+    return "it could not be read"
+
 log = logging.getLogger("vit_train")
 _said_transparency = False  # this process has named an image with transparency (one line per process)
 

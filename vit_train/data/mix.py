@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
 
-from vit_train.config.schema import AugConfig
+from vit_train.schema.sections import AugConfig
 
 
 class BatchMix:

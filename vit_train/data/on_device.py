@@ -16,19 +16,19 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from vit_train.config.schema import AugConfig
+from vit_train.data.transforms import Augmentation
 from vit_train.data.sampler import EpochSampler
 
 
 class DeviceTrainPipeline:
     """Training batches of this process's share, augmented on `device`."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, sampler: EpochSampler, aug: AugConfig,
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, sampler: EpochSampler, aug: Augmentation,
                  img_size: int, stats: tuple, device: torch.device):
         self.images = images.to(device)  # (N, 3, H, W) uint8
         self.labels = labels.to(device)
         self.sampler, self.aug, self.size, self.device = sampler, aug, img_size, device
-        self.padding = (img_size // 8 if aug.crop_padding is None else aug.crop_padding) if aug.name == "basic" else 0
+        self.crop = aug.device_crop(img_size)  # (padding, flip probability), or None: normalise only
         self.prepare = Prepare(img_size, stats, device)
         self.global_batch = sampler.batch_size
 
@@ -50,14 +50,15 @@ class DeviceTrainPipeline:
         """Crop, flip and normalise a (share, 3, H, W) uint8 batch: the draws of global batch `batch`,
         this process's part of them (rank r takes images r * share ... of the global batch)."""
         images = self.prepare.scale(images)
-        if self.aug.name != "basic":
+        if self.crop is None:
             return self.prepare.normalise(images)
+        padding, hflip = self.crop
         g = torch.Generator(device=self.device).manual_seed(
             (self.sampler.seed * 1_000_003 + self.sampler.epoch) * 1_000_003 + batch)
-        offsets = torch.randint(0, 2 * self.padding + 1, (self.global_batch, 2), generator=g, device=self.device)
-        flips = torch.rand(self.global_batch, generator=g, device=self.device) < self.aug.hflip
+        offsets = torch.randint(0, 2 * padding + 1, (self.global_batch, 2), generator=g, device=self.device)
+        flips = torch.rand(self.global_batch, generator=g, device=self.device) < hflip
         mine = slice(self.sampler.rank * len(images), (self.sampler.rank + 1) * len(images))
-        return self.prepare.normalise(crop_and_flip(images, self.padding, offsets[mine], flips[mine]))
+        return self.prepare.normalise(crop_and_flip(images, padding, offsets[mine], flips[mine]))
 
 
 class Prepare:

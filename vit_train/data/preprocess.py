@@ -3,8 +3,9 @@ augmentation. Training's evaluation (loader and on-device pipelines), vit-eval a
 use it, and checkpoints and exported weights carry its spec, so a model is always fed the same way.
 
 The spec, as plain data: resize the short side to `resize` pixels, centre-crop `size`, scale to
-[0, 1], normalise by `mean` and `std`. Image folders use the ImageNet convention (resize to
-size / 0.875, then crop); the small-image sets (CIFAR, shapes) are evaluated at full frame.
+[0, 1], normalise by `mean` and `std`. Image files use the ImageNet convention (resize to size / 0.875,
+then crop); data sets of fixed-size arrays (CIFAR, shapes) are evaluated at full frame. A data set's
+`eval_spec` (data/sources/base.py) gives its own.
 """
 
 from __future__ import annotations
@@ -14,10 +15,6 @@ from typing import Any
 import torch
 from torchvision.transforms import v2
 
-from vit_train.config.schema import IMAGE_FILES, Config
-from vit_train.data import cifar, imagefolder
-
-SHAPES_STATS = ((0.28, 0.28, 0.28), (0.236, 0.236, 0.236))  # measured on 10k images; the same at any size
 CROP_FRACTION = 0.875  # the centre crop's share of the resized side (ImageNet evaluation, since AlexNet)
 
 
@@ -27,18 +24,6 @@ def spec(size: int, full_frame: bool, stats: tuple) -> dict[str, Any]:
     mean, std = stats
     return {"size": size, "resize": size if full_frame else int(size / CROP_FRACTION), "mean": list(mean),
             "std": list(std)}
-
-
-def data_stats(name: str) -> tuple:
-    """(mean, std) per channel with which the data set's images are normalised."""
-    if name == "shapes":
-        return SHAPES_STATS
-    return cifar.STATS[name] if name in cifar.FORMATS else imagefolder.STATS
-
-
-def eval_spec(cfg: Config) -> dict[str, Any]:
-    """The spec for `cfg`'s model and data set."""
-    return spec(cfg.model.img_size, cfg.data.name not in IMAGE_FILES, data_stats(cfg.data.name))
 
 
 def eval_transform(spec: dict[str, Any]) -> v2.Compose:

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from vit_train.errors import DataError
-from vit_train.data.imagefolder import describe_unreadable
+from vit_train.data.decode import describe_unreadable
 
 log = logging.getLogger("vit_train")
 

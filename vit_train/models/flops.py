@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from vit_train.config.schema import ModelConfig
+from vit_train.schema.sections import ModelConfig
 from vit_train.models.vit import build_model, set_grad_checkpointing
 
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from vit_train.config.schema import Config
+from vit_train.schema.sections import ModelConfig
 from vit_train.models.vit import Block, VisionTransformer, build_model, set_grad_checkpointing, sincos_2d
 
 NORM_PIX_EPS = 1e-6  # added to the patch variance before the square root, as in facebookresearch/mae
@@ -202,21 +202,21 @@ def reconstruct(model: MaskedAutoencoder, images: torch.Tensor, noise: torch.Ten
     return masked, unpatchify(target * (1 - m) + pred * m, p, images.shape[1])
 
 
-def build_autoencoder(cfg: Config) -> MaskedAutoencoder:
-    """The encoder from `cfg.model` (no head: pre-training has no classes) and the decoder from `cfg.mae`."""
-    e = cfg.mae
-    model = MaskedAutoencoder(build_model(cfg.model, 0), e.mask_ratio, e.decoder_dim, e.decoder_depth, e.decoder_heads,
-                              e.norm_pix_loss)
-    set_grad_checkpointing(model, cfg.model.grad_checkpointing)  # the decoder's blocks too
+def build_autoencoder(model_cfg: ModelConfig, mae) -> MaskedAutoencoder:
+    """The encoder from `model_cfg` (no head: pre-training has no classes) and the decoder from `mae` (objective=mae's
+    keys: mask_ratio, decoder_dim, decoder_depth, decoder_heads, norm_pix_loss)."""
+    model = MaskedAutoencoder(build_model(model_cfg, 0), mae.mask_ratio, mae.decoder_dim, mae.decoder_depth,
+                              mae.decoder_heads, mae.norm_pix_loss)
+    set_grad_checkpointing(model, model_cfg.grad_checkpointing)  # the decoder's blocks too
     return model
 
 
-def mae_flops_per_image(cfg: Config) -> float:
+def mae_flops_per_image(model_cfg: ModelConfig, mae) -> float:
     """Training FLOPs (forward and backward) of one image in MAE pre-training, counted on the meta device."""
     with torch.device("meta"):
-        model = build_autoencoder(cfg)
+        model = build_autoencoder(model_cfg, mae)
         set_grad_checkpointing(model, False)  # model FLOPs: grad checkpointing's recomputation is not counted
-        images = torch.empty(1, 3, cfg.model.img_size, cfg.model.img_size)
+        images = torch.empty(1, 3, model_cfg.img_size, model_cfg.img_size)
         noise = torch.empty(1, model.num_patches)
     with FlopCounterMode(display=False) as counter:
         pred, _ = model(images, noise)

@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torchvision.ops import StochasticDepth
 
-from vit_train.config.schema import ModelConfig
+from vit_train.schema.sections import ModelConfig
 from vit_train.models.probe import set_trainable
 
 

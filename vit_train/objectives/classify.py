@@ -1,33 +1,30 @@
-"""The `classify` objective (objective.name=classify, the default): cross-entropy on the labels.
+"""objective=classify, the default: cross-entropy on the labels.
 
-Its model is the classifier `model.arch` names (models/vit.py `build_model`: a ViT or a ResNet);
-its score is the val top-1 (%), higher is better. It takes every model, `model.trainable` mode and
-option that the config's own checks let through. The distill objective shares its model, its
-evaluation and its score (distill.py). The interface is in objectives/__init__.py.
+Its model is the classifier `model.arch` names (models/vit.py `build_model`: a ViT or a ResNet); its
+score is the val top-1 (%), higher is better. It takes every model, `model.trainable` mode and option
+that the config's own checks let through: with `model.distilled` both heads learn the labels and the
+prediction is their mean, as timm fine-tunes a distilled DeiT on a new task. Distillation
+(distill.py) is a classify with a teacher.
 """
 
 from __future__ import annotations
 
+import unicodedata
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from vit_train.config.schema import Config
 from vit_train.models.flops import flops_per_image as classifier_flops
 from vit_train.models.pretrained import at_size
 from vit_train.models.vit import build_model as build_classifier
+from vit_train.objectives.base import Loss, Objective
 from vit_train.objectives.evaluate import evaluate as evaluate_logits
-
-NAME = "classify"  # objective.name
-METRIC = "top1"  # the score: val top-1 (%)
-HIGHER_IS_BETTER = True
-BEST_TEXT = "top-1"  # how the closing line names the best score
-READS_LABELS = True
-SECTIONS: tuple[str, ...] = ()  # config sections of its own: none
+from vit_train.viz.figures import model_figures
 
 
-class Classify:
+class CrossEntropy(Loss):
     """Cross-entropy of the model's logits against class indices or probabilities, with
     `aug.label_smoothing` (Szegedy et al. 2016, torch.nn.CrossEntropyLoss)."""
 
@@ -40,60 +37,90 @@ class Classify:
         return self.criterion(logits, targets), logits
 
 
-def check(cfg: Config) -> None:
-    """Everything the config's own checks let through trains a classifier: nothing to refuse. With
-    `model.distilled` both heads learn the labels and the prediction is their mean, as timm fine-tunes a
-    distilled DeiT on a new task (VisionTransformerDistilled without distilled training)."""
+@dataclass
+class Classify(Objective):
+    default = True
+    title = "classification"
+    metric = "top1"  # the score: val top-1 (%)
+    higher_is_better = True
+    best_text = "top-1"
+    results = {"best_top1": "maximize", "final_top1": "maximize", "final_top5": "maximize", "final_loss": "minimize",
+               "final_ema_top1": "maximize"}
+    summary_columns = {"best_top1": ("best top-1", 2), "final_top1": ("final top-1", 2)}
+
+    name: str = "classify"
+
+    def build_model(self, cfg: Any, num_classes: int) -> nn.Module:
+        """The classifier `cfg.model` describes, with `num_classes` outputs."""
+        return build_classifier(cfg.model, num_classes)
+
+    def flops_per_image(self, cfg: Any, num_classes: int) -> float:
+        """Training FLOPs (forward and backward) of one image (models/flops.py)."""
+        return classifier_flops(cfg.model, num_classes)
+
+    def build_loss(self, cfg: Any, model: nn.Module, num_classes: int, class_names: list[str] | None = None,
+                   rank: int = 0) -> Loss:
+        return CrossEntropy(cfg.aug.label_smoothing)
+
+    def evaluate(self, model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None, cfg: Any,
+                 progress: bool = False, confusion: bool = False) -> dict[str, Any]:
+        """{"loss", "top1", "top5"} over the val loader (evaluate.py); with `confusion`, also the
+        (classes, classes) confusion matrix under "confusion"."""
+        return evaluate_logits(model, loader, device, amp_dtype, progress, confusion)
+
+    def inference_model(self, cfg: Any, trained_img_size: int, num_classes: int, weights: dict) -> nn.Module:
+        """The classifier rebuilt from a checkpoint's `weights`; at another `cfg.model.img_size` than it was
+        trained at, learned positions are interpolated (models/pretrained.py at_size)."""
+        model = self.build_model(cfg, num_classes)
+        model.load_state_dict(at_size(model, weights))
+        return model
+
+    def eval_text(self, metrics: dict[str, float], ema: dict[str, float] | None, classes: int | None = None) -> str:
+        """An evaluation in the log line: loss, top-1, top-5 (and the EMA's top-1). With `classes` (the
+        number of classes) of 5 or fewer, top-5 is left out: every image is then in its top 5, so it is
+        100% whatever the model does (metrics keep "top5", top-min(5, classes) accuracy)."""
+        ema_text = f", EMA top-1 {ema['top1']:.2f}%" if ema is not None else ""
+        top5 = f", top-5 {metrics['top5']:.2f}%" if classes is None or classes > 5 else ""
+        return f"val loss {metrics['loss']:.4f}, top-1 {metrics['top1']:.2f}%{top5}{ema_text}"
+
+    @classmethod
+    def score_text(cls, score: float) -> str:
+        return f"{score:.2f}%"
+
+    def results_of(self, best: float | None, metrics: dict[str, Any]) -> dict[str, Any]:
+        return {"best_top1": best, "final_top1": metrics.get("top1"), "final_top5": metrics.get("top5"),
+                "final_loss": metrics.get("loss"), "final_ema_top1": metrics.get("ema_top1")}
+
+    def figures(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, class_names: list[str],
+                stats: tuple, confusion: torch.Tensor | None = None) -> dict[str, Any]:
+        """Attention, rollout, per-head attention, positions, patch filters, and the confusion matrix (a ResNet:
+        the confusion matrix only; viz/figures.py)."""
+        return model_figures(model, images, labels, class_names, stats, confusion)
+
+    def evaluation(self, metrics: dict[str, Any], class_names: list[str]) -> dict[str, Any]:
+        """The images counted, loss, top-1, top-5, per-class top-1 and the confusion matrix (rows: true class)."""
+        metrics = dict(metrics)
+        confusion = metrics.pop("confusion")
+        counts = confusion.sum(dim=1)
+        per_class = {name: 100 * confusion[i, i].item() / counts[i].item() if counts[i] else None
+                     for i, name in enumerate(class_names)}
+        return {"images": int(confusion.sum()), **metrics, "per_class": per_class, "confusion": confusion.tolist()}
+
+    @classmethod
+    def report(cls, results: dict[str, Any], what: str) -> str:
+        """`what` was evaluated, with its image count; the metrics (top-5 only with more than 5 classes: with
+        fewer it is 100% by definition) and a table of per-class top-1 with each class's image count."""
+        width = max(columns(name) for name in [*results["per_class"], "class"])
+        counts = [sum(row) for row in results["confusion"]]
+        top5 = f"   top-5 {results['top5']:.2f}%" if len(results["per_class"]) > 5 else ""
+        lines = [f"{what}, {results['images']} images", f"top-1 {results['top1']:.2f}%{top5}   loss {results['loss']:.4f}\n",
+                 f"{'class':<{width}}  top-1    images"]
+        lines += [f"{name}{' ' * (width - columns(name))}  {'-' if acc is None else f'{acc:5.1f}%'}  {count:>7}"
+                  for (name, acc), count in zip(results["per_class"].items(), counts)]
+        return "\n".join(lines)
 
 
-def build_model(cfg: Config, num_classes: int) -> nn.Module:
-    """The classifier `cfg.model` describes, with `num_classes` outputs."""
-    return build_classifier(cfg.model, num_classes)
-
-
-def pretrained_target(model: nn.Module) -> nn.Module:
-    """The module `model.pretrained` loads into: the whole classifier."""
-    return model
-
-
-def flops_per_image(cfg: Config, num_classes: int) -> float:
-    """Training FLOPs (forward and backward) of one image (models/flops.py)."""
-    return classifier_flops(cfg.model, num_classes)
-
-
-def build_loss(cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None) -> Classify:
-    """The loss the loop calls: (module, images, targets) -> (loss, logits)."""
-    return Classify(cfg.aug.label_smoothing)
-
-
-def evaluate(model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None, cfg: Config,
-             progress: bool = False, confusion: bool = False) -> dict[str, Any]:
-    """{"loss", "top1", "top5"} over the val loader (evaluate.py); with `confusion`, also the
-    (classes, classes) confusion matrix under "confusion"."""
-    return evaluate_logits(model, loader, device, amp_dtype, progress, confusion)
-
-
-def inference_model(cfg: Config, trained_img_size: int, num_classes: int, weights: dict) -> nn.Module:
-    """The classifier rebuilt from a checkpoint's `weights`; at another `cfg.model.img_size` than it was
-    trained at, learned positions are interpolated (models/pretrained.py at_size)."""
-    model = build_model(cfg, num_classes)
-    model.load_state_dict(at_size(model, weights))
-    return model
-
-
-def eval_text(metrics: dict[str, float], ema: dict[str, float] | None, classes: int | None = None) -> str:
-    """An evaluation in the log line: loss, top-1, top-5 (and the EMA's top-1). With `classes` (the
-    number of classes) of 5 or fewer, top-5 is left out: every image is then in its top 5, so it is
-    100% whatever the model does (metrics keep "top5", top-min(5, classes) accuracy)."""
-    ema_text = f", EMA top-1 {ema['top1']:.2f}%" if ema is not None else ""
-    top5 = f", top-5 {metrics['top5']:.2f}%" if classes is None or classes > 5 else ""
-    return f"val loss {metrics['loss']:.4f}, top-1 {metrics['top1']:.2f}%{top5}{ema_text}"
-
-
-def score_text(score: float) -> str:
-    return f"{score:.2f}%"
-
-
-def data_text(num_classes: int) -> str:
-    """What the run's start line says of the data's labels."""
-    return f"{num_classes} classes"
+def columns(text: str) -> int:
+    """Terminal columns `text` takes: East Asian wide and full-width characters (猫, ｶ) take two, combining
+    marks none (Unicode's East Asian Width, UAX #11)."""
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)

@@ -17,38 +17,84 @@ ResNet) gets both terms on its single output (Hinton's distillation). The teache
 gradients. It is not part of the model, so it is in no checkpoint; its path is in the config and its
 SHA-256 in the checkpoint (`state_dict`), which a resumed run checks (`load_state_dict`).
 
-As an objective (the interface is in objectives/__init__.py) it trains and scores the classifier as
-`classify` does (the same model, evaluation, val top-1 score, checks and inference); it adds the
-teacher, which `distill.teacher` must name (`check`).
+As an objective (objectives/base.py) it is a classify (the same model, evaluation, val top-1 score and
+inference) with a teacher, which objective.teacher must name (`check`); its keys were distill.* before.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit_train.config.schema import Config, DistillConfig
 from vit_train.errors import CheckpointError, ConfigError
-from vit_train.objectives.classify import (  # noqa: F401  (scored, evaluated and built as classify)
-    BEST_TEXT, HIGHER_IS_BETTER, METRIC, READS_LABELS, build_model, data_text, eval_text, evaluate, flops_per_image,
-    inference_model, pretrained_target, score_text)
-from vit_train.objectives.classify import check as check_classifier
+from vit_train.objectives.base import Loss
+from vit_train.objectives.classify import Classify
 from vit_train.objectives.weights_in import check_classes, first_difference, open_weights, resolve
-
-NAME = "distill"  # objective.name
-SECTIONS = ("distill",)  # config sections of its own
+from vit_train.schema.config import Config
+from vit_train.schema.typed import fraction, options, require
 
 log = logging.getLogger("vit_train")
 
 
+@dataclass
+class Distill(Classify):
+    """objective=distill: DeiT's loss with the teacher objective.teacher names."""
+
+    default = False
+    title = "distillation"
+    moved_from = "distill"
+    refused_on_resume = {**Classify.refused_on_resume,
+                         "teacher_arch": "the teacher is another network",
+                         "type": "the distillation head was trained on other targets"}
+
+    name: str = "distill"
+    teacher: Optional[str] = None  # a vit-train checkpoint or .safetensors, or a state-dict file with teacher_arch
+    teacher_arch: Optional[str] = None  # null for vit-train files; else a torchvision or timm model name, e.g. resnet50
+    type: Literal["hard", "soft"] = "hard"  # hard: CE on the teacher's argmax (DeiT's best); soft: KL at tau
+    alpha: float = 0.5  # weight of the teacher term; the label term gets 1 - alpha (DeiT's default 0.5)
+    tau: float = 1.0  # soft: softmax temperature (DeiT's default 1.0)
+
+    def check(self, cfg: Any) -> None:
+        """Refuse (ConfigError, one line) a run without a teacher, and impossible alpha or tau."""
+        fraction("objective.alpha", self.alpha)
+        require(self.tau > 0, f"objective.tau must be > 0, got {self.tau}")
+        require(bool(self.teacher), f"objective={self.name} needs objective.teacher=PATH: a vit-train checkpoint or "
+                f".safetensors, or a state-dict file with objective.teacher_arch=NAME")
+
+    def check_run(self, cfg: Any) -> None:
+        """A teacher that is not there is refused before any work."""
+        teacher_file(self, resuming=bool(cfg.resume))
+
+    def build_loss(self, cfg: Any, model: nn.Module, num_classes: int, class_names: list[str] | None = None,
+                   rank: int = 0) -> Loss:
+        """The distill loss for `model` (on its device), with the teacher objective.teacher names; `class_names`
+        (the data's) are compared with the teacher's when its file records them."""
+        device = next(model.parameters()).device
+        with torch.random.fork_rng():  # building the teacher (its throw-away init) must not move the run's RNG
+            teacher, described, path = load_teacher(self, num_classes, cfg.model.img_size, resuming=bool(cfg.resume),
+                                                    class_names=class_names, with_path=True)
+            teacher = teacher.to(device).eval().requires_grad_(False)
+            check_teacher_output(teacher, num_classes, cfg.model.img_size, device)
+        # the file itself (a run directory's best.pt), as a new run and a resumed one both read it
+        info = {"teacher": self.teacher, "teacher_sha256": file_sha256(path), "teacher_model": described}
+        two_heads = bool(getattr(model, "head_dist", None))
+        log.info("distilling from %s (%s, %.1fM parameters): %s, alpha %g%s%s", self.teacher, described,
+                 sum(p.numel() for p in teacher.parameters()) / 1e6, self.type, self.alpha,
+                 f", tau {self.tau:g}" if self.type == "soft" else "",
+                 "" if two_heads else "; the student has no distillation head (model.distilled=false): both terms "
+                 "train its one head")
+        return DistillationLoss(teacher, self, cfg.aug.label_smoothing, two_heads, info)
+
+
 def distillation_loss(cls_logits: torch.Tensor, dist_logits: torch.Tensor, teacher_logits: torch.Tensor,
-                      targets: torch.Tensor, base: nn.Module, cfg: DistillConfig) -> torch.Tensor:
+                      targets: torch.Tensor, base: nn.Module, cfg: Distill) -> torch.Tensor:
     """DeiT's loss for logits (B, classes): `base` (the classification criterion, e.g. cross-entropy
     with label smoothing) on the class head, the teacher term on the distillation head."""
     label_term, teacher_term = loss_terms(cls_logits, dist_logits, teacher_logits, targets, base, cfg)
@@ -56,7 +102,7 @@ def distillation_loss(cls_logits: torch.Tensor, dist_logits: torch.Tensor, teach
 
 
 def loss_terms(cls_logits: torch.Tensor, dist_logits: torch.Tensor, teacher_logits: torch.Tensor,
-               targets: torch.Tensor, base: nn.Module, cfg: DistillConfig) -> tuple[torch.Tensor, torch.Tensor]:
+               targets: torch.Tensor, base: nn.Module, cfg: Distill) -> tuple[torch.Tensor, torch.Tensor]:
     """(the label term, the teacher term) of `distillation_loss`, each a scalar before its alpha weight."""
     if cfg.type == "hard":
         teacher_term = F.cross_entropy(dist_logits, teacher_logits.argmax(dim=1))
@@ -68,10 +114,10 @@ def loss_terms(cls_logits: torch.Tensor, dist_logits: torch.Tensor, teacher_logi
     return base(cls_logits, targets), teacher_term
 
 
-class Distill:
-    """The `distill` objective: (module, images, targets) -> (loss, logits for the training top-1)."""
+class DistillationLoss(Loss):
+    """objective=distill's loss: (module, images, targets) -> (loss, logits for the training top-1)."""
 
-    def __init__(self, teacher: nn.Module, cfg: DistillConfig, label_smoothing: float, two_heads: bool,
+    def __init__(self, teacher: nn.Module, cfg: Distill, label_smoothing: float, two_heads: bool,
                  info: dict[str, Any]):
         self.teacher, self.cfg, self.two_heads = teacher, cfg, two_heads
         self.base = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
@@ -127,38 +173,9 @@ class Distill:
     def load_state_dict(self, saved: dict[str, Any] | None) -> None:
         """Refuse to resume with another teacher file than the checkpoint's run used."""
         if saved and saved.get("teacher_sha256") not in (None, self.checkpoint_info["teacher_sha256"]):
-            raise CheckpointError(f"distill.teacher {self.checkpoint_info['teacher']} is not the file this run "
+            raise CheckpointError(f"objective.teacher {self.checkpoint_info['teacher']} is not the file this run "
                                   f"started with (SHA-256 differs); resume with the original teacher, or start a new "
                                   f"run from these weights with model.pretrained=<the checkpoint>")
-
-
-def check(cfg: Config) -> None:
-    """Refuse (ConfigError, one line) a run without a teacher; the rest is as for classify."""
-    check_classifier(cfg)
-    if not cfg.distill.teacher:
-        raise ConfigError(f"objective={cfg.objective.name} needs distill.teacher=PATH: a vit-train checkpoint or "
-                          f".safetensors, or a state-dict file with distill.teacher_arch=NAME")
-    teacher_file(cfg.distill, resuming=bool(cfg.resume))  # a teacher that is not there: refused before any work
-
-
-def build_loss(cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None) -> Distill:
-    """The distill loss for `model` (on its device), with the teacher cfg.distill names; `class_names`
-    (the data's) are compared with the teacher's when its file records them."""
-    device = next(model.parameters()).device
-    with torch.random.fork_rng():  # building the teacher (its throw-away init) must not move the run's RNG: exact resume
-        teacher, described, path = load_teacher(cfg.distill, num_classes, cfg.model.img_size, resuming=bool(cfg.resume),
-                                                class_names=class_names, with_path=True)
-        teacher = teacher.to(device).eval().requires_grad_(False)
-        check_teacher_output(teacher, num_classes, cfg.model.img_size, device)
-    # the file itself (a run directory's best.pt), as a new run and a resumed one both read it
-    info = {"teacher": cfg.distill.teacher, "teacher_sha256": file_sha256(path), "teacher_model": described}
-    two_heads = bool(getattr(model, "head_dist", None))
-    log.info("distilling from %s (%s, %.1fM parameters): %s, alpha %g%s%s", cfg.distill.teacher, described,
-             sum(p.numel() for p in teacher.parameters()) / 1e6, cfg.distill.type, cfg.distill.alpha,
-             f", tau {cfg.distill.tau:g}" if cfg.distill.type == "soft" else "",
-             "" if two_heads else "; the student has no distillation head (model.distilled=false): both terms "
-             "train its one head")
-    return Distill(teacher, cfg.distill, cfg.aug.label_smoothing, two_heads, info)
 
 
 def file_sha256(path: Path) -> str:
@@ -169,22 +186,22 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def teacher_file(cfg: DistillConfig, resuming: bool = False) -> Path:
+def teacher_file(cfg: Distill, resuming: bool = False) -> Path:
     """The file `cfg.teacher` names, by the rule of every door for weights (objectives/weights_in.py
     `resolve`: a file, or a run directory's best.pt). ConfigError (one line) when there is none; for a
     relative path in a resumed run, it says the path is relative to where the first run started."""
     if not cfg.teacher:
-        raise ConfigError("distill.teacher is not set; give a vit-train checkpoint (.pt) or run directory, a "
-                          ".safetensors file, or distill.teacher_arch=NAME with a state-dict file")
+        raise ConfigError("objective.teacher is not set; give a vit-train checkpoint (.pt) or run directory, a "
+                          ".safetensors file, or objective.teacher_arch=NAME with a state-dict file")
     path = Path(cfg.teacher).expanduser()
     if not path.exists() and resuming and not path.is_absolute():
-        raise ConfigError(f"distill.teacher={cfg.teacher} does not exist from {Path.cwd()}: a relative teacher path is "
-                          f"relative to where the first run started; resume with distill.teacher=<its new path> (the "
-                          f"same file, the same SHA-256)")
-    return resolve(cfg.teacher, "distill.teacher")
+        raise ConfigError(f"objective.teacher={cfg.teacher} does not exist from {Path.cwd()}: a relative teacher path "
+                          f"is relative to where the first run started; resume with objective.teacher=<its new path> "
+                          f"(the same file, the same SHA-256)")
+    return resolve(cfg.teacher, "objective.teacher")
 
 
-def load_teacher(cfg: DistillConfig, num_classes: int, img_size: int, resuming: bool = False,
+def load_teacher(cfg: Distill, num_classes: int, img_size: int, resuming: bool = False,
                  class_names: list[str] | None = None, with_path: bool = False):
     """(teacher on the CPU, a description[, the file read]): through the door for weights
     (objectives/weights_in.py: a vit-train checkpoint or run directory, whose better-scoring weights are
@@ -194,18 +211,18 @@ def load_teacher(cfg: DistillConfig, num_classes: int, img_size: int, resuming: 
     (one line) for a missing file (`resuming`: see teacher_file), one without a classifier head (e.g. MAE
     pre-training), or a teacher whose recorded classes are not `class_names` (names and order)."""
     path = teacher_file(cfg, resuming)
-    incoming = open_weights(cfg.teacher, "distill.teacher")  # the file teacher_file found, logged as the user wrote it
+    incoming = open_weights(cfg.teacher, "objective.teacher")  # the file teacher_file found, logged as the user wrote it
     if incoming.config is not None and "model" in incoming.config:
         if cfg.teacher_arch is not None:
-            raise ConfigError(f"distill.teacher={path.name} is a vit-train checkpoint, which names its own network "
+            raise ConfigError(f"objective.teacher={path.name} is a vit-train checkpoint, which names its own network "
                               f"({incoming.config['model'].get('name', incoming.config['model'].get('arch'))}): drop "
-                              f"distill.teacher_arch={cfg.teacher_arch}")
+                              f"objective.teacher_arch={cfg.teacher_arch}")
         if class_names is not None:
             check_classes(incoming, class_names, "distil from a teacher trained on these classes, in this order")
         teacher, described = vit_train_teacher(incoming, num_classes, img_size)
     elif cfg.teacher_arch is None:
-        raise ConfigError(f"distill.teacher={path} holds plain weights without a vit-train config; name the network "
-                          f"with distill.teacher_arch (e.g. resnet50, or a timm model name)")
+        raise ConfigError(f"objective.teacher={path} holds plain weights without a vit-train config; name the network "
+                          f"with objective.teacher_arch (e.g. resnet50, or a timm model name)")
     else:
         teacher, described = named_teacher(cfg.teacher_arch, incoming.weights, num_classes, img_size, path), \
             cfg.teacher_arch
@@ -220,28 +237,27 @@ def vit_train_teacher(incoming, num_classes: int, img_size: int) -> tuple[nn.Mod
     saved, path, class_names = incoming.config, incoming.path, incoming.class_names
     is_vit = saved["model"].get("arch", "vit") == "vit"  # a ViT runs at the student's size, a CNN as it was trained
     try:
-        teacher_cfg = Config.from_dict({**saved, "resume": None,
-                                        "model": {**saved["model"], **({"img_size": img_size} if is_vit else {})}})
+        teacher_model = Config.from_dict({"model": {**saved["model"], **({"img_size": img_size} if is_vit else {})}}).model
     except ConfigError as e:
         patch = saved["model"].get("patch_size")
         if not is_vit or not patch or img_size % patch == 0:
-            raise ConfigError(f"distill.teacher={incoming.given}: its saved config does not hold ({e})") from None
-        raise ConfigError(f"distill.teacher={incoming.given} is a ViT with {saved['model'].get('patch_size')}-pixel "
+            raise ConfigError(f"objective.teacher={incoming.given}: its saved config does not hold ({e})") from None
+        raise ConfigError(f"objective.teacher={incoming.given} is a ViT with {saved['model'].get('patch_size')}-pixel "
                           f"patches, which do not tile the student's {img_size}x{img_size} images (model.img_size="
                           f"{img_size}); give the student an image size divisible by "
                           f"{saved['model'].get('patch_size')}, or distil from another teacher") from None
     weights = incoming.weights
-    teacher = build_network(teacher_cfg.model, num_classes)
+    teacher = build_network(teacher_model, num_classes)
     refuse_headless(path, weights, teacher, saved)
     if class_names is not None and len(class_names) != num_classes:
-        raise ConfigError(f"distill.teacher {path.name} predicts {len(class_names)} classes, the data has "
+        raise ConfigError(f"objective.teacher {path.name} predicts {len(class_names)} classes, the data has "
                           f"{num_classes}; distil from a teacher trained on these classes")
     try:
         teacher.load_state_dict(at_size(teacher, weights) if is_vit else weights)
     except RuntimeError as e:  # tensors that do not fit the network the file's own config names
-        raise ConfigError(f"distill.teacher={incoming.given}: its weights do not fit the network its config names "
+        raise ConfigError(f"objective.teacher={incoming.given}: its weights do not fit the network its config names "
                           f"({first_difference(e)}); the file was edited or damaged: distil from a sound one") from None
-    return teacher, f"vit-train {teacher_cfg.model.name}"
+    return teacher, f"vit-train {teacher_model.name}"
 
 
 def refuse_headless(path: Path, weights: dict, teacher: nn.Module, saved: dict) -> None:
@@ -250,11 +266,12 @@ def refuse_headless(path: Path, weights: dict, teacher: nn.Module, saved: dict) 
     heads = [k for k in teacher.state_dict() if k.startswith(("head.", "fc."))]
     if all(k in weights for k in heads):
         return
-    if (saved.get("objective") or {}).get("name") == "mae" or any(k.startswith("decoder.") for k in weights):
-        raise ConfigError(f"distill.teacher={path} is a masked-autoencoder pre-training checkpoint (objective=mae); it "
-                          f"has no classifier to teach with. Fine-tune it first: vit-train model.pretrained=<its run "
-                          f"directory> (docs/mae.md), then distil from that run")
-    raise ConfigError(f"distill.teacher={path} holds no classifier head ({', '.join(heads) or 'head.*'} missing); a "
+    trained_for = options("objective").get((saved.get("objective") or {}).get("name"))
+    if trained_for is not None and not trained_for.predicts:
+        raise ConfigError(f"objective.teacher={path} is a {trained_for.title} checkpoint (objective={trained_for.name}); "
+                          f"it has no classifier to teach with. Fine-tune it first: vit-train model.pretrained=<its run "
+                          f"directory> (docs/finetuning.md), then distil from that run")
+    raise ConfigError(f"objective.teacher={path} holds no classifier head ({', '.join(heads) or 'head.*'} missing); a "
                       f"teacher must be a trained classifier: fine-tune it first (model.pretrained=<it>)")
 
 
@@ -275,16 +292,16 @@ def named_teacher(arch: str, weights: dict, num_classes: int, img_size: int, pat
         try:
             import timm
         except ImportError:
-            raise ConfigError(f"distill.teacher_arch={arch} is not a torchvision classification model, and timm "
+            raise ConfigError(f"objective.teacher_arch={arch} is not a torchvision classification model, and timm "
                               f"(for timm model names) is not installed: pip install timm") from None
         if not timm.is_model(arch):
-            raise ConfigError(f"distill.teacher_arch={arch} is neither a torchvision classification model nor a "
+            raise ConfigError(f"objective.teacher_arch={arch} is neither a torchvision classification model nor a "
                               f"timm model name (e.g. resnet50, regnety_160)")
         teacher = timm.create_model(arch, pretrained=False, num_classes=num_classes)
     try:
         teacher.load_state_dict(weights)
     except RuntimeError as e:
-        raise ConfigError(f"distill.teacher={path.name} does not fit {arch} with {num_classes} classes: "
+        raise ConfigError(f"objective.teacher={path.name} does not fit {arch} with {num_classes} classes: "
                           f"{first_difference(e)}") from None
     return teacher
 

@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import math
 
-from vit_train.objectives import classify, mae
+from vit_train.schema.typed import options
 
-# the metric an objective scores by -> the objective module that says its direction and how it reads
-BY_METRIC = {module.METRIC: module for module in (classify, mae)}
+
+def scored_by(metric: str) -> type:
+    """The objective class scored by `metric` ("top1", "loss"): it says the direction and how a score reads."""
+    found = [cls for cls in options("objective").values() if cls.metric == metric]
+    if not found:
+        raise KeyError(f"no objective is scored by {metric!r}")
+    return found[0]
 
 
 def better(metric: str, score: float, than: float | None) -> bool:
@@ -20,7 +25,7 @@ def better(metric: str, score: float, than: float | None) -> bool:
         return False
     if than is None or math.isnan(than):  # a NaN score (a diverged evaluation) is beaten by any finite one
         return True
-    return score > than if BY_METRIC[metric].HIGHER_IS_BETTER else score < than
+    return score > than if scored_by(metric).higher_is_better else score < than
 
 
 def winner(metric: str, scores: dict[str, float]) -> str:
@@ -30,14 +35,14 @@ def winner(metric: str, scores: dict[str, float]) -> str:
 
 def shown(metric: str, score: float) -> str:
     """A score as the log reads it: "top-1 80.00%", "val reconstruction loss 0.4000"."""
-    module = BY_METRIC[metric]
-    return f"{module.BEST_TEXT} {module.score_text(score)}"
+    cls = scored_by(metric)
+    return f"{cls.best_text} {cls.score_text(score)}"
 
 
 def checkpoint_best(ckpt: dict) -> tuple[str, float] | None:
     """(metric, the run's best score) a checkpoint records, None before its first evaluation; reads
     `best_score`/`best_metric` and, from checkpoints written before them, `best_top1`/`best_loss`."""
-    if ckpt.get("best_score") is not None and ckpt.get("best_metric") in BY_METRIC:
+    if ckpt.get("best_score") is not None and any(c.metric == ckpt.get("best_metric") for c in options("objective").values()):
         return ckpt["best_metric"], float(ckpt["best_score"])
     if ckpt.get("best_top1") is not None and ckpt["best_top1"] >= 0:
         return "top1", float(ckpt["best_top1"])
@@ -58,7 +63,7 @@ def best_weights(ckpt: dict) -> tuple[str, str]:
         return "model", "the run kept no EMA"
     scores = ckpt.get("last_eval") or {}
     if "model" in scores and "ema" in scores:
-        metric = scores.get("metric") or classify.METRIC  # the first checkpoints with last_eval scored top-1 only
+        metric = scores.get("metric") or "top1"  # the first checkpoints with last_eval scored top-1 only
         source = winner(metric, {"model": scores["model"], "ema": scores["ema"]})
         other, step = "model" if source == "ema" else "ema", scores.get("step", ckpt["step"])
         if scores["ema"] == scores["model"]:
@@ -68,6 +73,6 @@ def best_weights(ckpt: dict) -> tuple[str, str]:
                         f"{shown(metric, scores[other])} at the evaluation of step {step}")
     best = checkpoint_best(ckpt)
     if ckpt.get("best_step") == ckpt["step"] and best is not None:
-        return ckpt["best_source"], f"it scored the run's best {BY_METRIC[best[0]].BEST_TEXT}, " \
-                                    f"{BY_METRIC[best[0]].score_text(best[1])}, at this step"
+        cls = scored_by(best[0])
+        return ckpt["best_source"], f"it scored the run's best {cls.best_text}, {cls.score_text(best[1])}, at this step"
     return "ema", "no evaluation is recorded for this checkpoint"

@@ -1,7 +1,7 @@
 """The one door for weights that come from another run or another program: `model.pretrained`,
 `distill.teacher`, and vit-eval / vit-predict / vit-export's `ckpt` all open their weights here, so
 each accepts the same inputs, takes the same weights by the same rule, says the same things in the log
-and refuses the same mismatches (resume checks the run and the config in train/resume_checks.py).
+and refuses the same mismatches (resume checks the run and the config in train/resume.py).
 
 Inputs: a vit-train checkpoint (.pt), a run directory or its checkpoints/ folder (its best.pt, else its
 newest readable checkpoint), a .safetensors file (vit-export's carries the identity; others are plain),

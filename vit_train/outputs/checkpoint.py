@@ -1,5 +1,5 @@
 """Checkpoint files: atomic save, safe load, finding the one to resume, keep_last. What a checkpoint
-holds is train/state.py's, which config changes a resumed run may make train/resume_checks.py's.
+holds is train/state.py's, which config changes a resumed run may make train/resume.py's.
 
 A checkpoint is a plain dict of tensors and primitives, readable with `weights_only=True`: nothing
 in it is a pickled object, so loading one cannot run code.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -82,6 +83,18 @@ class RunLogger:
         plain = {k: v if math.isfinite(v) else None for k, v in values.items()}  # NaN is not JSON
         with writing(self.jsonl), open(self.jsonl, "a") as f:
             f.write(json.dumps({"split": split, "step": step, **plain}) + "\n")
+
+    def sync(self) -> None:
+        """fsync metrics.jsonl and the TensorBoard event files, then their folders (after a power loss the resume
+        keeps the rows up to its checkpoint's step and logs none of them again, so they must be on disk before
+        it: their bytes, and their names: a file created, a resume's rewrite renamed into place)."""
+        self.tb.flush()
+        for path in [self.jsonl, *sorted(self.events.glob("events.out.tfevents.*"))]:
+            with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+                os.fsync(f.fileno())
+        for folder in (self.events, self.run_dir):
+            with contextlib.suppress(OSError):  # a file system that cannot fsync a folder
+                places.fsync_dir(folder)
 
     def note_error(self, message: str) -> None:
         """`message` as an error in train.log only (the command line prints it once itself)."""
@@ -176,6 +189,9 @@ class NullLogger:
     def scalars(self, split: str, step: int, values: dict[str, float]) -> None:
         pass
 
+    def sync(self) -> None:
+        pass
+
     def note_error(self, message: str) -> None:
         pass
 
@@ -217,20 +233,20 @@ def write_results(run_dir: Path, results: dict[str, Any]) -> None:
         write_atomic(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
 
 
-def results_summary(status: str, state, metrics: dict[str, float], wall_seconds: float, run_dir: Path,
-                    all_attempts: float | None = None, error: str | None = None) -> dict[str, Any]:
-    """results.json: how the run ended and its numbers (final_* are null if it never evaluated);
-    `state` is the run's TrainState. `wall_seconds` is this attempt's, `all_attempts` adds the
-    earlier attempts' (each up to its last checkpoint); `error` says why a `failed` run stopped."""
+def results_summary(status: str, state, objective: str, scores: dict[str, Any], metrics: dict[str, float],
+                    wall_seconds: float, run_dir: Path, all_attempts: float | None = None,
+                    error: str | None = None) -> dict[str, Any]:
+    """results.json: how the run ended and its numbers. `state` is the run's TrainState; `objective` its
+    objective's name and `scores` that objective's own numbers (its `results_of`: best and final scores, null
+    before an evaluation); `metrics` the last evaluation's. `wall_seconds` is this attempt's, `all_attempts`
+    adds the earlier attempts' (each up to its last checkpoint); `error` says why a `failed` run stopped."""
     return {
         "status": status, "run_id": state.run_id,  # made at the run's start, kept across resumes
-        "best_top1": state.best_of("top1"),  # the one best score, under its metric's key
-        "best_step": state.best_step, "best_source": state.best_source, "final_top1": metrics.get("top1"),
-        "final_top5": metrics.get("top5"), "final_loss": metrics.get("loss"), "final_ema_top1": metrics.get("ema_top1"),
-        # trainer.limit_val_batches: the last evaluation covered only these val images (not the val set's top-1)
+        "objective": objective, **scores,
+        "best_step": state.best_step, "best_source": state.best_source,
+        # trainer.limit_val_batches: the last evaluation covered only these val images (not the val set's score)
         "val_partial": "val_images" in metrics, "val_images": metrics.get("val_images"),
         "best_partial": state.best_partial,  # the best score is a partial validation's (trainer.limit_val_batches)
-        "best_loss": state.best_of("loss"),  # objective mae: lowest val reconstruction loss
         "epochs": state.epochs_done,
         "steps": state.step, "skipped_steps": state.skipped_steps,
         "images_per_s": state.images_seen / state.train_seconds if state.train_seconds else None,

@@ -11,11 +11,9 @@ from typing import Any
 
 import torch
 
-from vit_train.config.schema import Config
 from vit_train.errors import CheckpointError
 from vit_train.extras import require
 from vit_train.outputs.integrity import archive_damage, load_failure as _load_failure
-from vit_train.data.preprocess import eval_spec
 
 
 def ema_weights(ema_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -23,12 +21,13 @@ def ema_weights(ema_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module."): v for k, v in ema_state.items() if k.startswith("module.")}
 
 
-def export_safetensors(ckpt: dict[str, Any], path: Path, source: str = "model") -> None:
+def export_safetensors(ckpt: dict[str, Any], path: Path, source: str = "model", spec: dict | None = None) -> None:
     """A checkpoint's weights, the model's or (`source="ema"`) the EMA's, as safetensors, with what
-    using them needs as metadata: the config, the class names, the preprocessing, the source and the
-    identity record (run id, architecture, class names; which weights, their step and val score)."""
+    using them needs as metadata: the config, the class names, the preprocessing (the checkpoint's, else
+    `spec`: vit-export's from the config), the source and the identity record (run id, architecture, class
+    names; which weights, their step and val score)."""
     weights = ema_weights(ckpt["ema"]) if source == "ema" else ckpt["model"]
-    spec = ckpt.get("preprocess") or eval_spec(Config.from_dict({**ckpt["config"], "resume": None}))
+    spec = ckpt.get("preprocess") or spec
     identity = weights_identity(ckpt, source)
     save_safetensors(weights, path, {"config": ckpt["config"], "class_names": ckpt["class_names"], "preprocess": spec,
                                      "weights": source, **({"identity": identity} if identity else {})})

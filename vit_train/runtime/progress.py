@@ -89,6 +89,26 @@ def progress_bar(total: int, desc: str, enabled: bool, initial: int = 0) -> Any:
     return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, dynamic_ncols=True, leave=False)
 
 
+class EpochProgress:
+    """A run's progress, one `progress_bar` per epoch (`begin` ... `close`), kept in one object the run holds
+    from its start: the loop's log lines reach the epoch's bar through it (`set_postfix`)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.bar = enabled, progress_bar(0, "", False)
+
+    def begin(self, total: int, desc: str, initial: int = 0) -> None:
+        self.bar = progress_bar(total, desc, self.enabled, initial=initial)
+
+    def update(self, n: int = 1) -> None:
+        self.bar.update(n)
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        self.bar.set_postfix(**kwargs)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def progress_iter(iterable: Iterable, desc: str, enabled: bool) -> Iterable:
     """`iterable` with a tqdm bar on a terminal; as it is in a log (an evaluation logs its result)."""
     if enabled and interactive():

@@ -21,7 +21,7 @@ from typing import IO, Any, Callable
 
 import yaml
 
-from vit_train.config.schema import Config
+from vit_train.config import Config
 from vit_train.errors import RunStopped, UserError
 from vit_train.outputs.rundir import RunDirBusy, RunLock, locked
 from vit_train.sweeps.console import tagged_console
@@ -52,8 +52,7 @@ def objective_value(results: dict[str, Any] | None, objective: str) -> float:
 
 def failure_record(error: str, run_dir: Path) -> dict[str, Any]:
     """results.json of a job that failed: status and the error's last lines."""
-    return {"status": "failed", "error": "\n".join(error.strip().splitlines()[-20:]), "best_top1": None,
-            "final_top1": None, "run_dir": str(run_dir)}
+    return {"status": "failed", "error": "\n".join(error.strip().splitlines()[-20:]), "run_dir": str(run_dir)}
 
 
 def same_job(recorded: list[str], overrides: list[str]) -> bool:

@@ -14,16 +14,17 @@ import re
 import shlex
 import shutil
 import sys
-import typing
 from pathlib import Path
 from typing import IO, Any
 
 import yaml
 
-from vit_train.config.schema import SweepConfig
+from vit_train import config  # noqa: F401 (registers the objectives, whose numbers the summary shows)
 from vit_train.data.regular import not_regular
 from vit_train.errors import UserError, exit_with
 from vit_train.outputs.places import place_error, print_output, write_atomic
+from vit_train.schema.sections import results_directions
+from vit_train.schema.typed import default_option, options
 from vit_train.sweeps import job as job_files
 from vit_train.sweeps.job import job_overrides, objective_value
 
@@ -47,8 +48,17 @@ def read_refusal(job: Path) -> dict[str, Any] | None:
     return job_files.read_refusal(job)
 
 
-COLUMNS = ("job", "status", "objective", "best_top1", "final_top1", "epochs", "images_per_s", "wall_seconds",
-           "best_partial", "val_partial", "overrides")  # *_partial: scored on a share of the val set
+# the columns around the objectives' own (each objective's `summary_columns`); *_partial: scored on a share of the val set
+FIRST, LAST = ("job", "status", "objective"), ("epochs", "images_per_s", "wall_seconds", "best_partial", "val_partial",
+                                               "overrides")
+
+
+def objective_columns(found: list[dict[str, Any]]) -> dict[str, tuple[str, int]]:
+    """{results key: (header, decimals)} of the numbers the jobs' objectives show (their `summary_columns`, in the
+    order the objectives are registered); the default objective's when no job names one (none has run yet)."""
+    names = {results.get("objective") for results in found}
+    chosen = [cls for name, cls in options("objective").items() if name in names] or [default_option("objective")]
+    return {key: header for cls in chosen for key, header in cls.summary_columns.items()}
 
 
 def override_value(text: str) -> Any:
@@ -126,16 +136,17 @@ def summarize(sweep_dir: Path, objective: str = "best_top1", direction: str = "m
         raise UserError(f"{sweep_dir} holds no sweep jobs (folders with .hydra/overrides.yaml)")
     overrides = {job: job_overrides(job) for job in jobs}
     swept = swept_keys(list(overrides.values()), command_overrides(sweep_dir))
+    found = {job: read_results(job) or {"status": "unfinished"} for job in jobs}
+    own = objective_columns(list(found.values()))
     rows, shown = [], {}
-    for job in jobs:
-        results = read_results(job) or {"status": "unfinished"}
+    for job, results in found.items():
         rows.append({"job": job.name, "status": results.get("status"), "objective": objective_value(results, objective),
-                     **{k: results.get(k) for k in COLUMNS[3:-1]}, "overrides": shlex.join(overrides[job])})
+                     **{k: results.get(k) for k in [*own, *LAST[:-1]]}, "overrides": shlex.join(overrides[job])})
         shown[job.name] = " ".join(short_override(o) for o in overrides[job] if split_override(o)[0] in swept)
     sign = -1 if direction == "maximize" else 1
     rows.sort(key=lambda r: (math.isnan(r["objective"]), sign * r["objective"] if not math.isnan(r["objective"]) else 0))
-    table = _markdown(rows, objective, shown) + _refusals(jobs)
-    for name, text in (("summary.csv", _csv(rows)), ("summary.md", table)):
+    table = _markdown(rows, objective, shown, own) + _refusals(jobs)
+    for name, text in (("summary.csv", _csv(rows, [*FIRST, *own, *LAST])), ("summary.md", table)):
         try:  # each the earlier summary's or the complete new one, never half written (a full disk, read-only)
             write_atomic(sweep_dir / name, text)
         except OSError as e:
@@ -189,32 +200,35 @@ def _refusals(jobs: list[Path]) -> str:
     return "".join(lines)
 
 
-def _csv(rows: list[dict[str, Any]]) -> str:
+def _csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
+    writer = csv.DictWriter(buffer, fieldnames=columns)
     writer.writeheader()
     writer.writerows(rows)
     return buffer.getvalue()
 
 
-def _markdown(rows: list[dict[str, Any]], objective: str, shown: dict[str, str]) -> str:
+def _markdown(rows: list[dict[str, Any]], objective: str, shown: dict[str, str],
+              columns: dict[str, tuple[str, int]]) -> str:
     """The table, with only the swept overrides of each job (`shown`, by job; summary.csv has them
-    all). The objective is marked in its own column when it is one of the top-1 columns, not repeated."""
+    all) and the objectives' own `columns` {results key: (header, decimals)}; a best_* number is marked when
+    the best score was a partial validation's, a final_* one when the last evaluation was. The sweep's
+    objective is marked in its column when it is one of those, else it gets a column of its own."""
     def cell(value: Any, digits: int = 2) -> str:
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return "-"
         return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
-    columns = {"best_top1": "best top-1", "final_top1": "final top-1"}
-    own = objective not in columns  # a loss, top-5, EMA: a column of its own
+    own = objective not in columns  # a number the table does not show otherwise: a column of its own
     heads = ["job", "status", *([objective] if own else []),
-             *(f"{name} (objective)" if key == objective else name for key, name in columns.items()),
+             *(f"{name} (objective)" if key == objective else name for key, (name, _) in columns.items()),
              "epochs", "images/s", "wall s", "overrides"]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for r in rows:
         best, last = ("*" if r.get("best_partial") else ""), ("*" if r.get("val_partial") else "")
         cells = [r["job"], r["status"], *([cell(r["objective"], 4) + (best or last)] if own else []),
-                 cell(r["best_top1"]) + best, cell(r["final_top1"]) + last, cell(r["epochs"]),
+                 *(cell(r[key], digits) + (best if key.startswith("best") else last) for key, (_, digits) in columns.items()),
+                 cell(r["epochs"]),
                  cell(r["images_per_s"], 0), cell(r["wall_seconds"], 0), shown[r["job"]]]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     if any(r.get("best_partial") or r.get("val_partial") for r in rows):
@@ -239,7 +253,7 @@ def _write_hparams(sweep_dir: Path, jobs: list[Path]) -> None:
         for override in job_overrides(job):
             key, value = split_override(override)
             params[key.lstrip("+~")] = value if isinstance(value, (int, float, bool, str)) else str(value)
-        metrics = {f"hparams/{k}": float(results[k]) for k in ("best_top1", "final_top1", "final_loss", "best_loss", "images_per_s")
+        metrics = {f"hparams/{k}": float(results[k]) for k in (*results_directions(), "images_per_s")
                    if isinstance(results.get(k), (int, float))}
         shutil.rmtree(job / "tb" / "hparams", ignore_errors=True)  # written anew on each summary
         quiet_event_writer_errors()  # a full disk: raised below in one line, not printed by the writer's thread
@@ -255,7 +269,7 @@ def _write_hparams(sweep_dir: Path, jobs: list[Path]) -> None:
                               "vit-sweep-summary again (summary.csv and summary.md are written)") from None
 
 
-OBJECTIVES = typing.get_args(typing.get_type_hints(SweepConfig)["objective"])  # sweep.objective's values
+OBJECTIVES = tuple(results_directions())  # sweep.objective's values: every objective's numbers in results.json
 
 
 def sweep_objective(sweep_dir: Path) -> tuple[str, str] | None:
@@ -284,8 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     own = sweep_objective(args.sweep_dir)
     objective = args.objective or (own[0] if own else "best_top1")
-    direction = args.direction or (own[1] if own and own[0] == objective else
-                                   "minimize" if objective.endswith("_loss") else "maximize")
+    direction = args.direction or (own[1] if own and own[0] == objective else results_directions()[objective])
     shown = io.StringIO()
     try:
         rows = summarize(args.sweep_dir, objective, direction, out=shown)

@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vit_train.config.schema import Config
-from vit_train.data.preprocess import eval_spec
+from vit_train.config import Config
 from vit_train.errors import ConfigError, UserError
 from vit_train.models.vit import VisionTransformer
 from vit_train.outputs.places import atomic_file, os_error_of, place_error
@@ -29,7 +28,7 @@ def export(model: VisionTransformer, cfg: Config, ckpt: dict, source: str, fmt: 
     if fmt == "safetensors":
         try:
             with atomic_file(out) as tmp:  # `out` is the earlier export or the complete new one, never half written
-                export_safetensors(ckpt, tmp, source)
+                export_safetensors(ckpt, tmp, source, cfg.data.eval_spec(cfg.model.img_size))
         except Exception as e:
             failed = None if isinstance(e, UserError) else os_error_of(e)  # safetensors says "(os error 28)"
             if failed is None:
@@ -38,6 +37,7 @@ def export(model: VisionTransformer, cfg: Config, ckpt: dict, source: str, fmt: 
         return {"path": str(out), "format": fmt, "weights": source}
     if fmt != "onnx":
         raise ConfigError(f"format must be safetensors or onnx; got {fmt!r}")
+    cfg.objective.refuse_prediction("has no classifier to export to ONNX (format=safetensors writes its weights)")
     written = export_onnx(model, cfg.model.img_size, out, verbose, onnx_metadata(ckpt, cfg, source))
     return {"path": str(out), "format": fmt, "weights": source, **written}
 
@@ -49,7 +49,7 @@ def onnx_metadata(ckpt: dict, cfg: Config, source: str) -> dict[str, str]:
     per RGB channel, of pixels scaled to [0, 1]), "weights" (model or ema), "config" (the run's
     config, JSON), "identity" (JSON: run id, architecture, class names, which weights, their step and
     score; docs/finetuning.md) and "format": "vit-train"."""
-    spec = ckpt.get("preprocess") or eval_spec(cfg)
+    spec = ckpt.get("preprocess") or cfg.data.eval_spec(cfg.model.img_size)
     identity = weights_identity(ckpt, source)  # run id, architecture, class names; which weights, step, score
     return {"format": "vit-train", "class_names": json.dumps(ckpt["class_names"], ensure_ascii=False),
             "img_size": str(spec["size"]), "resize": str(spec["resize"]), "mean": json.dumps(spec["mean"]),

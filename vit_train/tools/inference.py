@@ -12,11 +12,11 @@ from typing import Literal
 
 import torch
 
-from vit_train.config.schema import Config
+from vit_train.config import Config
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.models.vit import VisionTransformer
-from vit_train.objectives import objective_of
 from vit_train.objectives.score import best_weights
+from vit_train.schema import legacy
 from vit_train.objectives.weights_in import first_difference, open_weights
 from vit_train.outputs.weights import ema_weights
 
@@ -59,7 +59,7 @@ def load_for_inference(path: str | Path, weights: Weights = "auto",
                                    "identity": incoming.identity}
     if incoming.checkpoint is None and incoming.source == "ema":  # an export of EMA weights: they are the model here
         ckpt = {**ckpt, "ema": {f"module.{k}": v for k, v in incoming.weights.items()}}
-    plain = _merge(ckpt["config"], overrides or {})
+    plain = _merge(legacy.upgrade_saved(ckpt["config"]), overrides or {})
     changed = [f"model.{k}" for k in plain["model"]
                if plain["model"][k] != ckpt["config"]["model"].get(k) and k != "img_size"]
     if changed:
@@ -71,7 +71,7 @@ def load_for_inference(path: str | Path, weights: Weights = "auto",
     state = incoming.weights
     # the model its objective trained (a classifier; MAE: the autoencoder, at its own size only)
     try:
-        model = objective_of(cfg).inference_model(cfg, trained_size, len(ckpt["class_names"]), state)
+        model = cfg.objective.inference_model(cfg, trained_size, len(ckpt["class_names"]), state)
     except RuntimeError as e:  # load_state_dict: tensors that do not fit the network the file's own config names
         raise CheckpointError(f"ckpt={path}: its weights do not fit the network its config names "
                               f"({first_difference(e)}); the file was edited or damaged: do not use it as it is") from None
@@ -85,7 +85,10 @@ def load_for_inference(path: str | Path, weights: Weights = "auto",
 
 
 def _merge(base: dict, extra: dict) -> dict:
+    """`base` with `extra` merged in, section by section; a section of another option (`data=NAME` given to
+    vit-eval: its whole section, cli/commands.py `group_file`) replaces the saved one."""
     out = dict(base)
     for key, value in extra.items():
-        out[key] = _merge(base.get(key) or {}, value) if isinstance(value, dict) else value
+        other = isinstance(value, dict) and "name" in value and value["name"] != (base.get(key) or {}).get("name")
+        out[key] = value if other else _merge(base.get(key) or {}, value) if isinstance(value, dict) else value
     return out

@@ -15,12 +15,11 @@ import torch
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from vit_train.config.schema import Config
+from vit_train.config import Config
 from vit_train.data.decode import IMAGE_ERRORS, open_rgb
 from vit_train.data.listing import file_kind, list_images, path_is_image, say_skipped
-from vit_train.data.preprocess import eval_spec, eval_transform
+from vit_train.data.preprocess import eval_transform
 from vit_train.errors import ConfigError, DataError
-from vit_train.models.mae import MaskedAutoencoder
 from vit_train.models.vit import VisionTransformer
 
 BATCH = 64  # images per forward pass: a folder of thousands is not one batch
@@ -109,11 +108,11 @@ def predict(model: VisionTransformer, ckpt: dict, cfg: Config, images: list[str]
     """For each image file `images` name (files, folders, glob patterns: `image_files`), the `top_k`
     classes with their probabilities, most likely first: [{"file", "top": [{"class", "probability"}]}].
     Raises ConfigError (no images given, an MAE checkpoint), DataError (a missing or unreadable file)."""
-    refuse_pretraining(model, "predicts no classes")
+    cfg.objective.refuse_prediction("predicts no classes")
     if not images:
         raise ConfigError("no images given: images=[a.jpg,b.png], a folder or a pattern such as 'images=[\"photos/*.jpg\"]'")
     files = image_files([str(f) for f in images])
-    transform = eval_transform(ckpt.get("preprocess") or eval_spec(cfg))
+    transform = eval_transform(ckpt.get("preprocess") or cfg.data.eval_spec(cfg.model.img_size))
     names, results = ckpt["class_names"], []
     for start in range(0, len(files), BATCH):
         chunk = files[start:start + BATCH]
@@ -123,10 +122,3 @@ def predict(model: VisionTransformer, ckpt: dict, cfg: Config, images: list[str]
                                         for p, i in zip(values.tolist(), indices.tolist())]}
                     for f, values, indices in zip(chunk, top.values, top.indices)]
     return results
-
-
-def refuse_pretraining(model: torch.nn.Module, what: str) -> None:
-    """A masked-autoencoder checkpoint (objective mae) has no classifier: one line on what to do instead."""
-    if isinstance(model, MaskedAutoencoder):
-        raise ConfigError(f"this is a masked-autoencoder pre-training checkpoint (objective=mae); it {what}. "
-                          f"Fine-tune it first: vit-train model.pretrained=<its run directory> (docs/mae.md)")

@@ -23,52 +23,40 @@ from typing import Any, Callable
 
 import torch
 
-from vit_train.config.schema import Config, run_dir_of
-from vit_train.data import build_data
+from vit_train.config import Config, run_dir_of
 from vit_train.errors import ConfigError
 from vit_train.extras import available
-from vit_train.models.mae import MaskedAutoencoder
-from vit_train.objectives import objective_of
 from vit_train.outputs.checkpoint import check_classes, checkpoint_file
 from vit_train.outputs.places import FREE_SPACE, check_output_folder, fsync_dir, fsync_file, os_error_of, place_error
 from vit_train.runtime.device import autocast_dtype, pick_device
+from vit_train.schema.typed import options
 from vit_train.tools.inference import Weights, load_for_inference
-from vit_train.viz.figures import first_images, model_figures, reconstruction_figures, save_figure
+from vit_train.viz.figures import first_images, save_figure
 
 log = logging.getLogger("vit_train")
 
-# Keys that change how the images are loaded, not which images or at what size: they do not name a folder.
-SAME_EVALUATION = ("data.batch_size", "data.eval_batch_size", "data.num_workers", "data.pipeline", "data.download",
-                   "data.bad_images", "data.max_bad_fraction", "data.train_size", "data.repeated_aug")
 STALE = ".vit-eval-stale.json"  # the earlier figures a replacement removes once its metrics.json is in place
 NAMED_SECTIONS = ("model", "data", "trainer")  # what vit-eval may change; of trainer, only the precision names a folder
-
-
-def per_class_accuracy(confusion: torch.Tensor, class_names: list[str]) -> dict[str, float | None]:
-    """{class name: top-1 (%) of its images, None without images} from a (classes, classes) confusion
-    matrix (rows: true class)."""
-    counts = confusion.sum(dim=1)
-    return {name: 100 * confusion[i, i].item() / counts[i].item() if counts[i] else None
-            for i, name in enumerate(class_names)}
 
 
 def changed_keys(saved: dict, cfg: Config) -> dict[str, Any]:
     """{"section.key": value} of the model/data/trainer keys in which `cfg` differs from the checkpoint's
     `saved` config (both read through the schema, so a key added since the run was saved is no change)."""
-    before = Config.from_dict({**saved, "resume": None}).to_dict()
+    before = Config.from_saved({**saved, "resume": None}).to_dict()
     after = cfg.to_dict()
     return {f"{section}.{key}": value for section in NAMED_SECTIONS for key, value in after[section].items()
             if before[section].get(key) != value}
 
 
-def eval_dir(ckpt_path: Path, changed: dict[str, Any]) -> Path:
+def eval_dir(ckpt_path: Path, changed: dict[str, Any], same: set[str] = frozenset()) -> Path:
     """The run's eval/ folder (of the run `ckpt_path` belongs to: a checkpoint, or a file in the run's
-    export/), or eval/<changes>/ when what is evaluated changed: each changed key that
-    names one (not SAME_EVALUATION's, of trainer.* only trainer.precision) as key=value, joined by ','.
+    export/), or eval/<changes>/ when what is evaluated changed: each changed key that names one (not one
+    of `same`, the data set's keys that change how its images are read, not which: `all_loading_keys`; of
+    trainer.* only trainer.precision) as key=value, joined by ','.
     A value with characters other than letters, digits and ._+- (a path) keeps its last part, those
     characters as '_', and the name gets 8 hex digits of the exact values, so two roots never share it."""
     named = {k: v for k, v in changed.items()
-             if k not in SAME_EVALUATION and (not k.startswith("trainer.") or k == "trainer.precision")}
+             if k not in same and (not k.startswith("trainer.") or k == "trainer.precision")}
     run_dir = ckpt_path.parent.parent if ckpt_path.parent.name == "export" else run_dir_of(str(ckpt_path))
     base = run_dir / "eval"  # a file vit-export wrote (run/export/x.safetensors): its run's eval/ too
     if not named:
@@ -130,46 +118,33 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights
     path = checkpoint_file(path)
     model, cfg, ckpt, source = load_for_inference(path, weights, overrides)
     changed = changed_keys(ckpt["config"], cfg)
-    out = Path(out_dir) if out_dir else eval_dir(path, changed)
+    out = Path(out_dir) if out_dir else eval_dir(path, changed, cfg.data.all_loading_keys())
     check_output_folder(out, "out")  # a read-only, missing or file-blocked place is said before the evaluation
     previous_files(out)  # and another tool's metrics.json there
-    objective = objective_of(cfg)
+    objective = cfg.objective
     device = pick_device(cfg.trainer.device)
-    data = build_data(cfg, device, labels=objective.READS_LABELS)
+    data = cfg.data.build(cfg, device, labels=objective.reads_labels)
     check_classes(ckpt, data.class_names)
     model.to(device)
     # the run's own evaluation (objectives/): a classifier's with its confusion matrix, MAE's reconstruction loss
     metrics = objective.evaluate(model, data.val_loader, device, autocast_dtype(cfg.trainer.precision, device), cfg,
                                  progress, confusion=True)
-    what = {"checkpoint": str(path), "step": ckpt.get("step"), "weights": source, "data": cfg.data.name,
-            "data_root": cfg.data.root, "img_size": cfg.model.img_size,
+    what = {"checkpoint": str(path), "step": ckpt.get("step"), "weights": source, "objective": objective.name,
+            "data": cfg.data.name, "data_root": cfg.data.location(), "img_size": cfg.model.img_size,
             "trained_img_size": ckpt["config"]["model"]["img_size"], "overrides": changed}
-    if "confusion" not in metrics:
-        return report_pretraining(model, cfg, data, {**what, "objective": objective.NAME, **metrics}, attention_images,
-                                  out, unwritten)
-    confusion = metrics.pop("confusion")
-    results = {**what, "images": int(confusion.sum()), **metrics,
-               "per_class": per_class_accuracy(confusion, data.class_names), "confusion": confusion.tolist()}
     figures = {}
     if attention_images > 0 and not available("matplotlib"):
         log.warning("figures skipped: they need matplotlib (pip install 'vit-train[viz]')")
     elif attention_images > 0:
         images, labels = first_images(data.val_loader, attention_images)
-        figures = model_figures(model, images, labels, data.class_names, data.stats, confusion)
-    return write_evaluation(out, results, figures, unwritten)
+        figures = objective.figures(model, images, labels, data.class_names, data.stats, metrics.get("confusion"))
+    return write_evaluation(out, {**what, **objective.evaluation(metrics, data.class_names)}, figures, unwritten)
 
 
-def report_pretraining(model: MaskedAutoencoder, cfg: Config, data, results: dict[str, Any], images: int,
-                       out: Path, unwritten: Callable[[dict], None] | None = None) -> dict[str, Any]:
-    """vit-eval on a masked-autoencoder checkpoint: its `results` (the val reconstruction loss with the
-    training run's fixed val masks), and the original / masked / reconstruction figure of the first
-    `images` val images, written to `out`."""
-    figures = {}
-    if images > 0 and not available("matplotlib"):
-        log.warning("figures skipped: they need matplotlib (pip install 'vit-train[viz]')")
-    elif images > 0:
-        figures = reconstruction_figures(model, first_images(data.val_loader, images)[0], data.stats)
-    return write_evaluation(out, results, figures, unwritten)
+def evaluation_text(results: dict[str, Any], what: str) -> str:
+    """vit-eval's text of `results` (evaluate_checkpoint's), as the objective that trained the checkpoint reads
+    them, starting with `what` was evaluated."""
+    return options("objective")[results["objective"]].report(results, what)
 
 
 def write_evaluation(out: Path, results: dict[str, Any], figures: dict,

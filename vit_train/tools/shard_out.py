@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from vit_train.config.schema import Config
+from vit_train.config import Config
 from vit_train.errors import ConfigError, OutputError
 from vit_train.data.regular import not_regular
 from vit_train.outputs.places import fsync_dir
@@ -36,14 +36,11 @@ class Target:
 
 
 def refuse_inside_source(cfg: Config, out: Path) -> None:
-    """ConfigError when out= is inside a folder the data set is read from: a folder in an image folder's
-    train/ or val/ would become a class, a folder in a Hugging Face dataset's folder a split or its files."""
-    if not cfg.data.root or cfg.data.name not in ("imagefolder", "hf"):
-        return
-    root = Path(os.path.realpath(Path(cfg.data.root).expanduser()))
-    read = [root / s for s in SPLITS] if cfg.data.name == "imagefolder" else [root]
+    """ConfigError when out= is inside a folder the data set is read from (its `read_folders`): a folder in
+    an image folder's train/ or val/ would become a class, a folder in a Hugging Face dataset's folder a split
+    or its files."""
     target = Path(os.path.realpath(out))
-    for folder in read:
+    for folder in cfg.data.read_folders():
         if target == folder or folder in target.parents:
             raise ConfigError(f"out={out} is inside {folder}, which data={cfg.data.name} reads (the shards would "
                               f"become part of the data set); choose an out= outside it")

@@ -21,11 +21,11 @@ from typing import Any, Iterator
 
 from PIL import Image
 
-from vit_train.config.schema import Config
+from vit_train.config import Config
 from vit_train.errors import ConfigError, DataError, OutputError
-from vit_train.data import load_splits, worker_context
+from vit_train.data.loaders import worker_context
 from vit_train.data.decode import IMAGE_ERRORS, decode_with_format
-from vit_train.data.hf import describe_error
+from vit_train.data.sources.hf import describe_error
 from vit_train.data.regular import open_regular
 from vit_train.tools import shard_out
 
@@ -200,17 +200,15 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
     unknown = [s for s in splits if s not in ("train", "val")]
     if unknown or not splits:
         raise ConfigError(f"splits must be train, val or train,val; got {','.join(splits) or 'nothing'}")
-    if cfg.data.name == "webdataset":
-        raise ConfigError("data=webdataset is shards already; vit-shards writes them from image folders, CIFAR, shapes "
-                          "and Hugging Face datasets (to re-shard, write from the data set they came from)")
+    cfg.data.check_shardable()  # shards already
     out = Path(out).expanduser()
     shard_out.refuse_inside_source(cfg, out)  # before the data set is read: a mistake is said at once
     target = shard_out.refuse_used(out, splits, overwrite)
-    train, val, names, _, _ = load_splits(cfg)
+    train, val, names, _ = cfg.data.splits(cfg.model.img_size)
     shard_out.prepare(target, list(names))  # after: a data set that cannot be read leaves no folder behind
     bases = {"train": train, "val": val}
     index: dict[str, Any] = {"format": FORMAT, "version": VERSION, "classes": list(names), "image_size": None,
-                             "source": {"data": cfg.data.name, "root": cfg.data.root, "image_format": image_format},
+                             "source": {"data": cfg.data.name, "root": cfg.data.location(), "image_format": image_format},
                              "splits": {}}
     sizes: set[tuple[int, int]] = set()
     for split in splits:

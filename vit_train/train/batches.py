@@ -1,10 +1,11 @@
 """The training batches of a run, from where it stands to its last step, or to an agreed stop.
 
 `batches(run, stop)` owns what happens around the loader, so the loop sees only (images, targets)
-on the device: each epoch's order (`set_epoch`, skipping what a resumed run already trained on),
-the epoch roll-over, the progress (a bar on a terminal, lines in a log: progress.py), MixUp/CutMix,
-the first batch's figure, the narrow handling of a loader that a stop signal ended, and the stop
-agreement between processes. `UntilStop` is the same narrow handling for an evaluation's loader.
+on the device: each epoch's order (`TrainState.begin_epoch`, skipping what a resumed run already
+trained on), the progress (a bar on a terminal, lines in a log: progress.py), MixUp/CutMix, the first
+batch's figure, the narrow handling of a loader that a stop signal ended, and the stop agreement
+between processes. It reads the run's position and never writes it: the loop counts each step
+(`TrainState.advance`). `UntilStop` is the same narrow handling for an evaluation's loader.
 Unreadable images are dealt with inside the loader (data/unreadable.py).
 """
 
@@ -18,11 +19,9 @@ import torch
 
 from vit_train.runtime import distributed
 from vit_train.runtime.preemption import StopRequest
-from vit_train.runtime.progress import epoch_span, progress_bar
+from vit_train.runtime.progress import epoch_span
 
 if TYPE_CHECKING:
-    from vit_train.data import Data
-    from vit_train.train.state import TrainState
     from vit_train.train.run import Run
 
 # What a loader raises when its worker processes are ended under it (a stop signal to the whole
@@ -73,35 +72,26 @@ class UntilStop:
             yield batch
 
 
-def end_epoch(state: TrainState, data: Data) -> None:
-    state.epoch, state.batch_in_epoch, state.sample_in_epoch, state.epoch_end = state.epoch + 1, 0, 0, 0
-    data.epoch_done(state.epoch)
-
-
 def batches(run: Run, stop: StopRequest) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(images, targets) for each step until `run.total_steps` or a stop. Before a batch is yielded,
-    `run.state` is advanced past it (step, batch_in_epoch, sample_in_epoch, and at an epoch's end
-    the epoch), so the loop's periodic actions read the position after the step;
-    `state.batch_in_epoch == 0` then means an epoch has just ended. The position inside an epoch is
-    kept in images, so a run resumed with another data.batch_size continues from the same image
-    (a shorter last batch ends the epoch). With several processes the stop is agreed after every
-    fetch, before the step: all processes stop at the same step, whichever got the signal, and none
-    waits for a step that another will not take."""
-    state, data, t = run.state, run.data, run.cfg.trainer
+    """(images, targets) for each step until `run.total_steps` or a stop. The loop advances `run.state` past
+    each batch it is given (`TrainState.advance`) before asking for the next, so each epoch ends when the
+    position rolls over (`state.batch_in_epoch == 0`); the mix of a batch is drawn from the step before it.
+    With several processes the stop is agreed after every fetch, before the step: all processes stop at the
+    same step, whichever got the signal, and none waits for a step that another will not take."""
+    state, data = run.state, run.data
     sampler = data.train_sampler
     while state.step < run.total_steps and not stop:
-        sampler.set_epoch(state.epoch, start=state.sample_in_epoch, end=state.epoch_end)
-        state.epoch_end, state.train_images = sampler.end, sampler.size
+        state.begin_epoch(sampler)
         if sampler.left_out and run.ctx.is_main:
             log.warning("%d images of epoch %d are left out: its last batch cannot be shared evenly by %d processes",
                         sampler.left_out, state.epoch + 1, run.ctx.world_size)
         if not sampler.batches_left():  # all that was left of the epoch was left out
-            end_epoch(state, data)
+            state.end_epoch()
+            data.epoch_done(state.epoch)
             continue
         total, last = epoch_span(state.epoch, state.batch_in_epoch, sampler.batches_left(),
                                  run.total_steps - state.step, data.steps_per_epoch)  # as far as the run will go
-        run.bar = progress_bar(total, f"epoch {state.epoch + 1}/{last}", t.progress and run.ctx.is_main,
-                               initial=state.batch_in_epoch)
+        run.progress.begin(total, f"epoch {state.epoch + 1}/{last}", initial=state.batch_in_epoch)
         loader = iter(data.train_loader)
         run.window.start()
         try:
@@ -121,15 +111,10 @@ def batches(run: Run, stop: StopRequest) -> Iterator[tuple[torch.Tensor, torch.T
                     images, targets = run.mix(images, targets, state.step)
                 if run.visuals is not None and not run.visuals.batch_shown:
                     run.visuals.training_batch(images, targets, state.step)
-                state.step += 1
-                state.batch_in_epoch += 1
-                state.sample_in_epoch = sampler.advance(state.sample_in_epoch)
-                if state.sample_in_epoch == state.epoch_end:
-                    end_epoch(state, data)
                 yield images, targets
-                run.bar.update()
-                if state.batch_in_epoch == 0:
+                run.progress.update()
+                if state.batch_in_epoch == 0:  # the loop's step ended the epoch
                     break
         finally:
             run.window.pause()
-            run.bar.close()
+            run.progress.close()

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from vit_train.config.schema import OptimConfig, ScheduleConfig
+from vit_train.schema.sections import OptimConfig, ScheduleConfig
 
 # The ViT's learned tokens and positions (timm's no_weight_decay(), reg_token included: timm issue #2712).
 NO_DECAY_NAMES = ("pos_embed", "cls_token", "dist_token", "reg_token")

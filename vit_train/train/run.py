@@ -1,5 +1,6 @@
 """What a training run is made of (`Run`) and how it is built (`build_run`): processes, device, data,
-model, optimiser, schedule, EMA, objective, logger, restored from a checkpoint when resuming.
+model, optimiser, schedule, EMA, the objective's loss, logger, restored from a checkpoint when resuming.
+The run is built whole before the loop starts; what changes as it trains is its `state` (TrainState).
 
 The order of the random draws in `build_run` is what exact resume relies on; trainer.py runs it.
 """
@@ -9,39 +10,42 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
-from vit_train.runtime import distributed
-from vit_train.outputs.checkpoint import check_classes
-from vit_train.config.schema import Config
-from vit_train.runtime.cpu import set_cpu_threads
-from vit_train.data import Data, build_data
+from vit_train.config import Config
+from vit_train.data.loaders import Data
 from vit_train.data.mix import BatchMix
-from vit_train.runtime.device import autocast_dtype, pick_device
-from vit_train.outputs.metrics import EarlyRecords, NullLogger, RunLogger
-from vit_train.objectives import Objective, build_objective, check_objective, restore_objective
+from vit_train.objectives.base import Loss
 from vit_train.objectives.weights_in import load_pretrained
+from vit_train.outputs.checkpoint import check_classes
 from vit_train.outputs.identity import new_run_id
-from vit_train.train.optim import build_optimizer, build_scheduler
+from vit_train.outputs.metrics import EarlyRecords, NullLogger, RunLogger
+from vit_train.runtime import distributed
+from vit_train.runtime.cpu import set_cpu_threads
+from vit_train.runtime.device import autocast_dtype, pick_device
+from vit_train.runtime.progress import EpochProgress
 from vit_train.train import sharding
-from vit_train.train.resume_checks import check_data_position
-from vit_train.train.state import TrainState, build_ema, restore, restore_weights
+from vit_train.train.optim import build_optimizer, build_scheduler
+from vit_train.train.resume import check_data_position
 from vit_train.train.skips import SkippedSteps, skips_on_device
+from vit_train.train.state import TrainState, build_ema, restore, restore_weights
 from vit_train.train.throughput import TrainWindow, peak_tflops
 from vit_train.viz.figures import TrainingVisuals
 
 log = logging.getLogger("vit_train")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
-    """Everything one training run is made of; built once by `build_run`."""
+    """Everything one training run is made of; built once by `build_run`, never reassigned (its parts change
+    inside: the state, the model's weights, the optimiser's moments)."""
 
     cfg: Config
     run_dir: Path
@@ -52,7 +56,7 @@ class Run:
     data: Data
     model: nn.Module  # the plain model: its weights are saved, averaged and evaluated
     step_fn: nn.Module  # what the step calls: the model, or DDP / torch.compile around it
-    objective: Objective
+    loss: Loss  # the objective's (cfg.objective.build_loss)
     mix: BatchMix | None
     ema: AveragedModel | None
     optimizer: torch.optim.Optimizer
@@ -62,12 +66,11 @@ class Run:
     logger: RunLogger | NullLogger
     visuals: TrainingVisuals | None
     window: TrainWindow
+    progress: EpochProgress  # each epoch's bar (batches.py), which the train rows update
     state: TrainState
     total_steps: int
     started: float  # time.time() when this attempt began (before its checkpoint was found)
     earlier_seconds: float  # wall time of earlier attempts, up to their last checkpoint
-    metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation's
-    bar: Any = None  # the epoch's progress bar (batches.py)
 
     @property
     def eval_fn(self) -> nn.Module:
@@ -91,8 +94,8 @@ def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: d
 
 def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict | None, started: float | None,
                early: EarlyRecords) -> Run:
-    kind = check_objective(cfg)  # the objective refuses what it cannot train before any work (objectives/)
-    t = cfg.trainer
+    objective, t = cfg.objective, cfg.trainer
+    objective.check_run(cfg)  # what the objective needs beyond the config (a teacher's file), before any work
     ctx = distributed.setup(t.device)  # several processes under torchrun; else rank 0 of 1
     distributed.check_batch(cfg.data.batch_size, t.accum_steps)
     if ctx.is_main:
@@ -105,10 +108,11 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
     device = pick_device(t.device, ctx.local_rank)
     set_cpu_threads(t.cpu_threads, ckpt.get("cpu_threads") if ckpt else None)  # a resume keeps the run's count
     torch.manual_seed(cfg.seed)
-    data = build_data(cfg, device, ctx.rank, ctx.world_size, labels=kind.READS_LABELS)
-    model = kind.build_model(cfg, len(data.class_names))  # MAE: the autoencoder around the ViT (docs/mae.md)
+    data = cfg.data.build(cfg, device, ctx.rank, ctx.world_size, labels=objective.reads_labels)
+    classes = len(data.class_names)
+    model = objective.build_model(cfg, classes)  # MAE: the autoencoder around the ViT (docs/mae.md)
     if cfg.model.pretrained and not ckpt:
-        load_pretrained(kind.pretrained_target(model), cfg.model.pretrained, data.class_names, cfg.model.reset_head)
+        load_pretrained(objective.pretrained_target(model), cfg.model.pretrained, data.class_names, cfg.model.reset_head)
     model.to(device)
     amp_dtype = autocast_dtype(t.precision, device)
     if ckpt:  # into the whole model, before any sharding: checkpoints hold whole tensors whatever wrote them
@@ -127,7 +131,7 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
         if not state.run_id:  # a checkpoint written before run ids were kept
             state.run_id = new_run_id()
             log.info("the checkpoint records no run id; this run is run %s from here on", state.run_id[:8])
-        check_data_position(state, ckpt["config"], cfg, data.train_sampler.size)
+        check_data_position(state, ckpt, cfg, data.train_sampler.size, ctx.world_size)
     # the epochs left, the current one from where it stands (its steps follow a changed data.batch_size)
     steps_left = data.train_sampler.steps_left(state.sample_in_epoch, state.epoch_end, t.epochs - state.epoch)
     total_steps = min(state.step + steps_left, t.max_steps or math.inf)
@@ -136,23 +140,40 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
     # DistributedDataParallel with several processes (FSDP's model is its own wrapper), else the model itself
     ddp = model if sharding.is_sharded(model) else distributed.wrap(model)
     compiled = t.compile and not sharding.is_sharded(model)  # FSDP: its blocks were compiled before sharding
-    classes = len(data.class_names)
-    objective = build_objective(cfg, model, classes, data.class_names)
-    restore_objective(objective, ckpt)
+    loss = objective.build_loss(cfg, model, classes, data.class_names, ctx.rank)
+    loss.load_state_dict((ckpt or {}).get("objective"))
+    terms = ((ckpt or {}).get("train_window") or {}).get("terms")
+    if terms:
+        loss.load_window(terms)  # the train row's window continues, the objective's terms too
     mix = BatchMix(cfg.aug, classes, cfg.seed) if BatchMix.wanted(cfg.aug) else None
-    flops = kind.flops_per_image(cfg, classes)
-    window = TrainWindow(device, flops, peak_tflops(device, amp_dtype, t.peak_tflops))
-    window.load_state_dict(ckpt.get("train_window") if ckpt else None)  # the train row's window continues
+    window = TrainWindow(device, objective.flops_per_image(cfg, classes), peak_tflops(device, amp_dtype, t.peak_tflops))
+    window.load_state_dict(ckpt.get("train_window") if ckpt else None)
     # last: from here train.log has a handler, which train() removes however the run ends
     logger = RunLogger(run_dir, resume_step=state.step if ckpt else None, early=early) if ctx.is_main else NullLogger()
     try:
-        visuals = TrainingVisuals(logger.tb, t.viz_every, data) if t.viz_every and ctx.is_main else None
+        draw = partial(objective.figures, class_names=data.class_names, stats=data.stats)
+        visuals = TrainingVisuals(logger.tb, t.viz_every, data, draw) if t.viz_every and ctx.is_main else None
     except BaseException:  # matplotlib missing, unreadable val images
         logger.close()
         raise
     return Run(cfg=cfg, run_dir=run_dir, overrides=list(overrides), ctx=ctx, device=device, amp_dtype=amp_dtype,
                data=data, model=model, step_fn=torch.compile(ddp, mode=t.compile_mode) if compiled else ddp,
-               objective=objective, mix=mix, ema=ema, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+               loss=loss, mix=mix, ema=ema, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                skips=SkippedSteps(state, device, skips_on_device(optimizer, scaler), t.max_bad_steps),
-               logger=logger, visuals=visuals, window=window, state=state, total_steps=total_steps,
-               started=time.time() if started is None else started, earlier_seconds=state.wall_seconds)
+               logger=logger, visuals=visuals, window=window, progress=EpochProgress(t.progress and ctx.is_main),
+               state=state, total_steps=total_steps, started=time.time() if started is None else started,
+               earlier_seconds=state.wall_seconds)
+
+
+def describe(run: Run) -> None:
+    """The run's size, device and throughput reference, in the log."""
+    cfg, window = run.cfg, run.window
+    labels = cfg.objective.data_text(len(run.data.class_names))
+    strategy = "FSDP: weights, gradients and optimiser state sharded" if sharding.is_sharded(run.model) else "DDP"
+    log.info("%s: %.2fM parameters, %s, %d steps (%d per epoch), device %s%s, precision %s", cfg.model.name,
+             sum(p.numel() for p in run.model.parameters()) / 1e6, labels, run.total_steps, run.data.steps_per_epoch,
+             run.device, f" x {run.ctx.world_size} processes ({strategy})" if run.ctx.enabled else "",
+             run.amp_dtype or torch.float32)
+    log.info("%.2f GFLOP per training image; peak %s", window.flops_per_image / 1e9,
+             f"{window.peak_tflops:g} TFLOP/s (MFU logged)" if window.peak_tflops else
+             "unknown (set trainer.peak_tflops to log MFU)")

@@ -37,7 +37,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.optim.swa_utils import AveragedModel
 
-from vit_train.config.schema import Config
+from vit_train.config import Config
 from vit_train.errors import ConfigError
 from vit_train.models.vit import Block
 from vit_train.runtime.distributed import Context

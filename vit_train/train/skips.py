@@ -34,8 +34,7 @@ class SkippedSteps:
         """Move the counts into `state` (a host sync); returns the steps skipped since the last settle."""
         skipped = int(self.skipped.item())
         self.skipped.zero_()
-        state.skipped_steps += skipped
-        state.bad_in_a_row = int(self.run.item())
+        state.add_skipped(skipped, int(self.run.item()))
         if skipped:
             log.warning("up to step %d: %d non-finite steps skipped (%d in a row now, the run stops at %d)",
                         state.step, skipped, state.bad_in_a_row, self.max_bad_steps)

@@ -1,6 +1,6 @@
-"""What a run carries across a restart: the loop's position, the EMA, every RNG's state, the
-objective's state and the checkpoint's contents (train/resume_checks.py: which config changes a
-resumed run may make).
+"""What a run carries across a restart: the loop's position (`TrainState`, whose methods are its one
+writer), the EMA, every RNG's state, the objective's state and the checkpoint's contents
+(train/resume.py: finding the checkpoint and which config changes a resumed run may make).
 
 outputs/checkpoint.py only writes, reads and finds the files.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from dataclasses import InitVar, asdict, dataclass
+from dataclasses import InitVar, asdict, dataclass, field
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -18,16 +18,13 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from vit_train.outputs.checkpoint import versions
-from vit_train.config.schema import Config
-from vit_train.models.architecture import identity
+from vit_train.config import Config
 from vit_train.errors import CheckpointError
-from vit_train.data.preprocess import eval_spec
-from vit_train.data.shard_index import train_fingerprint
-from vit_train.data.webdataset import loader_workers
-from vit_train.runtime import distributed
-from vit_train.objectives import Objective, objective_state
+from vit_train.models.architecture import identity
+from vit_train.objectives.base import Loss
 from vit_train.objectives.score import better, checkpoint_best, winner
+from vit_train.outputs.checkpoint import versions
+from vit_train.runtime import distributed
 from vit_train.train.optimizer_state import load_optimizer_state
 
 log = logging.getLogger("vit_train")
@@ -53,9 +50,10 @@ class TrainState:
     train_seconds: float = 0.0
     wall_seconds: float = 0.0  # wall time of every attempt of the run, up to this checkpoint
     run_id: str = ""  # made when the run starts fresh, kept across resumes (outputs/identity.py); "" = not yet
-    # data=webdataset: what the epoch's stream plan was made for, {"world_size", "loader_workers", "train_index"}
-    # (train_index: shard_index.train_fingerprint of the shards' index; absent in older checkpoints); else None
+    # a stream's data set (webdataset): what the epoch's plan was made for (its `stream_layout`); else None
     stream_layout: Optional[dict] = None
+    # the latest evaluation's metrics in this attempt (results.json's final_*); not kept in checkpoints
+    metrics: dict = field(default_factory=dict, repr=False)
     # checkpoints written before best_score kept these two: read into best_score (__post_init__)
     best_top1: InitVar[Optional[float]] = None
     best_loss: InitVar[Optional[float]] = None
@@ -66,12 +64,54 @@ class TrainState:
             if legacy is not None:
                 self.best_metric, self.best_score = legacy
 
-    def record_eval(self, metric: str, scores: dict[str, float], partial: bool = False) -> str:
+    def begin_epoch(self, sampler) -> None:
+        """Set `sampler` (data/sampler.py) to the current epoch from the run's position in it; the epoch's end and
+        the training set's size are kept (a resume in the middle of the epoch continues the same permutation)."""
+        sampler.set_epoch(self.epoch, start=self.sample_in_epoch, end=self.epoch_end)
+        self.epoch_end, self.train_images = sampler.end, sampler.size
+
+    def advance(self, sampler) -> bool:
+        """One optimiser step taken over the epoch's next global batch (the one place steps are counted); True
+        when it ended the epoch (`end_epoch`). The position is kept in images, so a run resumed with another
+        data.batch_size continues from the same image."""
+        self.step += 1
+        self.batch_in_epoch += 1
+        self.sample_in_epoch = sampler.advance(self.sample_in_epoch)
+        if self.sample_in_epoch == self.epoch_end:
+            self.end_epoch()
+            return True
+        return False
+
+    def end_epoch(self) -> None:
+        self.epoch, self.batch_in_epoch, self.sample_in_epoch, self.epoch_end = self.epoch + 1, 0, 0, 0
+
+    def add_skipped(self, skipped: int, in_a_row: int) -> None:
+        """Non-finite steps settled from the device (train/skips.py): `skipped` more, `in_a_row` now."""
+        self.skipped_steps, self.bad_in_a_row = self.skipped_steps + skipped, in_a_row
+
+    def set_wall_seconds(self, seconds: float) -> None:
+        """The wall time of every attempt of the run up to now (checkpoints keep it for the next attempt)."""
+        self.wall_seconds = seconds
+
+    def add_trained(self, images: int, seconds: float) -> None:
+        """Training images processed and the seconds they took, for the run's images/s."""
+        self.images_seen, self.train_seconds = self.images_seen + images, self.train_seconds + seconds
+
+    def position_from_batches(self, batch_size: int, train_images: int) -> None:
+        """A checkpoint written before positions were counted in images: its position from its batch size."""
+        if self.batch_in_epoch and not self.sample_in_epoch:
+            self.sample_in_epoch, self.epoch_end = self.batch_in_epoch * batch_size, train_images // batch_size * batch_size
+
+    def record_eval(self, metric: str, scores: dict[str, float], partial: bool = False,
+                    metrics: dict | None = None) -> str:
         """One evaluation's `scores` {"model": ..., "ema"?: ...} for `metric`: the better of the two (the
         model wins a tie) becomes the best score when it beats it. A `partial` validation (a share of the
         val set, trainer.limit_val_batches) is compared only with partial ones: a full validation's score
-        replaces a partial best, a partial one never replaces a full best. Returns which weights won."""
+        replaces a partial best, a partial one never replaces a full best. `metrics`: the evaluation's
+        whole metrics, kept as this attempt's latest (`metrics`). Returns which weights won."""
         source = winner(metric, scores)
+        if metrics is not None:
+            self.metrics = dict(metrics)
         self.last_eval = {"step": self.step, "metric": metric, **scores,  # weights=auto (vit-eval/predict/export)
                           **({"partial": True} if partial else {})}
         current = self.best_score if self.best_metric == metric else None
@@ -89,11 +129,10 @@ class TrainState:
         return self.best_score if self.best_metric == metric else None
 
     def checkpoint_fields(self) -> dict[str, Any]:
-        """The state as a checkpoint keeps it: every field, plus best_top1 (-1 when none) and best_loss
-        (inf when none) written from the one best score, as checkpoints always had them."""
-        top1, loss = self.best_of("top1"), self.best_of("loss")
-        return {**asdict(self), "best_top1": -1.0 if top1 is None else top1,
-                "best_loss": float("inf") if loss is None else loss}
+        """The state as a checkpoint keeps it: every field but this attempt's `metrics`."""
+        fields = asdict(self)
+        del fields["metrics"]
+        return fields
 
     @property
     def epochs_done(self) -> float:
@@ -115,23 +154,23 @@ def build_ema(model: nn.Module, decay: float | None, ckpt: dict | None) -> Avera
 
 def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: AveragedModel | None, state: TrainState,
                      cfg: Config, overrides: Sequence[str], class_names: list[str],
-                     objective: Objective | None = None, gathered: tuple | None = None) -> dict[str, Any]:
+                     loss: Loss | None = None, gathered: tuple | None = None) -> dict[str, Any]:
     """Everything a resumed run needs, as plain tensors and primitives (see docs/resuming.md, 'What is in a checkpoint');
-    `objective`'s own state (MAE's mask counter, the distillation teacher's identity) under "objective".
+    the objective's `loss`'s own state (MAE's mask counter, the distillation teacher's identity) under "objective".
     `gathered`: a sharded run's (model, optimiser, EMA) state dicts, gathered whole (sharding.full_states)."""
     weights, moments, averaged = gathered or (model.state_dict(), optimizer.state_dict(),
                                               ema.state_dict() if ema is not None else None)
     return {
         "model": weights, "optimizer": moments, "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict(), "ema": averaged, **state.checkpoint_fields(),
-        "stream_layout": stream_layout(cfg),
+        "stream_layout": cfg.data.stream_layout(distributed.context().world_size),
         "rng": rng_state(),
         "config": cfg.to_dict(), "overrides": list(overrides), "class_names": list(class_names),
         "identity": identity(cfg.to_dict(), class_names, state.run_id),  # what the weights are, for every door
-        "preprocess": eval_spec(cfg),
+        "preprocess": cfg.data.eval_spec(cfg.model.img_size),
         "versions": versions(),
         "cpu_threads": torch.get_num_threads(),  # a resume takes the same count (runtime/cpu.py): exact on the CPU
-        "objective": objective_state(objective) if objective is not None else None,
+        "objective": loss.state_dict() if loss is not None else None,
     }
 
 
@@ -166,19 +205,7 @@ def restore(ckpt: dict, model: nn.Module, optimizer, scaler, weights: bool = Tru
     if ckpt.get("scaler"):
         scaler.load_state_dict(ckpt["scaler"])
     restore_rng(ckpt["rng"])
-    return TrainState(**{k: ckpt[k] for k in TrainState.__dataclass_fields__ if k in ckpt})
-
-
-def stream_layout(cfg: Config) -> dict[str, int | str] | None:
-    """data=webdataset: the world size and loader worker count (data.num_workers resolved) the epoch's stream
-    plan is cut for (data/stream_order.py), and the fingerprint of the index's training shards and classes
-    (train_index, when the index can be read); None for other data sets."""
-    if cfg.data.name != "webdataset":
-        return None
-    layout = {"world_size": distributed.context().world_size,
-              "loader_workers": max(1, loader_workers(cfg.data.num_workers))}
-    fingerprint = train_fingerprint(cfg.data.root)
-    return layout if fingerprint is None else {**layout, "train_index": fingerprint}
+    return TrainState(**{k: ckpt[k] for k in TrainState.__dataclass_fields__ if k in ckpt and k != "metrics"})
 
 
 def rng_state() -> dict[str, Any]:

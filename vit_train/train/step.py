@@ -33,7 +33,7 @@ def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> None:
     LR schedule and the EMA; the loss, gradient norm and top-1 hits go to the run's window.
 
     `images` (B, 3, H, W) and `targets` (B,) class indices or (B, classes) probabilities, on the
-    device; `run.state.step` is already this step's number. The loss is the run's objective's.
+    device; `run.state.step` is already this step's number. The loss is the run's objective's (`run.loss`).
     """
     optimizer, scaler, t = run.optimizer, run.scaler, run.cfg.trainer
     optimizer.zero_grad(set_to_none=True)
@@ -44,7 +44,7 @@ def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> None:
     for i, (x, y) in enumerate(chunks):
         with distributed.no_sync(run.step_fn, last=i == len(chunks) - 1):  # one gradient all-reduce (FSDP: reduce-scatter) per step
             with torch.autocast(images.device.type, dtype=run.amp_dtype, enabled=run.amp_dtype is not None):
-                loss, logits = run.objective(run.step_fn, x, y)
+                loss, logits = run.loss(run.step_fn, x, y)
                 # each micro-batch weighs as its images: a short last batch (batch size changed mid-epoch)
                 # may split unevenly, or into fewer than accum_steps micro-batches
                 loss = loss / t.accum_steps if len(x) * t.accum_steps == len(images) else loss * (len(x) / len(images))
@@ -73,6 +73,13 @@ def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> None:
     if run.ema is not None and updated:  # on the device path a skipped step's weights are the step before's
         run.ema.update_parameters(run.model)
     run.window.add(total, grad_norm, hits if counted else None, len(images) * run.ctx.world_size, finite)
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """The torch seed of process `rank` for optimiser step `step` (counted from 1) with several processes: each
+    process draws differently, and a resumed run draws as the uninterrupted one did (a single process instead
+    keeps one RNG stream and restores it from the checkpoint)."""
+    return seed * 1_000_003 + 7919 * step + rank
 
 
 def diverged_message(state: TrainState, run_dir: Path) -> str:

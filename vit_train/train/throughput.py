@@ -170,8 +170,7 @@ def log_train(logger: RunLogger | NullLogger, bar, window: TrainWindow, state, l
     values.update(lr=lr, skipped_steps=state.skipped_steps)
     if scaler.is_enabled():
         values["loss_scale"] = scaler.get_scale()
-    state.images_seen += images
-    state.train_seconds += seconds
+    state.add_trained(images, seconds)
     logger.scalars("train", state.step, values)
     extra = {"mfu": f"{100 * values['mfu']:.1f}%"} if "mfu" in values else {}
     bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{lr:.2e}", img_s=f"{values['images_per_s']:.0f}",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import textwrap
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -254,24 +255,22 @@ def model_figures(model: VisionTransformer, images: torch.Tensor, labels: torch.
 
 class TrainingVisuals:
     """Figures for TensorBoard during training: the model's figures on a fixed set of val images
-    every `every` evaluations, and one batch of training images as the model sees them."""
+    every `every` evaluations, and one batch of training images as the model sees them. `draw` makes
+    the model's figures: draw(model, images, labels, confusion=...) -> {name: figure} (the run's
+    objective's `figures`)."""
 
-    def __init__(self, tb, every: int, data, count: int = 8):
+    def __init__(self, tb, every: int, data, draw: Callable[..., dict], count: int = 8):
         require("matplotlib", "trainer.viz_every", hint=", or set trainer.viz_every=null")
-        self.tb, self.every, self.data = tb, every, data
+        self.tb, self.every, self.data, self.draw = tb, every, data, draw
         self.images, self.labels = first_images(data.val_loader, count)
         self.evals = 0
         self.batch_shown = False
 
-    def after_eval(self, model: VisionTransformer | MaskedAutoencoder, step: int,
-                   confusion: torch.Tensor | None) -> None:
+    def after_eval(self, model: torch.nn.Module, step: int, confusion: torch.Tensor | None) -> None:
         self.evals += 1
         if self.evals % self.every:
             return
-        if isinstance(model, MaskedAutoencoder):
-            figures = reconstruction_figures(model, self.images, self.data.stats)
-        else:
-            figures = model_figures(model, self.images, self.labels, self.data.class_names, self.data.stats, confusion)
+        figures = self.draw(model, self.images, self.labels, confusion=confusion)
         with quiet_missing_glyphs():  # fonts_for has said it once
             for name, fig in figures.items():
                 self.tb.add_figure(f"figures/{name}", fig, step)

@@ -12,12 +12,15 @@ import pickle
 import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
 from torchvision.datasets.utils import download_and_extract_archive
 
+from vit_train.data.datasets import TensorImages
 from vit_train.data.regular import NotRegularFile, not_regular, open_regular
+from vit_train.data.sources.base import DataSource
 from vit_train.errors import DataError
 
 
@@ -55,6 +58,36 @@ STATS = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
+
+
+@dataclass
+class Cifar10(DataSource):
+    """data=cifar10: the python-format batches under data.root, downloaded (MD5-checked) when absent; 32x32
+    images in 4-pixel patches by default."""
+
+    stats = STATS["cifar10"]
+    loading_keys = ("download",)
+
+    name: str = "cifar10"
+    num_workers: Optional[int] = 4
+    root: Optional[str] = "data"  # folder holding (or to receive) the batches, relative to where you run; null = data
+    download: bool = True  # download (checksum-verified) when the files are absent
+
+    def location(self) -> str | None:
+        return self.root
+
+    def splits(self, img_size: int, labels: bool = True) -> tuple:
+        (train_x, train_y), (val_x, val_y), names = load_cifar(self.name, self.root or "data", self.download)
+        return TensorImages(train_x, train_y), TensorImages(val_x, val_y), names, 32
+
+
+@dataclass
+class Cifar100(Cifar10):
+    """data=cifar100: as data=cifar10, with CIFAR-100's batches and 100 fine labels."""
+
+    stats = STATS["cifar100"]
+
+    name: str = "cifar100"
 
 
 class _ArrayUnpickler(pickle.Unpickler):

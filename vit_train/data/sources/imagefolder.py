@@ -3,25 +3,39 @@
 from __future__ import annotations
 
 import logging
+import os
 import unicodedata
+from dataclasses import dataclass
 from pathlib import Path
 
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from vit_train.errors import DataError
-from vit_train.data.decode import IMAGE_ERRORS, open_rgb
+from vit_train.data.decode import IMAGE_ERRORS, UnreadableImage, open_rgb
 from vit_train.data.listing import list_images, path_is_image, say_skipped
+from vit_train.data.sources.base import UNLABELLED_CLASS, EncodedImages
 
 log = logging.getLogger("vit_train")
 
 
-class UnreadableImage(Exception):
-    """An image file that Pillow cannot decode; the data set replaces it and reports its index."""
 
+@dataclass
+class ImageFolders(EncodedImages):
+    """data=imagefolder: root/train/<class>/* and root/val/<class>/*, classes named by train/; images of any
+    mode and size, converted to RGB (decode.py). Read without labels (objective=mae), any folder of images."""
 
-# ImageNet's per-channel mean and std, the usual choice for natural images.
-STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    root_hint = "a folder holding train/<class>/* and val/<class>/*; add data.root=/path/to/images"
+
+    name: str = "imagefolder"
+
+    def splits(self, img_size: int, labels: bool = True) -> tuple:
+        read = load_image_folders if labels else load_unlabelled_folders  # without labels any folder of images
+        return (*read(self.root), None)
+
+    def read_folders(self) -> list[Path]:
+        root = Path(os.path.realpath(Path(self.root).expanduser()))
+        return [root / "train", root / "val"]
 
 
 class _FixedClassFolder(ImageFolder):
@@ -92,15 +106,6 @@ def _identity(path: Path) -> tuple[int, int]:
     return info.st_dev, info.st_ino
 
 
-def describe_unreadable(path: str) -> str:
-    """Why Pillow cannot read `path`, in a few words."""
-    try:
-        open_rgb(path)
-    except IMAGE_ERRORS as e:
-        return f"{type(e).__name__}: {e}"
-    return "it could not be read"
-
-
 def load_image_folders(root: str | Path) -> tuple[ImageFolder, ImageFolder, list[str]]:
     """Train and val data sets yielding (PIL RGB image, label), and the class names."""
     root = Path(root).expanduser()
@@ -137,7 +142,6 @@ def load_image_folders(root: str | Path) -> tuple[ImageFolder, ImageFolder, list
     return train, val, classes
 
 
-UNLABELLED_CLASS = "image"  # the one "class" of a folder read without labels
 HOLDOUT_EVERY = 20  # a folder without train/ and val/: every 20th image (sorted by path) is a val image
 
 

@@ -1,5 +1,6 @@
-"""data=webdataset: tar shards read as streams, in an order that is a pure function of the run (stream_order.py),
-resumed exactly in the middle of an epoch without decoding what was already trained on.
+"""Reading tar shards as streams (data=webdataset's loaders, data/sources/webdataset.py), in an order that is a
+pure function of the run (stream_order.py), resumed exactly in the middle of an epoch without decoding what was
+already trained on: each (process, worker) reads its slot of the epoch's plan.
 
 `build_stream_loaders` gives the train and val loaders and the train plan, which offers what train/batches.py
 uses of a sampler (set_epoch, batches_left, advance, steps_left: EpochSampler's arithmetic over the stream's
@@ -10,7 +11,6 @@ epoch and the resume point from the data set as it stands when the epoch's itera
 from __future__ import annotations
 
 import logging
-import os
 from collections import deque
 from typing import Callable, Iterator
 
@@ -27,11 +27,6 @@ from vit_train.data.stream_order import (Slot, buffered_order, locate, resumed_s
 log = logging.getLogger("vit_train")
 
 MAX_REPLACEMENTS = 16  # unreadable samples in a row before reading gives up (as for image folders)
-
-
-def loader_workers(num_workers: int | None) -> int:
-    """data.num_workers resolved (null: min(8, CPUs)); the plan uses max(1, this) slots per process."""
-    return min(8, os.cpu_count() or 1) if num_workers is None else num_workers
 
 
 class ShardStream(IterableDataset):
@@ -175,7 +170,7 @@ class StreamPlan(EpochSampler):
         super().__init__(stream.split.samples, stream.seed, 1, batch_size, stream.rank, stream.world_size)
 
     def set_epoch(self, epoch: int, start: int = 0, end: int = 0) -> None:
-        """`start` must fall on a global batch's boundary of this batch size (train/resume_checks.py refuses a changed
+        """`start` must fall on a global batch's boundary of this batch size (train/resume.py refuses a changed
         data.batch_size in the middle of a webdataset epoch); `end` (0: the fresh epoch's) likewise."""
         super().set_epoch(epoch, start, end)
         if start % self.batch_size or self.end != self.full_end():
@@ -251,14 +246,13 @@ def build_stream_loaders(index: ShardIndex, cfg, train_tf: Callable, eval_tf: Ca
     if index.train.samples < d.batch_size:
         raise DataError(f"data.batch_size ({d.batch_size}) is larger than the training shards ({index.train.samples} "
                         f"samples); lower data.batch_size")
-    count = loader_workers(d.num_workers)
+    count = loader_options["num_workers"]
     slots = max(1, count)
     common = dict(classes=len(index.classes), seed=cfg.seed, rank=rank, world_size=world_size, workers=slots,
                   buffer=d.shuffle_buffer, labels=labels)
     train = ShardStream(index.train, transform=train_tf, train=True, batch=d.batch_size, **common)
     val = ShardStream(index.val, transform=eval_tf, train=False, batch=1, **common)
-    options = {**loader_options, "num_workers": count, "persistent_workers": False,
-               "prefetch_factor": 4 if count else None}
+    options = {**loader_options, "persistent_workers": False, "prefetch_factor": 4 if count else None}
     share, eval_batch = d.batch_size // world_size, max(1, (d.eval_batch_size or d.batch_size) // world_size)
     train_loader = DataLoader(train, batch_size=share, **options)
     val_loader = DataLoader(val, batch_size=eval_batch, **options)

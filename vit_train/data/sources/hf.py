@@ -14,21 +14,44 @@ import logging
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from vit_train.errors import DataError
 from vit_train.extras import require
-from vit_train.data.decode import IMAGE_ERRORS, decode_rgb
-from vit_train.data.imagefolder import UNLABELLED_CLASS, UnreadableImage
+from vit_train.data.decode import IMAGE_ERRORS, UnreadableImage, decode_rgb
+from vit_train.data.sources.base import UNLABELLED_CLASS, EncodedImages
 from vit_train.data.hf_files import check_regular, load_from_disk, parquet_files
 from vit_train.data.regular import open_regular
 
 log = logging.getLogger("vit_train")
 
 VAL_SPLITS = ("validation", "val", "test")  # data.val_split=null: the first of these the dataset has
+
+
+@dataclass
+class HuggingFace(EncodedImages):
+    """data=hf: a Hugging Face dataset on local disk, with an image column (data.image_key) and a label column
+    (data.label_key; a ClassLabel names the classes). Needs the data extra: pip install 'vit-train[data]'."""
+
+    root_hint = ("a Hugging Face dataset on disk (a save_to_disk folder or a folder of parquet files); add "
+                 "data.root=/path/to/dataset")
+
+    name: str = "hf"
+    image_key: str = "image"  # the image column
+    label_key: str = "label"  # the label column (a ClassLabel gives the class names)
+    train_split: str = "train"  # the training split
+    val_split: Optional[str] = None  # the validation split; null = validation, else val, else test
+
+    def splits(self, img_size: int, labels: bool = True) -> tuple:
+        return (*load_hf_splits(self.root, self.image_key, self.label_key, self.train_split, self.val_split, labels),
+                None)
+
+    def read_folders(self) -> list[Path]:
+        return [Path(os.path.realpath(Path(self.root).expanduser()))]
 
 
 class HFImages:

@@ -1,0 +1,125 @@
+"""Two options written as a user writes their own, outside vit_train (docs/extending.md): a data set and an
+objective, each one class in this one module; importing it registers data=stripes and objective=hinge.
+tests/config/test_new_options.py copies it into a temporary folder beside one YAML file per option.
+
+- data=stripes: images of horizontal or vertical stripes (2 classes), generated in memory; its keys are
+  train_size, val_size and stripe_width.
+- objective=hinge: a classifier trained with the multi-class hinge loss (torch.nn.MultiMarginLoss), scored
+  by its val error (%, lower is better); its key is margin; results.json holds best_error and final_error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from vit_train.data.datasets import TensorImages
+from vit_train.data.sources.base import DataSource
+from vit_train.models.flops import flops_per_image
+from vit_train.models.pretrained import at_size
+from vit_train.models.vit import build_model
+from vit_train.objectives.base import Loss, Objective
+from vit_train.objectives.evaluate import evaluate as evaluate_logits
+from vit_train.schema.typed import positive
+
+
+def stripes(count: int, size: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`count` images (count, 3, size, size) uint8 of stripes `width` pixels wide, and their labels: 0 horizontal,
+    1 vertical; each image has its own colours and phase."""
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(count) % 2
+    phase = torch.randint(0, 2 * width, (count, 1, 1), generator=g)
+    position = torch.arange(size)
+    rows = ((position[None, :, None] + phase) // width) % 2  # (count, size, 1): horizontal stripes
+    columns = ((position[None, None, :] + phase) // width) % 2  # (count, 1, size): vertical stripes
+    on = torch.where(labels[:, None, None] == 0, rows.expand(-1, -1, size), columns.expand(-1, size, -1))
+    colours = torch.randint(0, 256, (count, 2, 3), generator=g, dtype=torch.uint8)
+    images = torch.where(on[:, None].bool(), colours[:, 0, :, None, None], colours[:, 1, :, None, None])
+    return images, labels
+
+
+@dataclass
+class Stripes(DataSource):
+    """data=stripes: horizontal or vertical stripes."""
+
+    stats = ((0.5, 0.5, 0.5), (0.29, 0.29, 0.29))
+    loading_keys = ("train_size",)
+
+    name: str = "stripes"
+    train_size: int = 64  # training images
+    val_size: int = 32  # validation images
+    stripe_width: int = 2  # pixels
+
+    def check(self, cfg: Any) -> None:
+        super().check(cfg)
+        positive(("data.train_size", self.train_size), ("data.val_size", self.val_size),
+                 ("data.stripe_width", self.stripe_width))
+
+    def splits(self, img_size: int, labels: bool = True) -> tuple:
+        train = TensorImages(*stripes(self.train_size, img_size, self.stripe_width, seed=1))
+        val = TensorImages(*stripes(self.val_size, img_size, self.stripe_width, seed=2))
+        return train, val, ["horizontal", "vertical"], img_size
+
+
+class MultiMargin(Loss):
+    """The multi-class hinge loss of the logits; probabilities (after MixUp/CutMix) count as their argmax."""
+
+    def __init__(self, margin: float):
+        self.criterion = nn.MultiMarginLoss(margin=margin)
+
+    def __call__(self, module: nn.Module, images: torch.Tensor, targets: torch.Tensor) -> tuple:
+        logits = module(images)
+        return self.criterion(logits.float(), targets.argmax(1) if targets.ndim == 2 else targets), logits
+
+
+@dataclass
+class Hinge(Objective):
+    """objective=hinge: a classifier trained with the hinge loss, scored by its val error."""
+
+    title = "hinge classification"
+    metric = "error"
+    higher_is_better = False
+    best_text = "val error"
+    results = {"best_error": "minimize", "final_error": "minimize"}
+    summary_columns = {"best_error": ("best error", 2), "final_error": ("final error", 2)}
+
+    name: str = "hinge"
+    margin: float = 1.0  # the hinge's margin
+
+    def check(self, cfg: Any) -> None:
+        positive(("objective.margin", self.margin))
+
+    def build_model(self, cfg: Any, num_classes: int) -> nn.Module:
+        return build_model(cfg.model, num_classes)
+
+    def flops_per_image(self, cfg: Any, num_classes: int) -> float:
+        return flops_per_image(cfg.model, num_classes)
+
+    def build_loss(self, cfg: Any, model: nn.Module, num_classes: int, class_names=None, rank: int = 0) -> Loss:
+        return MultiMargin(self.margin)
+
+    def evaluate(self, model, loader, device, amp_dtype, cfg, progress=False, confusion=False) -> dict[str, Any]:
+        metrics = evaluate_logits(model, loader, device, amp_dtype, progress)
+        return {"error": 100.0 - metrics["top1"]}
+
+    def inference_model(self, cfg: Any, trained_img_size: int, num_classes: int, weights: dict) -> nn.Module:
+        model = self.build_model(cfg, num_classes)
+        model.load_state_dict(at_size(model, weights))
+        return model
+
+    def eval_text(self, metrics: dict, ema: dict | None, classes: int | None = None) -> str:
+        return f"val error {metrics['error']:.2f}%" + (f", EMA {ema['error']:.2f}%" if ema is not None else "")
+
+    @classmethod
+    def score_text(cls, score: float) -> str:
+        return f"{score:.2f}%"
+
+    def results_of(self, best: float | None, metrics: dict) -> dict:
+        return {"best_error": best, "final_error": metrics.get("error")}
+
+    @classmethod
+    def report(cls, results: dict, what: str) -> str:
+        return f"{what}: val error {results['error']:.2f}%"

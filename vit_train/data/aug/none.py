@@ -1,0 +1,21 @@
+"""aug=none: no augmentation; images are only resized (image files: resized and centre-cropped) and
+normalised, as in evaluation. Batch mixing and random erasing still apply when set."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchvision.transforms import v2
+
+from vit_train.data.preprocess import eval_transform, spec
+from vit_train.data.transforms import Augmentation
+
+
+@dataclass
+class NoAug(Augmentation):
+    on_device = True  # the device pipeline only normalises
+
+    name: str = "none"
+
+    def train_transform(self, img_size: int, stats: tuple, native_size: int | None) -> list[v2.Transform]:
+        return list(eval_transform(spec(img_size, native_size is not None, stats)).transforms)

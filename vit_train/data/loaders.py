@@ -1,0 +1,134 @@
+"""A run's loaders (`Data`), made by its data set's `build` (data/sources/): the random-access path
+shared by all but streams (`random_access_data`), the pipeline choice, and what every loader's
+workers share (signals, start method)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+from torch.utils.data import DataLoader
+
+from vit_train.data.datasets import TransformedDataset
+from vit_train.data.on_device import DeviceEvalPipeline, DeviceTrainPipeline
+from vit_train.data.sampler import EpochSampler, ShardSampler
+from vit_train.data.transforms import build_transforms
+from vit_train.data.unreadable import CheckedLoader, UnreadableImages
+from vit_train.errors import ConfigError, DataError
+from vit_train.schema.typed import options
+
+log = logging.getLogger("vit_train")
+
+
+@dataclass
+class Data:
+    """A run's data: loaders whose batches are (images, targets), (B, 3, H, W) normalised floats and
+    (B,) class indices; unreadable images are dealt with inside (data.bad_images)."""
+
+    train_loader: Iterable[tuple[torch.Tensor, torch.Tensor]]
+    val_loader: Iterable[tuple[torch.Tensor, torch.Tensor]]
+    train_sampler: EpochSampler  # set_epoch(epoch, start, end) before each pass over train_loader
+    class_names: list[str]
+    steps_per_epoch: int  # optimiser steps (global batches) per fresh epoch; the last partial batch is dropped
+    stats: tuple = ((0.0,) * 3, (1.0,) * 3)  # (mean, std) the images were normalised with
+    train_unreadable: UnreadableImages | None = None  # image folders only
+
+    def epoch_done(self, epoch: int) -> None:
+        """Report the unreadable training images replaced in the epoch that just ended."""
+        if self.train_unreadable is not None:
+            self.train_unreadable.report(epoch)
+
+
+# the start methods the standard library has; joblib's loky workers (hydra/launcher=parallel) make
+# their own default, under which DataLoader workers cannot start ("'Process' object has no attribute 'env'")
+STANDARD_START_METHODS = ("fork", "spawn", "forkserver")
+
+
+def worker_context() -> str | None:
+    """The multiprocessing start method for loader workers: the process's default when it is a standard
+    one (None: the DataLoader's own choice), else the platform's standard default ("fork" on Linux,
+    "spawn" elsewhere), so that loaders start inside a parallel sweep job's worker process too."""
+    import multiprocessing
+
+    current = multiprocessing.get_start_method(allow_none=True)
+    if current is None or current in STANDARD_START_METHODS:
+        return None
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() and os.name == "posix" else "spawn"
+
+
+def _worker_signals(worker_id: int) -> None:
+    """Workers leave SIGINT (Ctrl-C reaches the whole process group) and SIGUSR1 to the training
+    process, which checkpoints and then stops them. SIGTERM, from the loader's own shutdown or a
+    cluster ending the job, ends a worker quietly: a zero exit status is not a loader failure."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
+
+
+def pipeline(cfg: Any, device: torch.device) -> str:
+    """`device` or `loader`: data.pipeline, with `auto` choosing the device pipeline on a GPU when the data
+    set is held in memory as uint8 arrays (not image files) and the augmentation is one it does."""
+    d, aug = cfg.data, cfg.aug
+    possible = not d.encoded and aug.on_device
+    if d.pipeline == "device" and not possible:
+        sets = ", ".join(n for n, c in options("data").items() if not c.encoded)
+        augs = " or aug=".join(n for n, c in options("aug").items() if c.on_device)
+        raise ConfigError(f"data.pipeline=device does aug={augs} on data={sets}; got data={d.name}, aug={aug.name}: "
+                          f"use data.pipeline=loader (or auto)")
+    if d.pipeline == "auto":
+        return "device" if device.type == "cuda" and possible else "loader"
+    return d.pipeline
+
+
+def loader_options(num_workers: int | None, device: torch.device) -> dict[str, Any]:
+    """The DataLoader keywords every data set's loaders share: workers (data.num_workers; null = min(8, CPUs)),
+    their signals and start method, pinned memory on a GPU."""
+    count = loader_workers(num_workers)
+    return dict(num_workers=count, pin_memory=device.type == "cuda", worker_init_fn=_worker_signals,
+                multiprocessing_context=worker_context() if count else None)
+
+
+def loader_workers(num_workers: int | None) -> int:
+    """data.num_workers resolved (null: min(8, CPUs))."""
+    return min(8, os.cpu_count() or 1) if num_workers is None else num_workers
+
+
+def random_access_data(cfg: Any, splits: tuple, device: torch.device, rank: int = 0, world_size: int = 1) -> Data:
+    """Loaders for this process over a random-access data set's `splits` (DataSource.splits): each process gets
+    its share of every global batch (EpochSampler) and of the val set, through the loader or, for uint8 arrays
+    on a GPU, the on-device pipeline (`pipeline`)."""
+    train_base, val_base, class_names, native = splits
+    d, stats = cfg.data, cfg.data.stats
+    train_tf, eval_tf = build_transforms(cfg.aug, cfg.model.img_size, stats, native)
+    if len(train_base) < d.batch_size:
+        raise DataError(f"data.batch_size ({d.batch_size}) is larger than the training set ({len(train_base)} "
+                        f"images); lower data.batch_size")
+    sampler = EpochSampler(len(train_base), cfg.seed, d.repeated_aug, d.batch_size, rank, world_size)
+    eval_batch = max(1, (d.eval_batch_size or d.batch_size) // world_size)
+    steps = len(train_base) // d.batch_size
+    if pipeline(cfg, device) == "device":
+        train = DeviceTrainPipeline(train_base.images, train_base.labels, sampler, cfg.aug, cfg.model.img_size, stats,
+                                    device)
+        val = DeviceEvalPipeline(val_base.images, val_base.labels, eval_batch, eval_tf, device, rank, world_size)
+        log.info("data pipeline: on %s (%d training images held there as uint8)", device, len(train_base))
+        return Data(train, val, sampler, class_names, steps, stats)
+    options = loader_options(d.num_workers, device)
+    count = options["num_workers"]
+    workers = dict(options, persistent_workers=count > 0, prefetch_factor=4 if count else None)
+    bad_images = d.bad_images if d.encoded else "skip"  # image files have a policy; arrays are never unreadable
+    # Each loader owns a generator, so creating an iterator never draws from the global RNG. The sampler
+    # yields whole global batches (and a shorter last one after a batch-size change mid-epoch): nothing to drop.
+    train_loader = DataLoader(TransformedDataset(train_base, train_tf, bad_images),
+                              batch_size=d.batch_size // world_size,
+                              sampler=sampler, drop_last=False, generator=torch.Generator(), **workers)
+    val_sampler = ShardSampler(len(val_base), rank, world_size) if world_size > 1 else None
+    val_loader = DataLoader(TransformedDataset(val_base, eval_tf), batch_size=eval_batch, sampler=val_sampler,
+                            shuffle=False, generator=torch.Generator(), **workers)
+    train_unreadable = UnreadableImages(train_base, "train", d.bad_images, d.max_bad_fraction) if d.encoded else None
+    val_unreadable = UnreadableImages(val_base, "val", d.bad_images, d.max_bad_fraction) if d.encoded else None
+    return Data(CheckedLoader(train_loader, train_unreadable), CheckedLoader(val_loader, val_unreadable), sampler,
+                class_names, steps, stats, train_unreadable)

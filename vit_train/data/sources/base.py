@@ -1,0 +1,103 @@
+"""What a data set is to vit-train (`DataSource`), and the base of those read from image files
+(`EncodedImages`). Each data set is one module in this folder: a subclass with its own keys (fields),
+their checks, the input size it defaults the model to, its normalisation statistics and how its
+splits are read. Setting its own `name` registers it as data=NAME (schema/typed.py `Option`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from vit_train.data.loaders import Data, random_access_data
+from vit_train.data.preprocess import spec
+from vit_train.schema.sections import DataConfig
+from vit_train.schema.typed import fraction, require
+
+UNLABELLED_CLASS = "image"  # the one "class" of images read without labels (an objective that reads none)
+IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # ImageNet's per-channel mean and std
+
+
+@dataclass
+class DataSource(DataConfig):
+    """A data set: its keys, and what the run asks of it.
+
+    Random-access data sets (all but shards) implement `splits`; `build` then makes this process's loaders
+    (data/loaders.py). A stream overrides `build`. `stats`: the (mean, std) per channel, in [0, 1] units,
+    the images are normalised with. `loading_keys`: the keys (of its own) that change how the images are
+    read, not which images (vit-eval names no folder after them)."""
+
+    stats: ClassVar[tuple] = ((0.0,) * 3, (1.0,) * 3)
+    loading_keys: ClassVar[tuple[str, ...]] = ("batch_size", "eval_batch_size", "num_workers", "pipeline",
+                                               "repeated_aug")
+
+    def splits(self, img_size: int, labels: bool = True) -> tuple[Any, Any, list[str], int | None]:
+        """(train base, val base, class names, the images' native side or None for files of any size); a base
+        yields (image, label) items. Without `labels` (an objective that reads none) labels may be absent."""
+        raise NotImplementedError
+
+    def build(self, cfg: Any, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
+        """This process's loaders for the run `cfg` (its share of every global batch and of the val set)."""
+        return random_access_data(cfg, self.splits(cfg.model.img_size, labels), device, rank, world_size)
+
+    def eval_spec(self, img_size: int) -> dict[str, Any]:
+        """The evaluation preprocessing (data/preprocess.py) for a model of input side `img_size`."""
+        return spec(img_size, not self.encoded, self.stats)
+
+    def location(self) -> str | None:
+        """Where its images are read from (data.root), for vit-eval's record; None for generated images."""
+        return None
+
+    def all_loading_keys(self) -> set[str]:
+        """`loading_keys` of this class and its bases, as dotted keys."""
+        return {f"data.{key}" for cls in type(self).__mro__ for key in cls.__dict__.get("loading_keys", ())}
+
+    def stream_layout(self, world_size: int) -> dict[str, Any] | None:
+        """What the epoch's order depends on beyond the config (a stream's processes and workers), kept in the
+        checkpoint; None for a random-access data set, whose order depends on the config alone."""
+        return None
+
+    def position_changes(self, saved: dict, layout: dict | None, world_size: int) -> list[str]:
+        """What a resume in the middle of an epoch changed that reorders it, beyond the training set's size,
+        data.repeated_aug and seed (train/resume.py): `saved` is the checkpoint's data section, `layout` its
+        `stream_layout`. None for a random-access data set."""
+        return []
+
+    def read_folders(self) -> list[Path]:
+        """The folders its images are read from, which vit-shards may not write into."""
+        return []
+
+    def check_shardable(self) -> None:
+        """Refuse (ConfigError) writing shards from this data set (vit-shards)."""
+
+
+@dataclass
+class EncodedImages(DataSource):
+    """Data sets of encoded image files of any size (JPEG, PNG, ...): trained with RandomResizedCrop at 224x224
+    in 16-pixel patches by default, evaluated resized and centre-cropped, normalised with ImageNet's statistics;
+    an unreadable image follows data.bad_images."""
+
+    encoded: ClassVar[bool] = True
+    input_size: ClassVar[tuple[int, int]] = (224, 16)
+    stats: ClassVar[tuple] = IMAGENET_STATS
+    loading_keys: ClassVar[tuple[str, ...]] = ("bad_images", "max_bad_fraction")
+    root_hint: ClassVar[str] = "a folder of images; add data.root=/path/to/images"  # what data.root must be
+
+    batch_size: int = 256
+    num_workers: int | None = None  # null = min(8, CPU count)
+    # image folders: holds train/ and val/; webdataset: holds index.json (and by default the shards);
+    # hf: a save_to_disk folder or a folder of parquet files
+    root: str | None = None
+    bad_images: Literal["skip", "error"] = "skip"  # replace an unreadable image, or stop
+    max_bad_fraction: float = 0.01  # skip: stop once more than this fraction of a split is unreadable
+
+    def location(self) -> str | None:
+        return self.root
+
+    def check(self, cfg: Any) -> None:
+        super().check(cfg)
+        require(bool(self.root), f"data={self.name} needs data.root, {self.root_hint}")
+        fraction("data.max_bad_fraction", self.max_bad_fraction)

@@ -1,0 +1,88 @@
+"""data=webdataset: tar shards read as streams (data/shard_stream.py), in an order that is a pure function of
+the run (data/stream_order.py), resumed exactly in the middle of an epoch without decoding what was already
+trained on. This module is the option: its keys, its loaders, and what a resume in the middle of an epoch
+may not change (the stream's layout, kept in the checkpoint).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from vit_train.data.loaders import Data, loader_options, loader_workers, pipeline
+from vit_train.data.shard_index import load_index, train_fingerprint
+from vit_train.data.shard_stream import build_stream_loaders
+from vit_train.data.sources.base import EncodedImages
+from vit_train.data.transforms import build_transforms
+from vit_train.errors import ConfigError
+from vit_train.schema.typed import require
+
+
+@dataclass
+class WebDataset(EncodedImages):
+    """data=webdataset: tar shards (vit-shards writes them) with samples key.jpg|png|webp + key.cls, listed in
+    data.root/index.json; the shards are in data.root unless data.train_shards / data.val_shards give brace
+    URLs or pipe: commands. Needs the data extra: pip install 'vit-train[data]'."""
+
+    root_hint = ("the folder holding index.json (vit-shards writes it) and, unless data.train_shards/val_shards say "
+                 "where they are, the shards; add data.root=/path/to/shards")
+
+    name: str = "webdataset"
+    train_shards: Optional[str] = None  # brace URL or pipe: command of the train shards; null = data.root
+    val_shards: Optional[str] = None  # the same for the val shards
+    shuffle_buffer: int = 5000  # samples in each loader worker's shuffle buffer (OpenCLIP's 5000)
+
+    def check(self, cfg: Any) -> None:
+        super().check(cfg)
+        require(self.shuffle_buffer >= 1, f"data.shuffle_buffer must be >= 1 (1 = no shuffle buffer), got "
+                                          f"{self.shuffle_buffer}")
+
+    def build(self, cfg: Any, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
+        """Shards read as streams in a planned order: each (process, worker) its slot of the epoch's plan."""
+        pipeline(cfg, device)  # refuses data.pipeline=device
+        if self.repeated_aug > 1:  # its copies must land in one global batch: a stream cannot place them
+            raise ConfigError(f"data.repeated_aug={self.repeated_aug} works with random-access data sets only, not "
+                              f"data=webdataset (a stream cannot repeat a sample inside one batch); use "
+                              f"data.repeated_aug=1")
+        index = load_index(self.root, self.train_shards, self.val_shards)
+        train_tf, eval_tf = build_transforms(cfg.aug, cfg.model.img_size, self.stats, None)
+        options = loader_options(self.num_workers, device)
+        train, val, plan, unreadable = build_stream_loaders(index, cfg, train_tf, eval_tf, device, rank, world_size,
+                                                            labels, options)
+        return Data(train, val, plan, list(index.classes), index.train.samples // self.batch_size, self.stats,
+                    unreadable)
+
+    def stream_layout(self, world_size: int) -> dict[str, Any]:
+        """The world size and loader worker count (data.num_workers resolved) the epoch's stream plan is cut for
+        (data/stream_order.py), and the fingerprint of the index's training shards and classes (train_index,
+        when the index can be read)."""
+        layout = {"world_size": world_size, "loader_workers": max(1, loader_workers(self.num_workers))}
+        fingerprint = train_fingerprint(self.root)
+        return layout if fingerprint is None else {**layout, "train_index": fingerprint}
+
+    def position_changes(self, saved: dict, layout: dict | None, world_size: int) -> list[str]:
+        """What the epoch's stream plan depends on and a resume in its middle changed: the number of processes,
+        of loader workers, data.batch_size, data.shuffle_buffer (each cuts or shuffles the stream otherwise),
+        the index's training shards (names, sample counts: the same total in another layout is another stream)
+        or classes."""
+        if saved.get("name") != self.name:
+            return []
+        was, now = layout or {}, self.stream_layout(world_size)
+        changed = [f"{what} is {now[key]}, not {was[key]}" for key, what in (
+            ("world_size", "the number of processes"), ("loader_workers", "the loader worker count (data.num_workers, "
+                                                         "0 counting as 1)")) if key in was and now[key] != was[key]]
+        for key in ("batch_size", "shuffle_buffer"):
+            before, after = saved.get(key), getattr(self, key)
+            if before is not None and before != after:
+                changed.append(f"data.{key} is {after}, not {before}")
+        if "train_index" in was and now.get("train_index") != was["train_index"]:
+            changed.append(f"the training shards of {self.root} are not those the epoch began with (index.json lists "
+                           f"other shard names, sample counts or classes: fingerprint {now.get('train_index')}, not "
+                           f"{was['train_index']}; put those shards back)")
+        return changed
+
+    def check_shardable(self) -> None:
+        raise ConfigError("data=webdataset is shards already; vit-shards writes them from the other data sets (to "
+                          "re-shard, write from the data set they came from)")

@@ -1,0 +1,159 @@
+"""What a training objective is (objective=NAME): `Objective`, the contract every objective keeps, and
+`Loss`, what the loop calls once per micro-batch. The loop, the evaluation, best.pt, weights=auto,
+results.json, the sweep summary, vit-eval, vit-predict, the figures and resume ask the run's objective
+(`cfg.objective`, an instance of its class holding its keys) and know nothing else of it.
+
+An objective is one module (classify.py, distill.py, mae.py): a subclass whose fields are its keys
+(objective.*) and whose methods and class attributes say
+
+    metric, higher_is_better, best_text      the evaluation's key it is scored by and which way is better
+                                              (best.pt, results.json's best, weights=auto: score.py)
+    results, summary_columns                 its numbers in results.json ({key: direction}; `results_of`
+                                              fills them) and the ones the sweep summary shows
+    reads_labels, predicts                   whether the data must have labels; whether its model predicts
+                                              classes (vit-predict, vit-export's class names)
+    refused_on_resume                        its keys a resumed run may not change, each with why
+    check(cfg), check_run(cfg)               refuse (ConfigError, one line) what it cannot train: at validation,
+                                              and before a run starts (files it needs)
+    build_model, pretrained_target           the model it trains; the module model.pretrained loads into
+    flops_per_image                          training FLOPs of one image (for TFLOP/s and MFU)
+    build_loss                               the `Loss` the loop calls
+    evaluate                                 its metrics over a val loader, the score among them
+    inference_model                          the model rebuilt from a checkpoint's weights
+    eval_text, score_text, data_text         how the log reads an evaluation, a score and the data's labels
+    figures                                  its figures of a model on some val images (vit-eval, TensorBoard)
+    evaluation, report                       vit-eval's metrics.json numbers and its text
+
+Setting its own `name` registers a subclass as objective=NAME (schema/typed.py `Option`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from vit_train.errors import ConfigError
+from vit_train.schema.sections import ObjectiveConfig
+
+
+class Loss:
+    """The loss the loop calls: `loss(module, images, targets) -> (loss, logits or None)`, once per micro-batch.
+
+    - The call runs under the loop's `torch.autocast`. `module` is what the loop trains through (the model,
+      or DDP / torch.compile around it): call it, not the plain model, for the forward whose gradients count.
+      `images`: (B, 3, H, W) normalised floats on the training device. `targets`: (B,) class indices, or
+      (B, classes) probabilities after MixUp/CutMix.
+    - `loss`: a scalar tensor, the mean over the micro-batch; the loop divides it by trainer.accum_steps,
+      backpropagates it, clips, steps and skips non-finite steps. `logits`: (B, classes), from which the loop
+      counts the training top-1, or None for a loss without class predictions (the loop then logs none).
+    - Anything that is trained belongs in the model itself (so that the optimiser, DDP, the EMA and the
+      checkpoints see it); what the loss needs besides (a frozen teacher) is built with it and kept on it.
+    The methods below keep what must survive a restart for exact resume; by default there is nothing.
+    """
+
+    def __call__(self, module: nn.Module, images: torch.Tensor,
+                 targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """State for exact resume (a mask sampler's counter, a teacher's SHA-256) as plain data, kept in the
+        checkpoint under "objective"; None when there is none."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Restore `state_dict`'s state before the first step of a resumed run (refusing what does not match)."""
+
+    def terms(self) -> dict[str, float]:
+        """Its own train metrics since the last call (distill: its two loss terms), logged with the train rows."""
+        return {}
+
+    def window_state(self) -> dict[str, float] | None:
+        """The sums behind `terms` since its last call, as plain data (the checkpoint's train_window "terms"), so
+        a resumed run logs the uninterrupted run's row; None when it has none."""
+        return None
+
+    def load_window(self, saved: dict[str, float]) -> None:
+        """Continue the sums `window_state` kept."""
+
+
+@dataclass
+class Objective(ObjectiveConfig):
+    """The contract of a training objective (this module's docstring); a subclass is one objective."""
+
+    title: ClassVar[str] = ""  # what it trains, in words: "classification"
+    reads_labels: ClassVar[bool] = True
+    predicts: ClassVar[bool] = True
+    best_text: ClassVar[str] = ""  # how the closing line names the best score, e.g. "top-1"
+    pretrained_loads: ClassVar[str] = "the whole model"  # what model.pretrained=<one of its checkpoints> takes
+    summary_columns: ClassVar[dict[str, tuple[str, int]]] = {}  # results key -> (sweep summary's header, decimals)
+
+    def check_run(self, cfg: Any) -> None:
+        """Refuse (ConfigError, one line) before a training run starts what the config alone does not show."""
+
+    def build_model(self, cfg: Any, num_classes: int) -> nn.Module:
+        raise NotImplementedError
+
+    def pretrained_target(self, model: nn.Module) -> nn.Module:
+        """The module `model.pretrained` loads into: the whole model unless the objective says otherwise."""
+        return model
+
+    def flops_per_image(self, cfg: Any, num_classes: int) -> float:
+        raise NotImplementedError
+
+    def build_loss(self, cfg: Any, model: nn.Module, num_classes: int, class_names: list[str] | None = None,
+                   rank: int = 0) -> Loss:
+        """The loss for `model` (plain, unwrapped, on its device), `num_classes` classes (`class_names`, the data's
+        in label order, when known), in process `rank`."""
+        raise NotImplementedError
+
+    def evaluate(self, model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None, cfg: Any,
+                 progress: bool = False, confusion: bool = False) -> dict[str, Any]:
+        """Its metrics over the whole loader (every process its share, summed); `metric` among them."""
+        raise NotImplementedError
+
+    def inference_model(self, cfg: Any, trained_img_size: int, num_classes: int, weights: dict) -> nn.Module:
+        raise NotImplementedError
+
+    def eval_text(self, metrics: dict[str, float], ema: dict[str, float] | None, classes: int | None = None) -> str:
+        raise NotImplementedError
+
+    @classmethod
+    def score_text(cls, score: float) -> str:
+        return f"{score:.4f}"
+
+    def data_text(self, num_classes: int) -> str:
+        """What the run's start line says of the data's labels."""
+        return f"{num_classes} classes"
+
+    def results_of(self, best: float | None, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Its `results` keys for results.json: `best` (its best score, None before the first evaluation) and the
+        last evaluation's `metrics` (empty before one)."""
+        raise NotImplementedError
+
+    def figures(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, class_names: list[str],
+                stats: tuple, confusion: torch.Tensor | None = None) -> dict[str, Any]:
+        """{name: matplotlib figure} of `model` on normalised val `images` (vit-eval's PNGs, TensorBoard's)."""
+        return {}
+
+    def evaluation(self, metrics: dict[str, Any], class_names: list[str]) -> dict[str, Any]:
+        """vit-eval's numbers for metrics.json from `evaluate`'s `metrics` (with its confusion matrix)."""
+        return dict(metrics)
+
+    @classmethod
+    def report(cls, results: dict[str, Any], what: str) -> str:
+        """vit-eval's text of the numbers `evaluation` gave, starting with `what` was evaluated."""
+        raise NotImplementedError
+
+    def restart_hint(self, path: Any) -> str:
+        """What to do instead of resuming checkpoint `path` with its own keys changed: a new run from its weights."""
+        return (f"or start a new objective={self.name} run from its weights: vit-train objective={self.name} "
+                f"model.pretrained={path} <your overrides> (model.pretrained loads {self.pretrained_loads})")
+
+    def refuse_prediction(self, what: str) -> None:
+        """ConfigError (one line) when its model predicts no classes; `what` says what was asked of it."""
+        if not self.predicts:
+            raise ConfigError(f"this is a {self.title} checkpoint (objective={self.name}); it {what}. Fine-tune it first: "
+                              f"vit-train model.pretrained=<its run directory> (docs/finetuning.md)")

@@ -1,0 +1,224 @@
+"""Typed config sections from plain data, and the registry of options. No torch, no Hydra.
+
+A section is a dataclass (`Section`); `build` makes one from a plain dict, checking every key and
+type and raising one-line ConfigErrors that name the key. A varying config group (data, aug,
+objective) is a base dataclass whose subclasses are its options (`Option`): a subclass that sets its
+own `name` default registers itself under (group, name) when its class statement runs, so the module
+that defines an option is the only place that names it. vit_train/config/ imports the built-in
+options' modules; the layers below it see only the bases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any, ClassVar, Literal, Union
+
+from vit_train.errors import ConfigError
+
+# Names users bring from other trainers (timm, Lightning, DeiT), for "did you mean" hints.
+ALIASES = {"learning_rate": "lr", "wd": "weight_decay", "grad_clip": "clip_grad", "clip_grad_norm": "clip_grad",
+           "max_epochs": "epochs", "warmup": "warmup_epochs", "drop_path_rate": "drop_path", "workers": "num_workers",
+           "batch": "batch_size", "patch": "patch_size", "input_size": "img_size", "global_pool": "pool",
+           "mixup": "mixup_alpha", "cutmix": "cutmix_alpha", "reprob": "random_erasing", "smoothing": "label_smoothing",
+           "mixup_prob": "mix_prob", "mixup_switch_prob": "switch_prob", "repeated_aug_count": "repeated_aug",
+           "model_ema_decay": "ema_decay", "finetune": "pretrained"}
+
+
+class Section:
+    """A config section: a dataclass whose fields are its keys (a comment on each gives its meaning and
+    unit). What the run does with it lives next to the fields:
+
+    - `check(cfg)`: refuse (ConfigError, one line naming the key) a value that cannot run; `cfg` is the
+      whole Config, for the checks that read another section too. Called by Config.validate.
+    - `ignored(cfg)`: the keys this section holds that `cfg`'s choices do not read, as (key, the choice
+      that ignores it, what reads it); a changed one gets one warning line (schema/config.py `ignored_keys`).
+    - `refused_on_resume`: {key: why} for the keys whose change would make a checkpoint's state mean
+      something else; a resumed run with one changed is refused (train/resume.py).
+    """
+
+    refused_on_resume: ClassVar[dict[str, str]] = {}
+
+    def check(self, cfg: Any) -> None:
+        """Refuse what cannot run (ConfigError); the default accepts everything the types allow."""
+
+    def ignored(self, cfg: Any) -> list[tuple[str, str, str]]:
+        """(key, the choice that ignores it, what reads it) for each key `cfg`'s choices leave unread."""
+        return []
+
+    def resume_refusal(self, key: str, saved: Any) -> str | None:
+        """Why a resumed run may not change `key` from its `saved` value to this section's value, or None."""
+        return self.refused_on_resume.get(key)
+
+
+REGISTRY: dict[str, dict[str, type]] = {}  # group -> option name -> its class
+
+
+class Option(Section):
+    """One choice of a varying config group (`group`), e.g. data=cifar10: a Section whose fields are that
+    option's keys, `name` among them. A subclass that sets its own `name` default is an option and
+    registers itself under (group, name) when its class is made; one that does not (a shared base such
+    as EncodedImages) is not. `default`: the option a config that names none gets (one per group).
+    `moved_from`: the top-level section its keys had before they moved under `group` (e.g. mae.*), whose
+    old spelling still works for one release (schema/legacy.py)."""
+
+    group: ClassVar[str] = ""
+    default: ClassVar[bool] = False
+    moved_from: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("name")
+        if isinstance(name, str) and name and cls.group:
+            REGISTRY.setdefault(cls.group, {})[name] = cls
+
+    @classmethod
+    def composed(cls) -> dict[str, Any]:
+        """What choosing this option puts into the composed config, as plain data by section: its own section
+        with its defaults (vit-train's Hydra node for group=NAME, cli/train.py)."""
+        return {cls.group: dataclasses.asdict(cls())}
+
+
+def options(group: str) -> dict[str, type]:
+    """{name: class} of the options registered in `group`, by name."""
+    return dict(sorted(REGISTRY.get(group, {}).items()))
+
+
+def option_class(group: str, name: Any) -> type:
+    """The class of option `name` of `group`; ConfigError naming the choices for any other name."""
+    known = options(group)
+    if name not in known:
+        choices = ", ".join(sorted(known)) or "none registered (import vit_train.config, which registers the built-in ones)"
+        raise ConfigError(f"{group}.name must be one of {choices}; got {name!r}")
+    return known[name]
+
+
+def default_option(group: str) -> type:
+    """The class of the option that `group` defaults to (the one whose `default` is set)."""
+    found = [cls for cls in options(group).values() if cls.__dict__.get("default")]
+    if len(found) != 1:
+        raise ConfigError(f"the config group {group} has {len(found)} default options "
+                          f"({', '.join(c.name for c in found) or 'none'}); exactly one option sets default = True")
+    return found[0]
+
+
+def option_base(tp: Any) -> bool:
+    """Whether the field type `tp` is the base of a varying group (its value is one of the group's options)."""
+    return isinstance(tp, type) and issubclass(tp, Option) and "name" not in tp.__dict__
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """{field: type} of a dataclass (its ClassVars left out)."""
+    return {f.name: typing.get_type_hints(cls)[f.name] for f in dataclasses.fields(cls)}
+
+
+def section_keys(cls: type) -> list[str]:
+    """The keys (field names) of a section class."""
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def group_keys(group: str) -> dict[str, list[str]]:
+    """{key: the options of `group` that have it}, for every key of any of its options."""
+    found: dict[str, list[str]] = {}
+    for name, cls in options(group).items():
+        for key in section_keys(cls):
+            found.setdefault(key, []).append(name)
+    return found
+
+
+def unknown_key_message(key: str, valid: list[str]) -> str:
+    """'unknown config key X; did you mean Y?' plus the valid keys of that section."""
+    section, _, leaf = key.rpartition(".")
+    alias = f"{section}.{ALIASES[leaf]}" if section and leaf in ALIASES else ALIASES.get(leaf, "")
+    close = [alias] if alias in valid else difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    siblings = [k.rpartition(".")[2] for k in valid if k.rpartition(".")[0] == section]
+    where = f"keys of '{section}'" if section else "top-level keys"
+    return f"unknown config key '{key}'{hint} ({where}: {', '.join(siblings)})"
+
+
+def not_this_option(group: str, name: str, leaf: str) -> str | None:
+    """The line for `group.leaf` under option `name` when `leaf` is a key of other options of `group`
+    (None when no option has it): which options have it, and the chosen option's keys."""
+    owners = sorted(o for o in group_keys(group).get(leaf, []) if o != name)
+    if not owners:
+        return None
+    mine = ", ".join(k for k in section_keys(option_class(group, name)) if k != "name")
+    which = f"{group}=" + (owners[0] if len(owners) == 1 else f"{', '.join(owners[:-1])} and {owners[-1]}")
+    return (f"{group}.{leaf} is a key of {which}, not of {group}={name} "
+            f"({f'its keys: {mine}' if mine else 'it has no keys but name'}); pick {group}={owners[0]} or drop "
+            f"{group}.{leaf}")
+
+
+def build(cls: type, data: Any, prefix: str, valid: list[str]) -> Any:
+    """An instance of dataclass `cls` from the plain dict `data` (`prefix`: its dotted place, e.g. "model.";
+    `valid`: every dotted key, for hints). An option field is built as the option its `name` picks."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"'{prefix.rstrip('.') or 'config'}' must be a mapping, got {data!r}")
+    hints = field_types(cls)
+    kwargs = {}
+    for name, value in data.items():
+        key = prefix + str(name)
+        if name not in hints:
+            chosen = getattr(cls, "name", None) if getattr(cls, "group", "") else None  # an option's own name
+            line = not_this_option(cls.group, chosen, str(name)) if isinstance(chosen, str) else None
+            raise ConfigError(line or unknown_key_message(key, valid))
+        kwargs[name] = coerce(hints[name], value, key, valid)
+    return cls(**kwargs)
+
+
+def build_option(base: type, data: Any, key: str, valid: list[str]) -> Any:
+    """The option of `base`'s group that `data["name"]` picks (the group's default when absent), built from `data`."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"'{key}' must be a mapping, got {data!r}")
+    cls = option_class(base.group, data["name"]) if "name" in data else default_option(base.group)
+    valid = [k for k in valid if not k.startswith(key + ".")] + [f"{key}.{k}" for k in section_keys(cls)]
+    return build(cls, data, key + ".", valid)
+
+
+def coerce(tp: Any, value: Any, key: str, valid: list[str] | None = None) -> Any:
+    """Check `value` against type `tp`; return it (ints widened to float where a float is due)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if option_base(tp):
+        return build_option(tp, value, key, valid or [])
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, key + ".", valid or [])
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return coerce(inner[0], value, key, valid)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key} must be one of {', '.join(map(str, args))}; got {value!r}")
+        return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return [coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, bool, str) and type(value) is tp:
+        return value
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    raise ConfigError(f"{key} must be {names.get(tp, tp)}, got {value!r} ({type(value).__name__})")
+
+
+def require(ok: bool, message: str) -> None:
+    """ConfigError(`message`) unless `ok`: the one-line refusal of every check."""
+    if not ok:
+        raise ConfigError(message)
+
+
+def positive(*pairs: tuple[str, Any]) -> None:
+    """Refuse each (key, value) whose value is not > 0; a None value (an optional key left unset) passes."""
+    for key, value in pairs:
+        require(value is None or value > 0, f"{key} must be > 0, got {value}")
+
+
+def fraction(key: str, value: float, closed: bool = True) -> None:
+    """Refuse a `value` outside [0, 1] (`closed`) or [0, 1)."""
+    ok = 0.0 <= value <= 1.0 if closed else 0.0 <= value < 1.0
+    require(ok, f"{key} must be in [0, {'1]' if closed else '1)'}, got {value}")
