@@ -2,7 +2,7 @@
 `strace -e inject=rename:signal=SIGKILL:when=N` does, in pure Python: an audit hook (PEP 578) sees
 every open for writing, rename, link and unlink before the system call is made, and os.fsync is
 wrapped; the calls on files under <run dir>/checkpoints and on results.json are counted, and the n-th
-is never made. Used by tests/test_save_order.py:
+is never made. Used by tests/outputs/test_save_order.py:
 
     python tests/helpers/fs_killer.py '{"run_dir": ..., "sections": {...}, "seed": 1, "n": 7}'   # killed at call 7
     python tests/helpers/fs_killer.py '{"run_dir": ..., "sections": {...}, "seed": 1, "n": 0}'   # lists the calls
@@ -21,7 +21,7 @@ import signal
 import sys
 from pathlib import Path
 
-# (step, best_step) of each save of tests/test_save_order.py's run; None: not evaluated yet
+# (step, best_step) of each save of tests/outputs/test_save_order.py's run; None: not evaluated yet
 SAVES = [(3, None), (4, 4), (6, 4), (8, 4), (9, 4), (12, 12), (15, 12), (16, 12)]
 WATCHED = {"open", "os.rename", "os.link", "os.remove", "shutil.copyfile", "os.truncate"}
 

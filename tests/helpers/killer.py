@@ -1,6 +1,6 @@
 """Run `train()` in this process and end it with a real SIGKILL at one chosen moment (no clean-up
 code runs, as with kill -9 or the OOM killer), or with "signal": "STOP" pause it there (a second
-writer is tried meanwhile; SIGCONT lets it go on). Used by test_faults.py and scripts/fault_table.py:
+writer is tried meanwhile; SIGCONT lets it go on). Used by test_faults.py and tests/faults/fault_table.py:
 
     python tests/helpers/killer.py '{"run_dir": ..., "sections": {...}, "fault": "row", "n": 2}'
 

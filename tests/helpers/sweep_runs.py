@@ -1,7 +1,7 @@
 """A sweep run in this process as `vit-train -m` runs it, without Hydra: each job's directory `<sweep>/<i>`
 gets `.hydra/overrides.yaml` (unless it already holds a record: Hydra keeps that of a directory holding
 a run), then `sweeps.job.run_job` with the job's tiny config, then the summary (summary.csv, summary.md).
-Used by test_faults.py and scripts/fault_table.py to kill a sweep job and re-run the sweep.
+Used by test_faults.py and tests/faults/fault_table.py to kill a sweep job and re-run the sweep.
 
     sweep(sweep_dir, [["optim.lr=0.001"], ["optim.lr=0.0005"]], base={"trainer": {...}, "seed": 1})
 """

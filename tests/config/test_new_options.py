@@ -1,0 +1,167 @@
+"""A new option is one module and one YAML, shown: a data set (data=stripes) and an objective
+(objective=hinge) written outside vit_train as a user writes their own (tests/helpers/toy_options.py,
+copied into a temporary folder beside one YAML file per option). Importing the module registers both;
+nothing of vit_train names them. Together they compose, train, resume bit for bit, evaluate, and appear
+in results.json and the sweep summary under their own keys; the command line refuses a key of another
+option, and the slow test does all of it through the real commands.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.configs import composed
+from helpers.files import assert_identical, logged, read_results, summary_tables
+from helpers.sweep_runs import sweep
+from vit_train.cli.arguments import check_override_keys
+from vit_train.cli.train import register_options
+from vit_train.config import Config
+from vit_train.errors import ConfigError
+from vit_train.schema.typed import REGISTRY
+from vit_train.train.trainer import train
+
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
+PACKAGE = Path(__file__).resolve().parents[2]
+TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=16", "data.batch_size=16",
+        "trainer.device=cpu", "trainer.progress=false", "trainer.epochs=2", "trainer.log_every=1"]
+YAML = {"data/stripes.yaml": "# Horizontal or vertical stripes, 2 classes, generated (my_options.py).\n"
+                             "defaults:\n  - /schema/data/stripes\n  - _self_\n",
+        "objective/hinge.yaml": "# The multi-class hinge loss, scored by the val error (my_options.py).\n"
+                                "defaults:\n  - /schema/objective/hinge\n  - _self_\n"}
+EXACT_KEYS = ("model", "optimizer", "scheduler", "epoch", "step", "batch_in_epoch", "best_score", "best_metric", "rng")
+
+
+@pytest.fixture
+def mine(tmp_path):
+    """The user's folder: my_options.py and configs/<group>/<option>.yaml, the module imported (registering its
+    options, and their Hydra nodes); unregistered again after the test."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    shutil.copy(HELPERS / "toy_options.py", folder / "my_options.py")
+    for name, text in YAML.items():
+        (folder / "configs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / "configs" / name).write_text(text)
+    registered = {group: dict(found) for group, found in REGISTRY.items()}
+    sys.path.insert(0, str(folder))
+    try:
+        importlib.import_module("my_options")
+        register_options()
+        yield folder
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop("my_options", None)
+        REGISTRY.clear()
+        REGISTRY.update(registered)
+
+
+def args_of(mine: Path, *extra: str) -> list[str]:
+    return ["data=stripes", "objective=hinge", f"hydra.searchpath=[file://{mine / 'configs'}]", *TINY, *extra]
+
+
+def test_nothing_of_vit_train_names_the_new_options():
+    names = ("stripes", "hinge", "Stripes", "Hinge")
+    found = [str(p.relative_to(PACKAGE)) for folder in ("vit_train", "configs") for p in (PACKAGE / folder).rglob("*")
+             if p.is_file() and p.suffix in (".py", ".yaml") and any(n in p.read_text() for n in names)]
+    assert found == []
+
+
+def test_the_new_options_compose_with_their_own_keys_and_refuse_another_options(mine):
+    args = args_of(mine, "objective.margin=0.5", "data.stripe_width=3")
+    check_override_keys(args)  # what the command line checks before Hydra reads it
+    plain = composed(args)
+    assert plain["data"] == {"name": "stripes", "batch_size": 16, "eval_batch_size": None, "num_workers": 0,
+                             "pipeline": "auto", "repeated_aug": 1, "train_size": 64, "val_size": 32, "stripe_width": 3}
+    assert plain["objective"] == {"name": "hinge", "margin": 0.5}
+    cfg = Config.from_dict(plain)
+    assert (type(cfg.data).__name__, type(cfg.objective).__name__, cfg.model.img_size) == ("Stripes", "Hinge", 16)
+    with pytest.raises(ConfigError, match="^data.train_size is a key of data=shapes and stripes, not of data=cifar10"):
+        check_override_keys(["data=cifar10", "data.train_size=9"])
+    with pytest.raises(ConfigError, match="^objective.margin is a key of objective=hinge, not of objective=classify"):
+        Config.from_dict({"objective": {"margin": 0.5}})
+    with pytest.raises(ConfigError, match="^data.stripe_width must be > 0, got 0$"):
+        Config.from_dict(composed(args_of(mine, "data.stripe_width=0")))
+
+
+def test_the_new_options_train_resume_bit_for_bit_evaluate_and_report_their_own_numbers(mine, tmp_path):
+    from vit_train.tools.report import evaluate_checkpoint, evaluation_text
+
+    cfg = Config.from_dict(composed(args_of(mine, "trainer.ckpt_every=1", "trainer.keep_last=100",
+                                            "model.drop_path=0.1")))
+    full = tmp_path / "full"
+    results = train(cfg, full)
+    assert (results["objective"], results["status"], results["steps"]) == ("hinge", "completed", 8)
+    assert {"best_error", "final_error"} <= set(results) and "best_top1" not in results and "final_loss" not in results
+    assert 0 <= results["best_error"] <= results["final_error"] <= 100
+    losses = {row["step"]: row["loss"] for row in logged(full, "train")}
+    resumed = tmp_path / "resumed"  # from the middle of the first epoch (4 steps each)
+    again = train(Config.from_dict({**cfg.to_dict(), "resume": str(full / "checkpoints" / "step_00000003.pt")}),
+                  resumed)
+    expected, got = (torch.load(run / "checkpoints" / "last.pt", weights_only=True) for run in (full, resumed))
+    for key in EXACT_KEYS:
+        assert_identical(expected[key], got[key], key)
+    assert {row["step"]: row["loss"] for row in logged(resumed, "train")} == {s: v for s, v in losses.items() if s > 3}
+    assert {k: again[k] for k in ("best_error", "final_error", "best_step")} == \
+        {k: results[k] for k in ("best_error", "final_error", "best_step")}
+    report = evaluate_checkpoint(full / "checkpoints" / "last.pt", attention_images=0, progress=False)
+    assert report["objective"] == "hinge" and report["error"] == pytest.approx(results["final_error"])
+    assert evaluation_text(report, "last.pt") == f"last.pt: val error {report['error']:.2f}%"
+
+
+def test_a_sweep_of_the_new_options_is_summarised_by_their_own_numbers(mine, tmp_path):
+    base = {"data": {"name": "stripes", "batch_size": 16}, "objective": {"name": "hinge"},
+            "trainer": {"max_steps": 2, "epochs": 1}}
+    values = sweep(tmp_path / "sweep", [["objective.margin=0.5"], ["objective.margin=2.0"]], base, "best_error",
+                   "minimize")
+    assert all(0 <= v <= 100 for v in values)
+    csv_rows, table = summary_tables(tmp_path / "sweep")
+    assert [row["best_error"] for row in sorted(csv_rows, key=lambda r: r["job"])] == [str(v) for v in values]
+    assert table[0][:4] == ["job", "status", "best error (objective)", "final error"]
+    assert sorted(row[0] for row in table[2:-1]) == ["0", "1"]  # the header, its rule, the rows, the notes
+
+
+def installed(mine: Path) -> dict[str, str]:
+    """The environment of a process in which the user's module is an installed package's: a dist-info on the path
+    whose entry point in the group vit_train.options names it (what `pip install` of their package leaves)."""
+    info = mine / "my_options-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-options\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[vit_train.options]\nmine = my_options\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(mine), os.environ.get("PYTHONPATH", "")]),
+            "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.mark.slow  # five commands, each starting Python and torch
+def test_the_real_commands_take_the_new_options_of_an_installed_package(mine, tmp_path):
+    env = installed(mine)
+
+    def run(*args: str, entry: str = "vit_train") -> subprocess.CompletedProcess:
+        module = ["-m", "vit_train"] if entry == "vit_train" else \
+            ["-c", f"from vit_train.cli.commands import {entry}_main as m; m()"]
+        return subprocess.run([sys.executable, *module, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
+
+    shown = run(*args_of(mine), "--cfg", "job")
+    assert shown.returncode == 0 and "stripe_width: 2" in shown.stdout and "margin: 1.0" in shown.stdout, shown.stderr
+    refused = run(*args_of(mine), "data.shuffle_buffer=4")
+    assert refused.returncode == 2 and refused.stderr.startswith("vit-train: error: data.shuffle_buffer is a key of "
+                                                                 "data=webdataset, not of data=stripes"), refused.stderr
+    trained = run(*args_of(mine), f"hydra.run.dir={tmp_path / 'run'}")
+    assert trained.returncode == 0, trained.stderr
+    results = read_results(tmp_path / "run")
+    assert results["objective"] == "hinge" and results["best_error"] is not None
+    evaluated = run(f"ckpt={tmp_path / 'run'}", "attention.images=0", "progress=false", "--json", entry="eval")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert json.loads(evaluated.stdout)["error"] == pytest.approx(results["best_error"])  # a run directory: best.pt
+    swept = run("-m", *args_of(mine), "objective.margin=0.5,2.0", "sweep.objective=best_error",
+                "sweep.direction=minimize", "trainer.max_steps=2", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert swept.returncode == 0, swept.stderr
+    assert "best error (objective)" in (tmp_path / "sweep" / "summary.md").read_text()
