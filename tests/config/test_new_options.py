@@ -74,6 +74,25 @@ def test_nothing_of_vit_train_names_the_new_options():
     assert found == []
 
 
+def test_a_second_option_of_the_same_name_is_refused_not_silently_swapped(mine):
+    """A registry that keeps the last class of a name would train on another data set than the one named."""
+    from dataclasses import dataclass
+
+    from vit_train.data.sources.base import DataSource
+
+    registered = {group: dict(found) for group, found in REGISTRY.items()}
+    try:
+        with pytest.raises(ConfigError, match=r"^data=cifar10 is vit_train.data.sources.cifar.Cifar10 already; give "
+                                              r".*\.Impostor another name$"):
+            @dataclass
+            class Impostor(DataSource):
+                name: str = "cifar10"
+        assert REGISTRY["data"]["cifar10"].__module__ == "vit_train.data.sources.cifar"
+    finally:
+        REGISTRY.clear()
+        REGISTRY.update(registered)
+
+
 def test_the_new_options_compose_with_their_own_keys_and_refuse_another_options(mine):
     args = args_of(mine, "objective.margin=0.5", "data.stripe_width=3")
     check_override_keys(args)  # what the command line checks before Hydra reads it
@@ -137,6 +156,26 @@ def installed(mine: Path) -> dict[str, str]:
     (info / "entry_points.txt").write_text("[vit_train.options]\nmine = my_options\n")
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(mine), os.environ.get("PYTHONPATH", "")]),
             "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.mark.slow  # two commands, each starting Python and torch
+def test_a_package_whose_options_cannot_be_imported_is_one_line_and_the_rest_works(tmp_path):
+    """Another package's broken module does not stop vit-train: one warning line names it, its options are not
+    there, the built-in ones are."""
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "their_options.py").write_text("raise ImportError('needs a module that is not installed')\n")
+    info = folder / "their_options-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: their-options\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[vit_train.options]\ntheirs = their_options\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")])}
+    shown = subprocess.run([sys.executable, "-m", "vit_train", "--cfg", "job"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert shown.returncode == 0 and "name: shapes" in shown.stdout, shown.stderr
+    said = ("the options of their_options (entry point theirs of vit_train.options) are not available: ImportError: "
+            "needs a module that is not installed")
+    assert (shown.stdout + shown.stderr).count(said) == 1
 
 
 @pytest.mark.slow  # five commands, each starting Python and torch

@@ -96,6 +96,9 @@ def test_the_reported_command_composes_with_its_values():
                                                                "of data=cifar10"),  # the recipe's choice
     (["-m", "data=shapes,cifar10", "data.root=x"], "data.root is a key of data=cifar10"),  # one job would lack it
     (["data.nonsense=1"], "unknown config key 'data.nonsense'"),
+    (["data.name=cifar10"], "'data.name=cifar10' renames the data section but keeps the option's keys; choose the "
+                            "option with data=cifar10"),  # Hydra #2670: `app.db=mysql` meant app/db=mysql
+    (["data=shapes,cifar10", "-m", "objective.name=mae"], "'objective.name=mae' renames the objective section"),
 ])
 def test_a_key_of_another_option_is_refused_in_one_line_naming_the_option_that_has_it(args, line):
     with pytest.raises(ConfigError) as refused:

@@ -93,6 +93,8 @@ def check_override_keys(args: list[str], sweeps: bool = True) -> None:
     from vit_train import config  # noqa: F401 (registers every option, whose keys are valid here)
 
     valid, keys = known_keys(), []
+    # a resumed run's options are its checkpoint's: its keys are checked on the saved config (train/resume.py)
+    resuming = any(is_resume_path(read_override(a).value()) for a in args if a.startswith("resume="))
     for arg in args:
         if arg in PLUGINS:
             require(PLUGINS[arg], arg, needs="a Hydra plugin that is not installed")
@@ -107,9 +109,11 @@ def check_override_keys(args: list[str], sweeps: bool = True) -> None:
             continue
         if key not in valid:
             raise ConfigError(unknown_key_message(key, valid))
+        group = key.split(".")[0]
+        if key == f"{group}.name" and group in OPTION_GROUPS and not resuming:
+            raise ConfigError(f"{arg!r} renames the {group} section but keeps the option's keys; choose the option "
+                              f"with {group}={override.value()}")  # Hydra #2670: app.db=mysql for app/db=mysql
         keys.append(key)
-    # a resumed run's options are its checkpoint's: its keys are checked on the saved config (train/resume.py)
-    resuming = any(is_resume_path(read_override(a).value()) for a in args if a.startswith("resume="))
     chosen = chosen_options(args) if not resuming and any(k.split(".")[0] in OPTION_GROUPS for k in keys) else {}
     for key in keys:
         group, _, leaf = key.partition(".")

@@ -10,6 +10,7 @@ nodes in cli/).
 """
 
 import importlib
+import logging
 import pkgutil
 from importlib.metadata import entry_points
 
@@ -21,4 +22,9 @@ for _package in (sources, aug, objectives):
     for _module in pkgutil.iter_modules(_package.__path__):
         importlib.import_module(f"{_package.__name__}.{_module.name}")
 for _plugin in entry_points(group="vit_train.options"):
-    _plugin.load()  # a module of options outside vit-train: importing it registers them
+    try:
+        _plugin.load()  # a module of options outside vit-train: importing it registers them
+    except Exception as _error:  # noqa: BLE001 - another package's code: said in one line, vit-train's own go on
+        logging.getLogger("vit_train").warning(
+            "the options of %s (entry point %s of vit_train.options) are not available: %s: %s", _plugin.value,
+            _plugin.name, type(_error).__name__, str(_error).splitlines()[0] if str(_error) else "")

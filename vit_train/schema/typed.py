@@ -72,7 +72,12 @@ class Option(Section):
         super().__init_subclass__(**kwargs)
         name = cls.__dict__.get("name")
         if isinstance(name, str) and name and cls.group:
-            REGISTRY.setdefault(cls.group, {})[name] = cls
+            known = REGISTRY.setdefault(cls.group, {})
+            other = known.get(name)
+            if other is not None and (other.__module__, other.__qualname__) != (cls.__module__, cls.__qualname__):
+                raise ConfigError(f"{cls.group}={name} is {other.__module__}.{other.__qualname__} already; give "
+                                  f"{cls.__module__}.{cls.__qualname__} another name")  # never a silent last-wins
+            known[name] = cls  # a module imported again (importlib.reload) registers its class anew
 
     @classmethod
     def composed(cls) -> dict[str, Any]:
