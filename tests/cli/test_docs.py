@@ -53,7 +53,7 @@ def commands_in(text: str) -> list[tuple[int, list[str]]]:
             line = re.sub(r"^\s*\$ ", "", line)
             line = re.sub(r"\$\{?(\w+)\}?", "1234", line)  # shell variables ($SLURM_JOB_ID, ...)
             match = ENTRY.search(line)
-            if match is None or line.lstrip().startswith(("#", "vit-train: error: ")):  # a comment or a message
+            if match is None or line.lstrip().startswith("#") or re.match(r"\s*[\w-]+: error: ", line):  # a message
                 continue
             args = [a for a in shlex.split(line[match.end():], comments=True) if a != "..."]
             shown = lines[i].strip() if i < len(lines) else ""  # the refusal shown under a command

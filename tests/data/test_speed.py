@@ -4,6 +4,7 @@ import os
 
 import pytest
 import torch
+from torchvision.transforms import v2
 import torch.nn.functional as F
 
 from vit_train.schema.sections import ModelConfig
@@ -92,12 +93,51 @@ def test_device_pipeline_trains_and_resumes_bit_identically(tmp_path, make_confi
     assert all(torch.equal(expected[k], got[k]) for k in expected)
 
 
-@pytest.mark.parametrize("sections, message", [
-    ({"data": {"pipeline": "device"}, "aug": {"name": "randaug"}}, "data.pipeline=device does aug=basic or aug=none on data=cifar10, cifar100, shapes"),
+@pytest.mark.parametrize("sections, why", [
+    ({"aug": {"name": "randaug"}}, "aug=randaug's transform is done by the loader only"),
+    ({"aug": {"name": "basic", "random_erasing": 0.25}}, "aug.random_erasing=0.25 is done by the loader only"),
+    ({"aug": {"name": "solarized"}}, "aug=solarized's transform is done by the loader only"),
+    ({"aug": {"name": "basic"}, "data": {"name": "plain"}}, "data=plain's sets are not uint8 tensors"),
 ])
-def test_device_pipeline_refuses_what_it_cannot_do(make_config, sections, message):
-    with pytest.raises(ConfigError, match=message):
-        build_data(make_config(**sections), CPU)
+def test_device_pipeline_does_only_what_it_does_whole(make_config, sections, why):
+    """The on-device pipeline crops and flips; what it does not do (a policy, erasing, a subclass's own transform
+    that kept its base's on_device flag) was silently skipped there on a GPU: now data.pipeline=auto takes the
+    loader for it and data.pipeline=device is refused naming why."""
+    from dataclasses import dataclass
+
+    from vit_train.data.aug.basic import Basic
+    from vit_train.data.loaders import pipeline
+    from vit_train.data.sources.shapes import Shapes
+    from vit_train.schema.typed import REGISTRY
+
+    registered = {group: dict(found) for group, found in REGISTRY.items()}
+    try:
+        @dataclass
+        class Solarized(Basic):  # a user's augmentation as docs/extending.md builds one: Basic plus a transform
+            name: str = "solarized"
+
+            def train_transform(self, img_size, stats, native_size):
+                return [v2.RandomSolarize(128), *super().train_transform(img_size, stats, native_size)]
+
+        @dataclass
+        class Plain(Shapes):  # a data set whose sets are any Dataset of (image, label) items
+            name: str = "plain"
+
+            def splits(self, img_size, labels=True):
+                train, val, names, native = super().splits(img_size, labels)
+                return list(zip(train.images, train.labels)), list(zip(val.images, val.labels)), names, native
+
+        cfg = make_config(**{**sections, "data": {**sections.get("data", {}), "pipeline": "device"}})
+        with pytest.raises(ConfigError, match=f"^data.pipeline=device does the augmentation .*: {why}.*; use "
+                                              f"data.pipeline=loader"):
+            build_data(cfg, CPU)
+        auto = make_config(**{**sections, "data": {**sections.get("data", {}), "pipeline": "auto"}})
+        assert pipeline(auto, torch.device("cuda"), cfg.data.splits(16)) == "loader"
+    finally:
+        REGISTRY.clear()
+        REGISTRY.update(registered)
+    assert pipeline(make_config(data={"pipeline": "auto"}), torch.device("cuda"),
+                    make_config().data.splits(16)) == "device"  # what it does whole: on the device
 
 
 def test_training_flops_of_vit_tiny_at_224_match_the_published_count():

@@ -6,6 +6,8 @@ tests/config/test_new_options.py copies it into a temporary folder beside one YA
   train_size, val_size and stripe_width.
 - objective=hinge: a classifier trained with the multi-class hinge loss (torch.nn.MultiMarginLoss), scored
   by its val error (%, lower is better); its key is margin; results.json holds best_error and final_error.
+- objective=brier: a classifier trained on the Brier score (the squared error of its probabilities), defining
+  only what an objective must (metric, build_model, build_loss, evaluate): every other name is the base's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vit_train.data.datasets import TensorImages
@@ -123,3 +126,39 @@ class Hinge(Objective):
     @classmethod
     def report(cls, results: dict, what: str) -> str:
         return f"{what}: val error {results['error']:.2f}%"
+
+
+class SquaredError(Loss):
+    """The Brier score: the squared distance of the softmax probabilities from the (possibly mixed) targets."""
+
+    def __call__(self, module: nn.Module, images: torch.Tensor, targets: torch.Tensor) -> tuple:
+        logits = module(images)
+        wanted = targets if targets.ndim == 2 else F.one_hot(targets, logits.shape[1]).float()
+        return (logits.float().softmax(1) - wanted).pow(2).sum(1).mean(), logits
+
+
+@dataclass
+class Brier(Objective):
+    """objective=brier: the least an objective defines."""
+
+    metric = "brier"
+    higher_is_better = False
+
+    name: str = "brier"
+
+    def build_model(self, cfg: Any, num_classes: int) -> nn.Module:
+        return build_model(cfg.model, num_classes)
+
+    def build_loss(self, cfg: Any, model: nn.Module, num_classes: int, class_names=None, rank: int = 0) -> Loss:
+        return SquaredError()
+
+    @torch.no_grad()
+    def evaluate(self, model, loader, device, amp_dtype, cfg, progress=False, confusion=False) -> dict[str, Any]:
+        was_training, total, count = model.training, 0.0, 0
+        model.eval()
+        for images, labels in loader:
+            probs = model(images.to(device)).float().softmax(1)
+            total += (probs - F.one_hot(labels.to(device), probs.shape[1])).pow(2).sum(1).sum().item()
+            count += len(labels)
+        model.train(was_training)
+        return {"brier": total / count}

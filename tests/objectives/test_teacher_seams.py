@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from helpers.files import file_bytes
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.objectives.distill import file_sha256
 from vit_train.outputs.checkpoint import load_checkpoint
@@ -99,10 +100,13 @@ def test_another_teacher_file_on_resume_offers_a_new_run_from_the_weights(relati
     run, teacher = relative_run
     other = tmp_path / "other.pt"
     other.write_bytes(teacher.read_bytes() + change if change == b"\0" else teacher.read_bytes()[:-8] + change * 2)
+    before = file_bytes(run)
     with pytest.raises(CheckpointError) as refused:
         train(distill(make_config, other, trainer={"max_steps": 3}, resume="auto"), run)
     text = str(refused.value)
-    assert "SHA-256 differs" in text and "model.pretrained=<the checkpoint>" in text and "\n" not in text, text
+    assert "SHA-256 differs" in text and "\n" not in text, text
+    assert f"vit-train objective=distill model.pretrained={run / 'checkpoints' / 'last.pt'} " in text, text  # its path
+    assert file_bytes(run) == before  # refused before the run was built: nothing written, the lock file as it was
 
 
 def test_classify_with_a_distillation_token_trains_both_heads_on_the_labels(make_config, tmp_path):

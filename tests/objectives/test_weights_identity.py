@@ -485,3 +485,16 @@ def test_a_nan_score_never_wins_the_choice_of_weights(runs, tmp_path):
     torch.save({**ckpt, "last_eval": {"step": ckpt["step"], "metric": "top1", "model": float("nan"), "ema": 50.0}},
                tmp_path / "nan.pt")
     assert open_weights(tmp_path / "nan.pt", "ckpt").source == "ema"
+
+
+@pytest.mark.parametrize("objective, classes", [("classify", True), ("distill", True), ("mae", False), (None, True)])
+def test_the_door_names_the_classes_only_of_weights_trained_on_labels(objective, classes):
+    """vit-eval of an MAE checkpoint said "classes [circle, square, ...]" of a run that read no labels."""
+    from pathlib import Path
+
+    from vit_train.objectives.weights_in import Incoming, describe
+
+    record = {"objective": objective, "class_names": ["circle", "square"], "step": 8, "run_id": "0123456789"}
+    line = describe(Incoming("ckpt", "run/last.pt", Path("run/last.pt"), {}, "model", "asked for", record, {}, None))
+    assert line == ("ckpt=run/last.pt: the model's weights (run 01234567) at step 8, as asked for"
+                    + ("; classes [circle, square]" if classes else ""))

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -92,7 +94,10 @@ def test_bad_config_is_refused_naming_the_key(plain, message):
 def test_unknown_command_line_key_is_refused_with_a_suggestion():
     with pytest.raises(ConfigError, match=r"did you mean 'optim.weight_decay'"):
         check_override_keys(["model=vit_tiny", "optim.weight_dacay=0.1"])
-    check_override_keys(["model=vit_tiny", "optim.lr=1e-3", "hydra.run.dir=x", "+model.depth=3", "-m"])
+    check_override_keys(["model=vit_tiny", "optim.lr=1e-3", "hydra.run.dir=x", "++model.depth=3", "-m"])
+    with pytest.raises(ConfigError, match=r"^\+model.depth=3: model.depth is a config key already \('\+' adds one "
+                                          r"that does not exist\); give model.depth=3$"):  # Hydra: "already at"
+        check_override_keys(["model=vit_tiny", "+model.depth=3"])
 
 
 def test_ints_widen_to_floats_and_config_round_trips():
@@ -131,3 +136,28 @@ def test_recipes_carry_their_sources_settings(name, lr, expected):
     for key, value in expected.items():
         section, leaf = key.split(".")
         assert plain[section][leaf] == value, key
+
+
+@pytest.mark.parametrize("tp, value, expected", [
+    (dict[str, float], {"a": 1}, {"a": 1.0}), (dict, {"a": [1]}, {"a": [1]}), (tuple[int, int], [3, 4], (3, 4)),
+    (tuple[float, ...], [1, 2, 3], (1.0, 2.0, 3.0)), (tuple, [1, "a"], (1, "a")), (list, [1, "a"], [1, "a"]),
+])
+def test_mapping_and_tuple_keys_read_what_yaml_gives(tp, value, expected):
+    """An option of one's own with a dict or tuple key refused its own default ("must be <class 'dict'>")."""
+    from vit_train.schema.typed import coerce
+
+    got = coerce(tp, value, "data.key")
+    assert got == expected and type(got) is type(expected)
+
+
+@pytest.mark.parametrize("tp, value, said", [
+    (dict[str, float], [1], "data.key must be a mapping, got [1]"), (tuple[int, int], [1], "data.key must hold 2 "
+                                                                                           "values, got 1"),
+    (tuple[int, ...], "ab", "data.key must be a list, got 'ab'"), (dict[str, int], {"a": "x"}, "data.key.a must be "
+                                                                                               "an integer"),
+])
+def test_mapping_and_tuple_keys_refuse_other_values_in_one_line(tp, value, said):
+    from vit_train.schema.typed import coerce
+
+    with pytest.raises(ConfigError, match=f"^{re.escape(said)}"):
+        coerce(tp, value, "data.key")

@@ -147,6 +147,12 @@ def test_no_option_or_recipe_sets_a_key_it_ignores(group, option):
                                              "only to data=hf, imagefolder, webdataset"]),
     (["trainer.compile_mode=max-autotune"], ["trainer.compile_mode=max-autotune has no effect with trainer.compile=false"]),
     (["model=resnet18", "model.depth=3"], ["model.depth=3 has no effect with model.arch=resnet18"]),
+    (["objective=mae", "aug.label_smoothing=0.1"], ["aug.label_smoothing=0.1 has no effect with objective=mae (it "
+                                                    "reads no labels); it applies only to objectives trained on labels"]),
+    (["objective=distill", "objective.teacher=t.pt", "model.distilled=true", "objective.tau=3"],
+     ["objective.tau=3.0 has no effect with objective.type=hard; it applies only to objective.type=soft"]),
+    (["objective=distill", "objective.teacher=t.pt", "model.distilled=true", "objective.type=soft",
+      "objective.tau=3"], []),
 ])
 def test_a_key_the_chosen_option_ignores_gets_one_warning(overrides, warned):
     lines = ignored_keys(Config.from_dict(composed(overrides)), override_keys(overrides))

@@ -91,13 +91,25 @@ def test_vit_eval_reads_a_checkpoint_of_the_old_layout(make_config, tmp_path):
     (["mae.mask_ratio=0.6"], ["objective.mask_ratio=0.6"], 1),
     (["+distill.teacher=t.pt", "~mae.decoder_dim"], ["+objective.teacher=t.pt", "~objective.decoder_dim"], 2),
     (["-m", "mae.mask_ratio=0.5,0.75", "optim.lr=1e-3"], ["-m", "objective.mask_ratio=0.5,0.75", "optim.lr=1e-3"], 1),
-    (["mae.no_such_key=1", "model.mae=2", "objective.mask_ratio=0.5"],
-     ["mae.no_such_key=1", "model.mae=2", "objective.mask_ratio=0.5"], 0),  # not a moved key: refused as unknown
+    (["model.mae=2", "objective.mask_ratio=0.5"], ["model.mae=2", "objective.mask_ratio=0.5"], 0),  # not moved keys
 ])
 def test_the_old_spelling_on_the_command_line_is_renamed_with_one_line_each(args, renamed, notes):
     got, lines = rename_old_keys(args)
     assert got == renamed and len(lines) == notes
     assert all(line.endswith("the old spelling works until the next release") and "\n" not in line for line in lines)
+
+
+@pytest.mark.parametrize("args, refused", [
+    (["objective=mae", "mae.teacher=x"], r"^mae.teacher: 'mae' is no longer a section \(objective=mae's keys are "
+                                         r"objective.\* now\) and objective=mae has no key teacher \(its keys: mask_"),
+    (["mae.mask_ratio=0.6", "objective.mask_ratio=0.5"], r"^mae.mask_ratio=0.6 and objective.mask_ratio=0.5 set the "
+                                                         r"same key .*; give one: objective.mask_ratio=0.5$"),
+])
+def test_an_old_spelling_that_names_no_key_or_a_key_given_twice_is_refused(args, refused):
+    """`mae.teacher` was "did you mean objective.teacher? (keys of 'mae': )"; both spellings of one key let the
+    later one win silently."""
+    with pytest.raises(ConfigError, match=refused):
+        rename_old_keys(args)
 
 
 def test_a_run_spelled_the_old_way_trains_says_so_once_and_records_the_new_spelling(tmp_path):

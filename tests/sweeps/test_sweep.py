@@ -108,6 +108,29 @@ def test_a_masked_autoencoder_sweep_minimises_its_reconstruction_loss(tmp_path):
         assert [float(row["objective"]) for row in csv.DictReader(f)] == losses
 
 
+@pytest.mark.parametrize("args, said", [
+    (["objective=mae"], "would be empty for every job: add sweep.objective=best_loss sweep.direction=minimize"),
+    (["experiment=cifar10_mae_pretrain"], "would be empty for every job: add sweep.objective=best_loss"),
+    (["objective=classify,mae"], "not best_top1, so sweep.objective=best_top1 would be empty for them: sweep one "
+                                 "objective at a time (objective=classify and objective=mae score different numbers)"),
+    (["objective=mae,classify", "sweep.objective=best_loss", "sweep.direction=minimize"],
+     "objective=classify jobs report best_top1, "),
+    (["objective=classify,mae", "sweep.objective=final_loss"],  # both report one: a cross-entropy, a pixel loss
+     "objective=classify and objective=mae jobs score different numbers, so sweep.objective=final_loss would rank"),
+    (["objective=mae,mae", "seed=0,1"], "would be empty for every job: add sweep.objective=best_loss"),
+    (["experiment=quickstart,cifar10_mae_pretrain", "sweep.objective=best_loss"], "objective=classify jobs report"),
+], ids=["mae", "mae-recipe", "classify-and-mae", "mae-and-classify-by-loss", "unlike-losses", "mae-twice",
+        "swept-recipes"])
+def test_a_sweep_whose_jobs_would_not_report_its_objective_is_refused_before_any_job(tmp_path, args, said):
+    """`-m objective=classify,mae` ran both jobs and left the MAE job's score empty; a refused sweep leaves no
+    directory behind."""
+    sweep_dir = tmp_path / "sweep"
+    refused = vit_train("-m", *args, "trainer.max_steps=1", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert said in refused.stderr and "Traceback" not in refused.stdout + refused.stderr
+    assert not sweep_dir.exists()
+
+
 @pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_a_sweep_directory_of_another_grid_is_not_resumed_into(grid, tmp_path):
     sweep_dir, _, first = grid

@@ -18,6 +18,7 @@ import yaml
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from vit_train.errors import ConfigError
 from vit_train.sweeps.summary import override_value, summarize, swept_keys
 
 FIXED = ["name=a b", "data.root=/data/my images", "tags=[x,y z]",  # argv, as the shell passes them "trainer.progress=false",
@@ -134,3 +135,44 @@ def test_a_partial_validations_score_is_marked_in_the_summary(tmp_path):
     with open(tmp_path / "summary.csv") as f:
         assert [(r["job"], r["best_partial"]) for r in csv.DictReader(f)] == [("0", "True"), ("1", "False")]
     assert [r["job"] for r in rows] == ["0", "1"]
+
+
+@pytest.mark.parametrize("trained, key, refused", [
+    ("classify", "best_loss", "give --objective best_top1"), ("mae", "best_top1", "give --objective best_loss"),
+    ("classify", "best_top1", None), ("mae", "best_loss", None), ("distill", "final_top1", None)])
+def test_a_key_no_job_reports_is_refused_naming_one_they_do(tmp_path, trained, key, refused):
+    """vit-sweep-summary --objective best_loss of a classification sweep wrote an empty column and exit 0."""
+    sweep = make_sweep(tmp_path, hydra_jobs(["optim.lr=1e-3,5e-4"]), [10.0, 20.0])
+    for job in ("0", "1"):
+        results = json.loads((sweep / job / "results.json").read_text())
+        (sweep / job / "results.json").write_text(json.dumps({**results, "objective": trained}))
+    if refused is None:
+        rows = summarize(sweep, key, "maximize", out=None)
+        assert [r["objective"] for r in rows] == [read[key] for read in (
+            json.loads((sweep / r["job"] / "results.json").read_text()) for r in rows)]
+        return
+    with pytest.raises(ConfigError, match=rf"report .* not {key}: {refused}$"):
+        summarize(sweep, key, "maximize", out=None)
+    assert not (sweep / "summary.csv").exists()
+
+
+def test_a_sweep_of_an_objective_not_registered_here_is_refused_and_its_summary_kept(tmp_path, capsys):
+    """Without the package of the sweep's objective, vit-sweep-summary re-sorted by best_top1 and rewrote summary.md
+    and summary.csv with empty columns, exit 0."""
+    from vit_train.sweeps.summary import main
+
+    sweep = make_sweep(tmp_path, hydra_jobs(["optim.lr=1e-3,5e-4"]), [10.0, 20.0])
+    for job in ("0", "1"):
+        results = json.loads((sweep / job / "results.json").read_text())
+        (sweep / job / "results.json").write_text(json.dumps({**results, "objective": "hinge", "best_error": 3.0}))
+    (sweep / "summary.md").write_text("the sweep's own table\n")
+    with pytest.raises(ConfigError, match=r"^jobs of .* were trained with objective=hinge, which is not registered "
+                                          r"here; install the package that has it"):
+        summarize(sweep, "best_top1", "maximize", out=None)
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"sweep": {"objective": "best_error", "direction": "minimize"}}))
+    with pytest.raises(SystemExit) as info:
+        main([str(sweep)])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.startswith(f"vit-sweep-summary: error: {sweep} was swept by sweep.objective="
+                                              f"best_error, which no objective here reports")
+    assert (sweep / "summary.md").read_text() == "the sweep's own table\n" and not (sweep / "summary.csv").exists()

@@ -71,10 +71,11 @@ def resumed_config(run: Path, changes: dict) -> Config:
     return Config.from_dict({**plain, "resume": str(run)})
 
 
-def snapshot(run: Path) -> dict[str, bytes]:
-    """Every file under `run` and its bytes, the lock file aside (its holder record changes)."""
-    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
-            if p.is_file() and p.name != rundir.LOCK_NAME}
+def snapshot(run: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under `run` (the lock file too: a refused command's holder record is not left in it), its
+    bytes and modification time."""
+    return {str(p.relative_to(run)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(run.rglob("*"))
+            if p.is_file()}
 
 
 # (base run, key, new value): each changes what the checkpoint's state means

@@ -6,18 +6,23 @@ renamed (schema/legacy.py); `apply_overrides` puts a resumed run's key overrides
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
+import itertools
+import logging
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import Glob, Override
 from omegaconf import OmegaConf
 
 from vit_train.errors import ConfigError
 from vit_train.extras import require
-from vit_train.schema.config import OPTION_GROUPS, config_dir, known_keys, run_dir_of
-from vit_train.schema.typed import not_this_option, options, section_keys, unknown_key_message
+from vit_train.schema.config import OPTION_GROUPS, config_dir, known_keys, override_keys, run_dir_of
+from vit_train.schema.typed import ALIASES, group_keys, not_this_option, options, section_keys, unknown_key_message
 
 GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer", "objective", "experiment", "hparams_search", "hydra")
 # Optional Hydra plugins a command line may ask for (extras.py names the extra that installs each).
@@ -92,114 +97,285 @@ def check_override_keys(args: list[str], sweeps: bool = True) -> None:
     installed, naming the extra that installs them."""
     from vit_train import config  # noqa: F401 (registers every option, whose keys are valid here)
 
-    valid, keys = known_keys(), []
+    valid, keys, appends = known_keys(), [], []
     # a resumed run's options are its checkpoint's: its keys are checked on the saved config (train/resume.py)
     resuming = any(is_resume_path(read_override(a).value()) for a in args if a.startswith("resume="))
     for arg in args:
         if arg in PLUGINS:
             require(PLUGINS[arg], arg, needs="a Hydra plugin that is not installed")
-        if arg.startswith("-") or "=" not in arg:
+        if arg.startswith("-") or "=" not in arg and not arg.startswith("~"):
             continue
         override = read_override(arg, sweep=sweeps)
         key = override.get_key_element().lstrip("+~")
-        if key in GROUPS and key != "hydra":
-            check_choices(key, list(override.sweep_string_iterator()) if override.is_sweep_override()
-                          else [str(override.value())], search_dirs(args))
+        if override.is_delete():
+            check_deletion(arg, key, resuming)
+        if key in GROUPS and key != "hydra" and not override.is_delete():
+            check_choices(key, group_values(override, key, search_dirs(args)), search_dirs(args))
         if key in GROUPS or "/" in key or key.split(".")[0] == "hydra":  # group choices and Hydra's own keys
             continue
-        if key not in valid:
-            raise ConfigError(unknown_key_message(key, valid))
         group = key.split(".")[0]
+        if arg.startswith("+") and not arg.startswith("++") and key in valid:  # Hydra: "An item is already at"
+            appends.append(arg)
+        if key not in valid and not (resuming and group in OPTION_GROUPS):  # those: on the saved config (apply_overrides)
+            raise ConfigError(option_key_message(key, args) if group in OPTION_GROUPS else unknown_key_message(key, valid))
         if key == f"{group}.name" and group in OPTION_GROUPS and not resuming:
             raise ConfigError(f"{arg!r} renames the {group} section but keeps the option's keys; choose the option "
                               f"with {group}={override.value()}")  # Hydra #2670: app.db=mysql for app/db=mysql
         keys.append(key)
-    chosen = chosen_options(args) if not resuming and any(k.split(".")[0] in OPTION_GROUPS for k in keys) else {}
+    appended = any(a.startswith("+") and a.lstrip("+").split("=")[0] in GROUPS for a in args)  # +experiment=...
+    chosen = chosen_options(args) if not resuming and (appended or any(k.split(".")[0] in OPTION_GROUPS
+                                                                          for k in keys)) else {}
     for key in keys:
         group, _, leaf = key.partition(".")
         for name in chosen.get(group, ()):
             if leaf and leaf not in section_keys(options(group)[name]):
                 raise ConfigError(not_this_option(group, name, leaf) or unknown_key_message(key, valid))
+    for arg in appends:  # a key the config has already (the chosen option's): '+' would make Hydra refuse it
+        key = arg.lstrip("+").split("=")[0]
+        raise ConfigError(f"{arg}: {key} is a config key already ('+' adds one that does not exist); give "
+                          f"{arg.removeprefix('+')}")
+
+
+def check_deletion(arg: str, key: str, resuming: bool) -> None:
+    """ConfigError for a `~KEY` deletion that would not do what it says: on a resumed run (whose keys are its
+    checkpoint's: a deleted key would be null, not its default), and of an option's section or name (the section
+    would become the group's default option, silently)."""
+    group = key.split(".")[0]
+    if resuming:
+        raise ConfigError(f"{arg}: a resumed run keeps its saved config, so a key cannot be deleted; give "
+                          f"{key}=<value> instead")
+    if group in OPTION_GROUPS and key in (group, f"{group}.name"):
+        raise ConfigError(f"{arg} would leave the {group} section without its option, which would silently become "
+                          f"the default {group}; choose the option with {group}=NAME")
+
+
+def option_key_message(key: str, args: list[str]) -> str:
+    """The line for `key` of an option group that no option has: the closest key of the options the command line
+    picks, with their keys; or, when only another option has a close key, that one and the options that have it."""
+    group, _, leaf = key.partition(".")
+    picked = chosen_options(args).get(group, ())
+    own = sorted({k for name in picked for k in section_keys(options(group)[name])})
+    every = group_keys(group)
+    alias = ALIASES.get(leaf)
+    near = [alias] if alias in every else difflib.get_close_matches(leaf, own, n=1, cutoff=0.6) or \
+        difflib.get_close_matches(leaf, sorted(every), n=1, cutoff=0.6)
+    keys = f"{group}={'/'.join(picked)} has {', '.join(own)}"
+    if not near:
+        return f"unknown config key '{key}' ({keys})"
+    if near[0] in own:
+        return f"unknown config key '{key}'; did you mean '{group}.{near[0]}'? ({keys})"
+    owners = every[near[0]]
+    which = owners[0] if len(owners) == 1 else f"{', '.join(owners[:-1])} and {owners[-1]}"
+    return f"unknown config key '{key}'; did you mean '{group}.{near[0]}', a key of {group}={which}? ({keys})"
 
 
 def search_dirs(args: list[str]) -> list[Path]:
-    """The config folders the command line composes from: vit-train's configs/, then those a
-    `hydra.searchpath=[file://DIR,...]` argument adds (your own options' YAML files, docs/extending.md)."""
+    """The config folders the command line composes from: vit-train's configs/, then those it adds (your own
+    options' YAML files, docs/extending.md): --config-dir DIR (-cd), and `hydra.searchpath=[...]`'s file://DIR and
+    pkg://PACKAGE[/folder] entries."""
     dirs = [Path(config_dir())]
-    for arg in args:
-        if arg.lstrip("+").startswith("hydra.searchpath="):
-            value = read_override(arg).value()
-            dirs += [Path(str(p).removeprefix("file://")) for p in (value if isinstance(value, list) else [value])
-                     if str(p).startswith("file://")]
+    for place in search_places(args):
+        if place.startswith("file://"):
+            dirs.append(Path(place.removeprefix("file://")))
+        elif place.startswith("pkg://"):
+            module, _, folder = place.removeprefix("pkg://").partition("/")
+            try:
+                spec = importlib.util.find_spec(module)
+            except (ImportError, ValueError):
+                spec = None
+            if spec is not None and (spec.submodule_search_locations or spec.origin):
+                base = Path(next(iter(spec.submodule_search_locations))) if spec.submodule_search_locations \
+                    else Path(spec.origin).parent
+                dirs.append(base / folder)
     return dirs
 
 
+def search_places(args: list[str]) -> list[str]:
+    """The config search path the command line adds, as Hydra spells it (file://DIR, pkg://PACKAGE): --config-dir's
+    folder, then hydra.searchpath's entries."""
+    places = []
+    for i, arg in enumerate(args):
+        if arg in ("--config-dir", "-cd") and i + 1 < len(args):
+            places.append(f"file://{Path(args[i + 1]).absolute()}")
+        elif arg.startswith(("--config-dir=", "-cd=")):
+            places.append(f"file://{Path(arg.split('=', 1)[1]).absolute()}")
+        elif arg.lstrip("+").startswith("hydra.searchpath="):
+            value = read_override(arg).value()
+            places += [str(p) for p in (value if isinstance(value, list) else [value])]
+    return places
+
 def resumed_keys(args: list[str]) -> list[str]:
-    """`args` of a `resume=PATH` command line with each key of a data, aug or objective section spelled `++key`
-    (Hydra's add-or-override): Hydra composes the command line's options, which need not be the resumed run's
-    (its checkpoint's, on whose config `apply_overrides` puts the keys and the schema checks them)."""
-    if not any(a.startswith("resume=") and resumes_existing(read_override(a).value()) for a in args):
+    """`args` with each key of a data, aug or objective section spelled `++key` (Hydra's add-or-override), for a
+    `resume=PATH` command line and for a sweep (checked already: `check_override_keys`). A resumed run: Hydra
+    composes the command line's options, which need not be the resumed run's (its checkpoint's, on whose config
+    `apply_overrides` puts the keys and the schema checks them); a path that does not exist is then said in one
+    line (train/resume.py). A sweep: Hydra first composes the command line without its swept values (data=a,b,
+    experiment=a,b), whose default option need not have the jobs' keys."""
+    resuming = any(a.startswith("resume=") and is_resume_path(read_override(a).value()) for a in args)
+    if not resuming and not is_multirun(args):
         return args
     return [f"++{a.lstrip('+')}" if "=" in a and a.lstrip("+").split(".")[0] in OPTION_GROUPS and "." in a.split("=")[0]
             else a for a in args]
 
 
+def group_values(override: Override, group: str, dirs: list[Path]) -> list[str]:
+    """The options a `group=...` override picks: one, or a sweep's (a list, or a glob(...) over the group's YAML
+    files in `dirs`, as Hydra expands it)."""
+    if not override.is_sweep_override():
+        return ["null" if override.value() is None else str(override.value())]
+    if isinstance(override.value(), Glob):
+        return override.value().filter(sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")}))
+    return list(override.sweep_string_iterator())
+
+
 def check_choices(group: str, names: list[str], dirs: list[Path]) -> None:
-    """ConfigError (one line, the choices) for an option of `group` that no config folder (`dirs`) has a file for."""
-    unknown = [n for n in names if n != "null" and not any((d / group / f"{n}.yaml").is_file() for d in dirs)]
+    """ConfigError (one line, the choices) for an option of `group` that no config folder (`dirs`) has a file for,
+    and for null as a data, aug or objective option (the section would silently be the default option's)."""
+    if group in OPTION_GROUPS and "null" in names:
+        raise ConfigError(f"{group}=null would leave the {group} section without its option, which would silently "
+                          f"become the default {group}; choose an option" + (" (aug=none: no augmentation)"
+                                                                             if group == "aug" else ""))
+    unknown = [n for n in names if not any((d / group / f"{n}.yaml").is_file() for d in dirs)]
+    if unknown and group in OPTION_GROUPS and unknown[0] in options(group):  # the class, but no YAML file found
+        cls = options(group)[unknown[0]]
+        raise ConfigError(f"{group}={unknown[0]} ({cls.__module__}.{cls.__qualname__}) has no {group}/{unknown[0]}.yaml "
+                          f"in the config folders; give the folder that holds it: hydra.searchpath=[file:///path/to/"
+                          f"configs] (docs/extending.md)")
     if unknown:
         available = sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
         raise ConfigError(f"{group}={unknown[0]} is not an option; choose one of {', '.join(available)}")
+    if group in OPTION_GROUPS:
+        registered(group, names)  # a YAML file whose class no imported module registered
 
 
 def chosen_options(args: list[str]) -> dict[str, list[str]]:
     """{group: the options the command line picks} for the data, aug and objective groups: each value of its own
     `group=NAME` (a sweep's too), else what the rest of the command line composes to (a recipe's choice,
-    train.yaml's default; read by composing the group choices alone). ConfigError (one line) for an option or
-    recipe that does not exist."""
-    picked, fixed = {}, []
+    train.yaml's default; read by composing the group choices alone, once per combination of a sweep's recipes,
+    `experiment=a,b`). ConfigError (one line) for an option or recipe that does not exist."""
+    picked, fixed, swept = {}, [], []
     for arg in args:
         if arg.startswith("-") or "=" not in arg:
             continue
         override = read_override(arg, sweep=True)
         group = override.key_or_group.lstrip("+~")
         if group in OPTION_GROUPS:
-            values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [str(override.value())]
-            unknown = [v for v in values if v not in options(group)]
-            if unknown:  # a YAML file without a registered class (check_choices found the file)
-                raise ConfigError(f"{group}={unknown[0]} is not a registered option (its module was not imported); "
-                                  f"registered: {', '.join(options(group))}")
+            values = group_values(override, group, search_dirs(args))
+            registered(group, values)
             picked[group] = values
-        elif (group in GROUPS and group != "hydra" or group == "hydra.searchpath") and not override.is_sweep_override():
-            fixed.append(arg)
-    if set(picked) == set(OPTION_GROUPS):
+            if arg.startswith("+") and not arg.startswith("++") and not override.is_sweep_override():
+                fixed.append(arg)  # composed too, for Hydra's word on +aug=NAME where train.yaml picks one
+        elif group in GROUPS and group != "hydra":
+            if not override.is_sweep_override():
+                fixed.append(arg)
+            else:  # each of a swept recipe's values composes its own options
+                prefix = arg.split("=", 1)[0]
+                swept.append([f"{prefix}={v}" for v in group_values(override, group, search_dirs(args))])
+    if set(picked) == set(OPTION_GROUPS) and not any(a.startswith("+") for a in fixed):
         return picked
-    return {**{group: [choice] for group, choice in composed_choices(fixed).items()}, **picked}
+    places = search_places(args)
+    fixed += [f"hydra.searchpath=[{','.join(places)}]"] if places else []
+    found: dict[str, list[str]] = {}
+    for combination in itertools.islice(itertools.product(*swept), 64):  # a larger grid: its first 64 jobs' recipes
+        for group, choice in composed_choices([*fixed, *combination]).items():
+            found.setdefault(group, []).extend([] if choice in found.get(group, []) else [choice])
+    return {**found, **picked}
+
+
+def registered(group: str, names: list[str]) -> None:
+    """ConfigError (one line) for a name of `group` that has a YAML file (check_choices found it) but no class."""
+    unknown = [v for v in names if v not in options(group)]
+    if unknown:
+        raise ConfigError(f"{group}={unknown[0]} has a YAML file but no class: its module was not imported "
+                          f"(name it in the entry-point group vit_train.options, docs/extending.md); "
+                          f"registered: {', '.join(options(group))}")
 
 
 def composed_choices(group_args: list[str]) -> dict[str, str]:
     """{group: option} for the data, aug and objective groups of the config that the group choices
     `group_args` (e.g. experiment=cifar10_vit_tiny) compose to. ConfigError for a choice that does not exist."""
+    choices = composed(group_args).hydra.runtime.choices
+    return {group: str(choices[group]) for group in OPTION_GROUPS}
+
+
+def composed(overrides: list[str]) -> Any:
+    """Hydra's composition of train.yaml with `overrides` (its hydra node included), as vit-train's command line
+    composes it, in this process (an outer Hydra app set aside and back). ConfigError (one line) for a choice that
+    does not exist and for Hydra's other refusals of the composition (its first line)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import MissingConfigException
+    from hydra.errors import HydraException, MissingConfigException
 
     outer = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
     GlobalHydra.instance().clear()  # a Hydra app that ran in this process (a test, a notebook) is set aside
     try:
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-            choices = compose("train", overrides=group_args, return_hydra_config=True).hydra.runtime.choices
+            return compose("train", overrides=overrides, return_hydra_config=True)
     except MissingConfigException as e:
         missing = re.search(r"Could not find '([^']+)'", str(e))
-        which = missing.group(1).replace("/", "=", 1) if missing else " ".join(group_args)
+        if missing is None:  # not a choice of the command line's: Hydra's words
+            raise ConfigError(" ".join(str(e).split("\n")[0].split())) from None
+        which = missing.group(1).replace("/", "=", 1)
         group = which.partition("=")[0]
         available = sorted(p.stem for p in (Path(config_dir()) / group).glob("*.yaml"))
         raise ConfigError(f"{which} is not an option; choose one of {', '.join(available)}") from None
+    except HydraException as e:  # Hydra's own refusal of the composition (+experiment=... where one is set): its words
+        plus = [a for a in overrides if a.startswith("+") and not a.startswith("++")]
+        hint = f"; give the group choice without '+': {plus[0][1:]}" if plus and "Multiple values" in str(e) else ""
+        raise ConfigError(" ".join(str(e).split("\n")[0].split()) + hint) from None
     finally:
+        GlobalHydra.instance().clear()
         if outer is not None:
             GlobalHydra.instance().initialize(outer)
-    return {group: str(choices[group]) for group in OPTION_GROUPS}
 
+
+def typed_config(cfg: Any, choices: Any, given: list[str]) -> Any:
+    """The typed Config of Hydra's composed `cfg` (its hydra node left out), whose group choices were `choices`
+    (hydra.runtime.choices) and whose command line set the dotted keys `given`. Each data, aug and objective section
+    must be its chosen option's: ConfigError (one line) for an option YAML that does not make its option (no
+    `/schema/<group>/<name>` line) and for a config that renames a section (data.name in a recipe). A key a config
+    file set (a recipe's, for the option it picked) that the option chosen over it lacks is dropped with one
+    warning line; given on the command line, it is refused (check_override_keys said so already)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from vit_train.config import Config
+
+    if "hydra" in cfg:  # the command line's composition (check_composed): the run's keys without Hydra's own
+        cfg = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:  # ${oops}: an interpolation of a key that does not exist
+        raise ConfigError(f"the config does not resolve: {' '.join(str(e).splitlines()[0].split())}") from None
+    recipe = choices.get("experiment") if choices is not None else None
+    for group in OPTION_GROUPS:
+        choice = choices.get(group) if choices is not None else None
+        section = plain.get(group)
+        if choice is None or not isinstance(section, dict):
+            continue
+        if section.get("name") is None:
+            raise ConfigError(f"{group}={choice}'s YAML file does not make the option: its defaults list must start "
+                              f"with `- /schema/{group}/{choice}` (docs/extending.md)")
+        if section["name"] != choice:
+            raise ConfigError(f"{'experiment=' + recipe if recipe else 'the config'} sets {group}.name={section['name']} "
+                              f"over {group}={choice}: choose the option itself, with `- override /{group}: "
+                              f"{section['name']}` in the recipe's defaults list (or {group}={section['name']})")
+        if choice in options(group):
+            own = set(section_keys(options(group)[choice]))
+            for key in [k for k in section if k not in own and f"{group}.{k}" not in given]:
+                logging.getLogger("vit_train").warning(
+                    "%s.%s=%s (set by %s) is not a key of %s=%s: ignored", group, key, section.pop(key),
+                    f"experiment={recipe}" if recipe else "a config file", group, choice)
+    return Config.from_dict(plain)
+
+
+def check_composed(args: list[str]) -> Any:
+    """`typed_config` of what the command line `args` composes to (without running): what `--cfg job` shows is
+    refused as a run would refuse it (a value no run takes: model.patch_size=5)."""
+    overrides = [a for a in args if not a.startswith("-") and ("=" in a or a.startswith("~"))
+                 and not a.startswith(("hydra.", "hydra/"))]
+    places = search_places(args)
+    cfg = composed([*overrides, *([f"hydra.searchpath=[{','.join(places)}]"] if places else [])])
+    return typed_config(cfg, cfg.hydra.runtime.choices, override_keys(overrides))
 
 def check_writable(args: list[str]) -> None:
     """Refuse, before Hydra creates it, a run or sweep directory that cannot be written (a read-only
@@ -231,24 +407,46 @@ def check_writable(args: list[str]) -> None:
 
 
 def apply_overrides(saved: dict, overrides: list[str]) -> dict:
-    """The saved config (upgraded to this version's layout) with key=value overrides applied; group choices
-    cannot change on resume. `data.name=X` (and aug.name, objective.name) makes that section option X's, with
-    its defaults under the keys given, so that the resume's own check names the change (train/resume.py)."""
+    """The saved config (upgraded to this version's layout) with key=value overrides applied, in any order; group
+    choices cannot change on resume. `data.name=X` (and aug.name, objective.name) makes that section option X's:
+    its defaults, with the saved values of the keys both options have, under the keys given, so that the resume's
+    own check names the change (train/resume.py). ConfigError (one line) for a key the resumed run's option (or the
+    one named) does not have."""
     import dataclasses
 
     from vit_train.schema.legacy import upgrade_saved
     from vit_train.schema.typed import option_class
 
     cfg = OmegaConf.create(upgrade_saved(saved))
-    for override in OverridesParser.create().parse_overrides([o.removeprefix("++") for o in overrides]):
-        key = override.key_or_group
-        if key == "resume":
-            continue
-        if key in GROUPS:
+    parsed = [o for o in OverridesParser.create().parse_overrides([o.removeprefix("++") for o in overrides])
+              if o.key_or_group != "resume"]
+    for override in parsed:
+        if override.key_or_group in GROUPS:
+            switch = (f" (to change the augmentation: aug.name={override.value()})"
+                      if override.key_or_group == "aug" else "")
             raise ConfigError(f"'{override.input_line}' picks a config group, but a resumed run keeps its saved "
-                              f"config; override single keys (e.g. trainer.epochs=300) or start a new run")
-        group, _, leaf = key.partition(".")
-        if group in OPTION_GROUPS and leaf == "name" and override.value() != OmegaConf.select(cfg, key):
-            cfg[group] = dataclasses.asdict(option_class(group, override.value())())  # another option's section
-        OmegaConf.update(cfg, key, override.value(), merge=True)
+                              f"config{switch}; override single keys (e.g. trainer.epochs=300) or start a new run")
+    names = [o for o in parsed if o.key_or_group.partition(".")[0] in OPTION_GROUPS and o.key_or_group.endswith(".name")]
+    for override in names:  # first, so that the other keys land in the section of the option named
+        group = override.key_or_group.partition(".")[0]
+        if override.value() != OmegaConf.select(cfg, override.key_or_group):
+            fresh = dataclasses.asdict(option_class(group, override.value())())
+            kept = {k: v for k, v in OmegaConf.to_container(cfg[group]).items() if k in fresh and k != "name"}
+            cfg[group] = {**fresh, **kept}  # another option's section, the keys both have as the run had them
+    for override in parsed:
+        group, _, leaf = override.key_or_group.partition(".")
+        if group in OPTION_GROUPS and leaf and leaf not in cfg[group]:
+            raise ConfigError(resumed_key_message(group, str(cfg[group]["name"]), leaf))
+        OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
     return OmegaConf.to_container(cfg)
+
+
+def resumed_key_message(group: str, name: str, leaf: str) -> str:
+    """The line for `group.leaf` on a resumed run whose `group` option is `name`, which lacks it."""
+    owners = sorted(o for o in group_keys(group).get(leaf, []) if o != name)
+    if not owners:
+        return unknown_key_message(f"{group}.{leaf}", [f"{group}.{k}" for k in section_keys(options(group)[name])])
+    which = owners[0] if len(owners) == 1 else f"{', '.join(owners[:-1])} and {owners[-1]}"
+    change = (f"give aug.name={owners[0]} with it to change the augmentation, or drop {group}.{leaf}" if group == "aug"
+              else f"a resumed run keeps its {group}: drop {group}.{leaf}")
+    return f"{group}.{leaf} is a key of {group}={which}, not of the resumed run's {group}={name}; {change}"

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from vit_train.errors import ConfigError, UserError, exit_with
 from vit_train.schema.config import config_dir, known_keys, run_dir_of
-from vit_train.schema.typed import option_class, unknown_key_message
+from vit_train.schema.typed import option_class, options as registered, unknown_key_message
 
 CONFIG_SECTIONS = ("data", "trainer")  # what vit-eval may change in a checkpoint's config
 CONFIG_KEYS = ("model.img_size",)  # and these keys: another resolution, positions interpolated
@@ -42,6 +42,8 @@ def parse_args(argv: list[str], options: dict[str, Any], config: bool = False) -
 
     values, overrides = dict(options), {}
     valid = known_keys()
+    # group choices first: a section that data=NAME replaces keeps the data.KEY=VALUE given before it too
+    argv = sorted(argv, key=lambda arg: arg.partition("=")[0] not in CONFIG_SECTIONS)
     for arg in argv:
         if "=" not in arg:
             raise ConfigError(f"'{arg}' is not key=value (options: {', '.join(options)}); a value with spaces "
@@ -69,10 +71,11 @@ def group_file(group: str, name: str) -> dict:
     """The whole `group` section as option `name` makes it: its class's defaults, then what the option's
     YAML file sets (as vit-train composes it)."""
     path = Path(config_dir()) / group / f"{name}.yaml"
-    if not path.is_file():
-        choices = sorted(p.stem for p in path.parent.glob("*.yaml"))
+    if not path.is_file() and name not in registered(group):
+        choices = sorted({*(p.stem for p in path.parent.glob("*.yaml")), *registered(group)})
         raise ConfigError(f"no {group} option '{name}' (choices: {', '.join(choices)})")
-    plain = OmegaConf.to_container(OmegaConf.load(path)) or {}  # YAML as Hydra reads it (5e-4 is a number)
+    # YAML as Hydra reads it (5e-4 is a number); another package's option: its class's defaults
+    plain = (OmegaConf.to_container(OmegaConf.load(path)) or {}) if path.is_file() else {}
     plain.pop("defaults", None)
     return {**dataclasses.asdict(option_class(group, name)()), **plain}
 

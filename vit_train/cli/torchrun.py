@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -61,6 +62,8 @@ def remove_unused(run_dir: Path) -> None:
         if os.environ.get("RANK", "0") == "0":
             if unused(run_dir):
                 shutil.rmtree(run_dir, ignore_errors=True)
+                if re.fullmatch(r"\d{4}-\d{2}-\d{2}", run_dir.parent.name):  # Hydra's day folder, left empty
+                    run_dir.parent.rmdir()
         else:
             run_dir.rmdir()
     except OSError:  # gone already, or (another rank) rank 0's record still in it: rank 0 removes it

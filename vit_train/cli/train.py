@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
 import hydra.core.utils as hydra_core_utils
@@ -26,8 +27,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from vit_train.cli import torchrun
-from vit_train.cli.arguments import (apply_overrides, check_override_keys, check_writable, is_multirun, is_resume_path,
-                                     resumed_keys, resumes_existing)
+from vit_train.cli.arguments import (apply_overrides, check_composed, check_override_keys, check_writable, chosen_options,
+                                     is_multirun, is_resume_path, read_override, resumed_keys, resumes_existing,
+                                     typed_config)
 from vit_train.config import Config, config_dir as _config_dir, run_dir_of
 from vit_train.errors import ConfigError, RunStopped, UserError, exit_with
 from vit_train.outputs import rundir
@@ -94,23 +96,31 @@ def _save_hydra_record(cfg: DictConfig, filename: str, output_dir: Path) -> None
 hydra_core_utils._save_config = _save_hydra_record  # run_job calls it by this module-level name
 
 
+def written(overrides: Any) -> list[str]:
+    """Command-line overrides as they were written: Hydra's record of them (a ListConfig) read without resolving
+    the interpolations they hold (`trainer.epochs=${oops}` is said in one line by `typed_config`, not raised here)."""
+    return [str(o) for o in (OmegaConf.to_container(overrides, resolve=False) if OmegaConf.is_config(overrides)
+                             else overrides)]
+
+
 def compose_config(cfg: DictConfig) -> tuple[Config, list[str], tuple[Path, dict] | None]:
     """The typed config for this run, the command-line overrides that made it, and for `resume=PATH`
     the (path, checkpoint) it names, found once here (train/resume.py `find_start`) for its config and
     handed to the trainer (which finds resume=auto's itself, in the run directory); logs one warning per
     key the options ignore and per old spelling renamed."""
-    overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
+    overrides = [o for o in written(HydraConfig.get().overrides.task) if not o.startswith("resume=")]
     overrides = [o.removeprefix("++") if o[2:].split(".")[0] in OPTION_GROUPS else o for o in overrides]  # resumed_keys
     if is_resume_path(cfg.resume):
         from vit_train.train.resume import find_start  # whose checkpoint: said before any other check of the config
 
         path, ckpt = find_start(cfg.resume, Path(HydraConfig.get().runtime.output_dir))
+        Config.from_saved({**ckpt["config"], "resume": None}, source=path)  # its own config first: a cause of its own
         plain = apply_overrides(ckpt["config"], overrides)
         plain["resume"] = cfg.resume
         config, overrides = Config.from_dict(plain), list(ckpt.get("overrides", [])) + overrides
         resume_from = (path, ckpt)
     else:
-        config, resume_from = Config.from_dict(OmegaConf.to_container(cfg, resolve=True)), None
+        config, resume_from = typed_config(cfg, HydraConfig.get().runtime.choices, override_keys(overrides)), None
     config.objective.check_run(config)  # what the objective needs (a teacher's file) is refused before anything is written
     if os.environ.get("RANK", "0") == "0":
         for line in RENAMED + ignored_keys(config, override_keys(overrides)):
@@ -136,7 +146,7 @@ def _run_or_job(cfg: DictConfig) -> float:
 
         from_slurm()  # several SLURM tasks without torchrun: the variables torchrun would set
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        return _sweep_job(cfg, run_dir, list(hydra_cfg.overrides.task), hydra_cfg.job.num)
+        return _sweep_job(cfg, run_dir, written(hydra_cfg.overrides.task), hydra_cfg.job.num)
     lock = RunDirLock.hand_over()  # rank 0's, taken before Hydra wrote into the directory; None on other ranks
     try:
         config, overrides, resume_from = compose_config(cfg)
@@ -148,6 +158,8 @@ def _run_or_job(cfg: DictConfig) -> float:
     except UserError as e:
         if not isinstance(e, RunDirBusy) and not resumes_existing(cfg.resume):
             torchrun.remove_unused(run_dir)  # a run refused before it started leaves no directory behind
+        elif lock is not None:
+            lock.restore()  # a refused resume leaves the lock file as it was, its holder record too
         exit_with("vit-train", e)
     except RunStopped as e:
         print(f"vit-train: {e}", file=sys.stderr)
@@ -155,6 +167,10 @@ def _run_or_job(cfg: DictConfig) -> float:
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once, keeping the last checkpoint
         print("vit-train: interrupted", file=sys.stderr)
         sys.exit(130)
+    except Exception:  # an error in the code (Hydra prints its traceback, exit 1); a started run recorded it
+        if not resumes_existing(cfg.resume):
+            torchrun.remove_unused(run_dir)  # one that failed before it started (building it) leaves no directory
+        raise
     finally:
         if lock is not None:
             lock.release()  # the run is over (the process may go on: a test, a notebook)
@@ -212,17 +228,39 @@ class SweepSummary(Callback):
     summary.csv, summary.md), TensorBoard HParams, and exit status 1 when any job did not complete."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        objective, name = str(OmegaConf.select(config, "sweep.objective")), str(OmegaConf.select(config, "objective.name"))
-        try:
-            results = option_class("objective", name).results
+        objective = str(OmegaConf.select(config, "sweep.objective"))
+        given = [*written(OmegaConf.select(config, "hydra.overrides.hydra", default=[])),
+                 *written(OmegaConf.select(config, "hydra.overrides.task", default=[]))]
+        try:  # every objective the jobs train (objective=classify,mae sweeps two), each checked
+            names = chosen_options(given).get("objective") or [str(OmegaConf.select(config, "objective.name"))]
+            classes = {name: option_class("objective", name) for name in names}
         except ConfigError as e:
-            exit_with("vit-train", e)
-        if objective not in results:  # a number its jobs never report: every job's would be empty
-            first, direction = next(iter(results.items()))
-            exit_with("vit-train", ConfigError(
-                f"objective={name} jobs report {', '.join(results)} in results.json, not {objective}, so "
-                f"sweep.objective={objective} would be empty for every job: add sweep.objective={first}"
-                f"{' sweep.direction=minimize' if direction == 'minimize' else ''}"))
+            self._refuse(e)
+        metrics = {cls.metric for cls in classes.values()}  # one score in common: theirs; else none compares
+        for name, cls in classes.items():
+            if objective in cls.results:
+                continue  # a number its jobs never report: each such job's would be empty
+            if len(metrics) == 1:
+                fix = (f"add sweep.objective=best_{cls.metric}"
+                       f"{'' if cls.higher_is_better else ' sweep.direction=minimize'}")
+            else:
+                fix = (f"sweep one objective at a time ({' and '.join(f'objective={n}' for n in classes)} score "
+                       f"different numbers)")
+            self._refuse(ConfigError(
+                f"objective={name} jobs report {', '.join(cls.results)} in results.json, not {objective}, so "
+                f"sweep.objective={objective} would be empty for {'every job' if len(classes) == 1 else 'them'}: {fix}"))
+        if len(metrics) > 1:  # each reports it, but not the same thing (classify's final_loss and MAE's)
+            self._refuse(ConfigError(
+                f"{' and '.join(f'objective={n}' for n in classes)} jobs score different numbers, so "
+                f"sweep.objective={objective} would rank unlike things together: sweep one objective at a time"))
+
+    @staticmethod
+    def _refuse(error: ConfigError) -> None:
+        """Refuse the sweep in one line (exit 2) before its first job, leaving its directory as it was."""
+        if RunDirLock._sweep_lock is not None:
+            RunDirLock._sweep_lock.undo()
+            RunDirLock._sweep_lock = None
+        exit_with("vit-train", error)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         from vit_train.sweeps.summary import incomplete_jobs, summarize
@@ -240,11 +278,34 @@ class SweepSummary(Callback):
             sys.exit(1)
 
 
+def show_config(args: list[str]) -> None:
+    """`--cfg job`: refuse what a run would refuse (exit 2, one line); for `resume=PATH`, print the config the resumed
+    run would have (its checkpoint's with the overrides applied, not what the command line alone composes) and
+    exit. Otherwise Hydra prints the composed config."""
+    resume = [read_override(a).value() for a in args if a.startswith("resume=")]
+    if not resume or not is_resume_path(resume[-1]):
+        check_composed(args)
+        return
+    from vit_train.train.resume import find_start
+
+    path, ckpt = find_start(str(resume[-1]), run_dir_of(str(resume[-1])))
+    Config.from_saved({**ckpt["config"], "resume": None}, source=path)
+    overrides = [a for a in args if "=" in a and not a.startswith(("-", "resume=", "hydra."))]
+    config = Config.from_dict({**apply_overrides(ckpt["config"], overrides), "resume": str(resume[-1])})
+    print(OmegaConf.to_yaml(config.to_dict()), end="")
+    sys.exit(0)
+
+
 def train_main() -> None:
-    sys.argv[1:], renamed = rename_old_keys(sys.argv[1:])  # mae.mask_ratio=... is objective.mask_ratio=... now
-    RENAMED[:] = renamed
     try:
+        sys.argv[1:], renamed = rename_old_keys(sys.argv[1:])  # mae.mask_ratio=... is objective.mask_ratio=... now
+        RENAMED[:] = renamed
+        if is_multirun(sys.argv[1:]) and {"--cfg", "-c"} & set(sys.argv[1:]):
+            raise ConfigError("--cfg shows one run's config, not a sweep's: drop -m/--multirun and give each swept "
+                              "key one value")
         check_override_keys(sys.argv[1:], sweeps=is_multirun(sys.argv[1:]))
+        if {"--cfg", "-c"} & set(sys.argv[1:]):
+            show_config(sys.argv[1:])  # checked as a run would be; a resumed run's own, printed here
         sys.argv[1:] = resumed_keys(sys.argv[1:])
         if not {"--cfg", "-c", "--help", "-h", "--info", "--hydra-help"} & set(sys.argv[1:]):
             check_writable(sys.argv[1:])

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 from vit_train.data.datasets import TransformedDataset
 from vit_train.data.on_device import DeviceEvalPipeline, DeviceTrainPipeline
 from vit_train.data.sampler import EpochSampler, ShardSampler
-from vit_train.data.transforms import build_transforms
+from vit_train.data.transforms import build_transforms, device_augmentation
 from vit_train.data.unreadable import CheckedLoader, UnreadableImages
 from vit_train.errors import ConfigError, DataError
 from vit_train.schema.typed import options
@@ -69,16 +69,20 @@ def _worker_signals(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
 
 
-def pipeline(cfg: Any, device: torch.device) -> str:
+def pipeline(cfg: Any, device: torch.device, splits: tuple | None = None) -> str:
     """`device` or `loader`: data.pipeline, with `auto` choosing the device pipeline on a GPU when the data
-    set is held in memory as uint8 arrays (not image files) and the augmentation is one it does."""
+    set is held in memory as uint8 arrays (not image files: `splits`' sets hold `images` and `labels` tensors)
+    and the augmentation is one it does all of (`device_augmentation`). ConfigError (one line) for
+    data.pipeline=device where it cannot do the same work."""
     d, aug = cfg.data, cfg.aug
-    possible = not d.encoded and aug.on_device
+    arrays = splits is None or all(isinstance(getattr(base, "images", None), torch.Tensor) for base in splits[:2])
+    possible = not d.encoded and arrays and device_augmentation(aug) is None
     if d.pipeline == "device" and not possible:
         sets = ", ".join(n for n, c in options("data").items() if not c.encoded)
-        augs = " or aug=".join(n for n, c in options("aug").items() if c.on_device)
-        raise ConfigError(f"data.pipeline=device does aug={augs} on data={sets}; got data={d.name}, aug={aug.name}: "
-                          f"use data.pipeline=loader (or auto)")
+        why = (device_augmentation(aug) or (f"data={d.name}'s sets are not uint8 tensors (images, labels)"
+                                            if not arrays else f"data={d.name} reads image files"))
+        raise ConfigError(f"data.pipeline=device does the augmentation of data={sets} and yours only where it does "
+                          f"all of it: {why}; use data.pipeline=loader (or auto)")
     if d.pipeline == "auto":
         return "device" if device.type == "cuda" and possible else "loader"
     return d.pipeline
@@ -110,7 +114,7 @@ def random_access_data(cfg: Any, splits: tuple, device: torch.device, rank: int 
     sampler = EpochSampler(len(train_base), cfg.seed, d.repeated_aug, d.batch_size, rank, world_size)
     eval_batch = max(1, (d.eval_batch_size or d.batch_size) // world_size)
     steps = len(train_base) // d.batch_size
-    if pipeline(cfg, device) == "device":
+    if pipeline(cfg, device, splits) == "device":
         train = DeviceTrainPipeline(train_base.images, train_base.labels, sampler, cfg.aug, cfg.model.img_size, stats,
                                     device)
         val = DeviceEvalPipeline(val_base.images, val_base.labels, eval_batch, eval_tf, device, rank, world_size)

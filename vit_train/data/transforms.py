@@ -12,6 +12,7 @@ from torchvision.transforms import v2
 
 from vit_train.data.preprocess import eval_transform, spec
 from vit_train.schema.sections import AugConfig
+from vit_train.schema.typed import overridden
 
 
 @dataclass
@@ -21,6 +22,10 @@ class Augmentation(AugConfig):
     (data/on_device.py) does it too, with `device_crop`'s padding and flip probability."""
 
     on_device: ClassVar[bool] = False
+
+    @classmethod
+    def unimplemented(cls) -> list[str]:
+        return [] if overridden(cls, Augmentation, "train_transform") else ["train_transform"]
 
     def train_transform(self, img_size: int, stats: tuple, native_size: int | None) -> list[v2.Transform]:
         """Transforms of one image to a normalised float tensor. `native_size` set: a uint8 tensor of that side
@@ -50,3 +55,17 @@ def build_transforms(aug: Augmentation, img_size: int, stats: tuple, native_size
     if aug.random_erasing > 0:
         train.append(v2.RandomErasing(aug.random_erasing, value="random"))
     return v2.Compose(train), evaluate
+
+
+def device_augmentation(aug: Augmentation) -> str | None:
+    """None when the on-device pipeline (data/on_device.py) does all of `aug`'s per-image work, else why not: its
+    option's transform is not one the pipeline does (an option sets `on_device` where it defines
+    `train_transform`: a subclass that changes the transform and keeps its base's flag is not done there), or
+    aug.random_erasing is set (the pipeline does no erasing)."""
+    cls = type(aug)
+    declared = next((c for c in cls.__mro__ if "on_device" in c.__dict__), Augmentation)
+    if not declared.on_device or overridden(cls, declared, "train_transform"):
+        return f"aug={aug.name}'s transform is done by the loader only"
+    if aug.random_erasing:
+        return f"aug.random_erasing={aug.random_erasing:g} is done by the loader only"
+    return None

@@ -10,11 +10,13 @@ An objective is one module (classify.py, distill.py, mae.py): a subclass whose f
                                               (best.pt, results.json's best, weights=auto: score.py)
     results, summary_columns                 its numbers in results.json ({key: direction}; `results_of`
                                               fills them) and the ones the sweep summary shows
+    title                                    what it trains, in words
     reads_labels, predicts                   whether the data must have labels; whether its model predicts
                                               classes (vit-predict, vit-export's class names)
     refused_on_resume                        its keys a resumed run may not change, each with why
     check(cfg), check_run(cfg)               refuse (ConfigError, one line) what it cannot train: at validation,
                                               and before a run starts (files it needs)
+    check_resume(saved, path)                refuse what its checkpoint's state says cannot continue (a teacher)
     build_model, pretrained_target           the model it trains; the module model.pretrained loads into
     flops_per_image                          training FLOPs of one image (for TFLOP/s and MFU)
     build_loss                               the `Loss` the loop calls
@@ -24,7 +26,12 @@ An objective is one module (classify.py, distill.py, mae.py): a subclass whose f
     figures                                  its figures of a model on some val images (vit-eval, TensorBoard)
     evaluation, report                       vit-eval's metrics.json numbers and its text
 
-Setting its own `name` registers a subclass as objective=NAME (schema/typed.py `Option`).
+Setting its own `name` registers a subclass as objective=NAME (schema/typed.py `Option`). It must define
+`metric`, `build_model`, `build_loss` and `evaluate` (an objective=NAME without one is refused in one line
+when chosen); every other name has a default that fits an objective scored by one number of `evaluate`:
+results.json holds best_<metric> and final_<metric>, the sweep summary shows both, the closing line says
+"best <metric>", vit-eval prints its metrics, a checkpoint is read back into `build_model`'s model, and
+no FLOPs are known (no TFLOP/s or MFU logged).
 """
 
 from __future__ import annotations
@@ -36,7 +43,9 @@ import torch
 from torch import nn
 
 from vit_train.errors import ConfigError
+from vit_train.models.pretrained import at_size
 from vit_train.schema.sections import ObjectiveConfig
+from vit_train.schema.typed import overridden
 
 
 class Loss:
@@ -83,12 +92,30 @@ class Loss:
 class Objective(ObjectiveConfig):
     """The contract of a training objective (this module's docstring); a subclass is one objective."""
 
-    title: ClassVar[str] = ""  # what it trains, in words: "classification"
+    title: ClassVar[str] = ""  # what it trains, in words: "classification" (default: its name)
     reads_labels: ClassVar[bool] = True
     predicts: ClassVar[bool] = True
-    best_text: ClassVar[str] = ""  # how the closing line names the best score, e.g. "top-1"
+    best_text: ClassVar[str] = ""  # how the closing line names the best score, e.g. "top-1" (default: metric)
     pretrained_loads: ClassVar[str] = "the whole model"  # what model.pretrained=<one of its checkpoints> takes
-    summary_columns: ClassVar[dict[str, tuple[str, int]]] = {}  # results key -> (sweep summary's header, decimals)
+    # results key -> (sweep summary's header, decimals); default: results' best_<metric> and final_<metric>
+    summary_columns: ClassVar[dict[str, tuple[str, int]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.metric:
+            return  # a shared base, or one refused when chosen (`unimplemented`)
+        direction = "maximize" if cls.higher_is_better else "minimize"
+        cls.results = cls.results or {f"best_{cls.metric}": direction, f"final_{cls.metric}": direction}
+        cls.summary_columns = cls.summary_columns or {
+            key: (key.replace("_", " "), 4) for key in cls.results if key in (f"best_{cls.metric}", f"final_{cls.metric}")}
+        cls.best_text = cls.best_text or cls.metric
+        cls.title = cls.title or str(cls.__dict__.get("name") or cls.__name__)
+
+    @classmethod
+    def unimplemented(cls) -> list[str]:
+        """The names an objective must define that `cls` does not: metric, build_model, build_loss, evaluate."""
+        missing = [] if cls.metric else ["metric"]
+        return missing + [m for m in ("build_model", "build_loss", "evaluate") if not overridden(cls, Objective, m)]
 
     def check_run(self, cfg: Any) -> None:
         """Refuse (ConfigError, one line) before a training run starts what the config alone does not show."""
@@ -101,7 +128,8 @@ class Objective(ObjectiveConfig):
         return model
 
     def flops_per_image(self, cfg: Any, num_classes: int) -> float:
-        raise NotImplementedError
+        """Training FLOPs (forward and backward) of one image; 0: unknown (no TFLOP/s or MFU is logged)."""
+        return 0.0
 
     def build_loss(self, cfg: Any, model: nn.Module, num_classes: int, class_names: list[str] | None = None,
                    rank: int = 0) -> Loss:
@@ -115,10 +143,17 @@ class Objective(ObjectiveConfig):
         raise NotImplementedError
 
     def inference_model(self, cfg: Any, trained_img_size: int, num_classes: int, weights: dict) -> nn.Module:
-        raise NotImplementedError
+        """The model rebuilt from a checkpoint's `weights` (a checkpoint's "model" or "ema"): `build_model`'s, at
+        `cfg.model.img_size` (learned positions interpolated from `trained_img_size`: models/pretrained.py
+        `at_size`). Raises RuntimeError (load_state_dict's) for weights that do not fit it."""
+        model = self.build_model(cfg, num_classes)
+        model.load_state_dict(at_size(model, weights))
+        return model
 
     def eval_text(self, metrics: dict[str, float], ema: dict[str, float] | None, classes: int | None = None) -> str:
-        raise NotImplementedError
+        """An evaluation in the log line: each number of `metrics` (and of the EMA's)."""
+        text = "val " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, (int, float)))
+        return text + (f", EMA {self.metric} {ema[self.metric]:.4f}" if ema is not None and self.metric in ema else "")
 
     @classmethod
     def score_text(cls, score: float) -> str:
@@ -130,8 +165,10 @@ class Objective(ObjectiveConfig):
 
     def results_of(self, best: float | None, metrics: dict[str, Any]) -> dict[str, Any]:
         """Its `results` keys for results.json: `best` (its best score, None before the first evaluation) and the
-        last evaluation's `metrics` (empty before one)."""
-        raise NotImplementedError
+        last evaluation's `metrics` (empty before one). Default: best_<metric> is `best`, final_<key> the last
+        evaluation's <key> (None for a key it does not hold)."""
+        return {key: best if key == f"best_{self.metric}" else
+                metrics.get(key.removeprefix("final_")) if key.startswith("final_") else None for key in self.results}
 
     def figures(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, class_names: list[str],
                 stats: tuple, confusion: torch.Tensor | None = None) -> dict[str, Any]:
@@ -144,8 +181,17 @@ class Objective(ObjectiveConfig):
 
     @classmethod
     def report(cls, results: dict[str, Any], what: str) -> str:
-        """vit-eval's text of the numbers `evaluation` gave, starting with `what` was evaluated."""
-        raise NotImplementedError
+        """vit-eval's text of the numbers `evaluation` gave, starting with `what` was evaluated (`results` also
+        holds vit-eval's record of what it evaluated: tools/report.py). Default: its score, then every other number
+        `evaluation` gave, one a line."""
+        record = ("step", "img_size", "trained_img_size")  # numbers of that record, not of the evaluation
+        keys = [cls.metric, *(k for k, v in results.items() if k != cls.metric and k not in record and
+                              isinstance(v, (int, float)) and not isinstance(v, bool))]
+        return "\n".join([what, *(f"{key} {results[key]:.4f}" for key in keys if key in results)])
+
+    def check_resume(self, saved: dict[str, Any] | None, path: Any) -> None:
+        """Refuse (CheckpointError, one line), before the resumed run is built, what its checkpoint's objective
+        state (`saved`: its loss's `state_dict`; `path` the checkpoint) says cannot continue with this config."""
 
     def restart_hint(self, path: Any) -> str:
         """What to do instead of resuming checkpoint `path` with its own keys changed: a new run from its weights."""

@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from vit_train.models.flops import flops_per_image as classifier_flops
-from vit_train.models.pretrained import at_size
 from vit_train.models.vit import build_model as build_classifier
 from vit_train.objectives.base import Loss, Objective
 from vit_train.objectives.evaluate import evaluate as evaluate_logits
@@ -67,13 +66,6 @@ class Classify(Objective):
         """{"loss", "top1", "top5"} over the val loader (evaluate.py); with `confusion`, also the
         (classes, classes) confusion matrix under "confusion"."""
         return evaluate_logits(model, loader, device, amp_dtype, progress, confusion)
-
-    def inference_model(self, cfg: Any, trained_img_size: int, num_classes: int, weights: dict) -> nn.Module:
-        """The classifier rebuilt from a checkpoint's `weights`; at another `cfg.model.img_size` than it was
-        trained at, learned positions are interpolated (models/pretrained.py at_size)."""
-        model = self.build_model(cfg, num_classes)
-        model.load_state_dict(at_size(model, weights))
-        return model
 
     def eval_text(self, metrics: dict[str, float], ema: dict[str, float] | None, classes: int | None = None) -> str:
         """An evaluation in the log line: loss, top-1, top-5 (and the EMA's top-1). With `classes` (the

@@ -68,9 +68,18 @@ class Distill(Classify):
         require(bool(self.teacher), f"objective={self.name} needs objective.teacher=PATH: a vit-train checkpoint or "
                 f".safetensors, or a state-dict file with objective.teacher_arch=NAME")
 
+    def ignored(self, cfg: Any) -> list[tuple[str, str, str]]:
+        return [("tau", "objective.type=hard", "objective.type=soft")] * (self.type == "hard")
+
     def check_run(self, cfg: Any) -> None:
         """A teacher that is not there is refused before any work."""
         teacher_file(self, resuming=bool(cfg.resume))
+
+    def check_resume(self, saved: dict[str, Any] | None, path: Any) -> None:
+        """A resumed run reads the teacher file its run started with (the SHA-256 its checkpoint keeps)."""
+        if saved and saved.get("teacher_sha256") not in (None, file_sha256(teacher_file(self, resuming=True))):
+            raise CheckpointError(f"objective.teacher {self.teacher} is not the file this run started with (SHA-256 "
+                                  f"differs); resume with the original teacher, {self.restart_hint(path)}")
 
     def build_loss(self, cfg: Any, model: nn.Module, num_classes: int, class_names: list[str] | None = None,
                    rank: int = 0) -> Loss:
@@ -85,7 +94,7 @@ class Distill(Classify):
         # the file itself (a run directory's best.pt), as a new run and a resumed one both read it
         info = {"teacher": self.teacher, "teacher_sha256": file_sha256(path), "teacher_model": described}
         two_heads = bool(getattr(model, "head_dist", None))
-        log.info("distilling from %s (%s, %.1fM parameters): %s, alpha %g%s%s", self.teacher, described,
+        log.info("distilling from %s (%s, %.2fM parameters): %s, alpha %g%s%s", self.teacher, described,
                  sum(p.numel() for p in teacher.parameters()) / 1e6, self.type, self.alpha,
                  f", tau {self.tau:g}" if self.type == "soft" else "",
                  "" if two_heads else "; the student has no distillation head (model.distilled=false): both terms "

@@ -35,6 +35,7 @@ from vit_train.objectives.score import best_weights
 from vit_train.outputs.checkpoint import checkpoint_file
 from vit_train.outputs.identity import class_difference, mixed_runs, mixed_text, run_id_of, shown_classes
 from vit_train.outputs.weights import ema_weights, eval_score, read_weights, strip_wrappers
+from vit_train.schema.typed import options
 
 log = logging.getLogger("vit_train")
 
@@ -181,7 +182,9 @@ def describe(incoming: Incoming, said_as: str | None = None) -> str:
     where = f" of {incoming.path}" if str(incoming.path) != incoming.given else ""
     run = f" (run {record['run_id'][:8]})" if record.get("run_id") else ""
     step = f" at step {record['step']}" if record.get("step") is not None else ""
-    classes = f"; classes {shown_classes(record['class_names'])}" if record.get("class_names") else ""
+    trained_by = options("objective").get(record.get("objective"))  # an MAE run reads no labels: no classes said
+    reads = trained_by is None or trained_by.reads_labels
+    classes = f"; classes {shown_classes(record['class_names'])}" if record.get("class_names") and reads else ""
     return f"{said_as}: {which}{where}{run}{step}, as {incoming.why}{classes}"
 
 

@@ -15,6 +15,7 @@ directory (sweeps/job.py), and `train()` only when called without one (Python, n
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -74,8 +75,35 @@ def special_run_file(run_dir: Path) -> str | None:
 class RunLock:
     """The exclusive lock on one run directory (`run_dir`, resolved); `release()` (or process exit) frees it."""
 
-    def __init__(self, run_dir: Path, fd: int):
+    def __init__(self, run_dir: Path, fd: int, before: tuple[bytes, int] | None = None, made_dir: bool = False):
         self.run_dir, self.fd = run_dir, fd
+        self.before = before  # the lock file's bytes and mtime (ns) before this holder wrote its record
+        self.made_dir = made_dir  # whether `acquire` made the directory
+
+    def restore(self) -> None:
+        """Put back the lock file as it was before `acquire` (a refused command changes nothing in the run
+        directory, the holder record included): its bytes and mtime, or no file when there was none. Held still."""
+        if self.fd not in _open_fds:
+            return
+        if self.before is None:
+            (self.run_dir / LOCK_NAME).unlink(missing_ok=True)
+            return
+        text, mtime = self.before
+        try:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, text, 0)
+            os.utime(self.fd, ns=(mtime, mtime))
+        except OSError:  # a full disk: the record is only a name for a second run's message
+            pass
+
+    def undo(self) -> None:
+        """A command refused before it wrote anything: the lock file as it was (`restore`), the lock freed, and
+        the directory removed when `acquire` made it and nothing else is in it."""
+        self.restore()
+        self.release()
+        if self.made_dir:
+            with contextlib.suppress(OSError):
+                self.run_dir.rmdir()  # only when empty
 
     def release(self) -> None:
         """Free the lock (again, or in a forked child that closed its copy already: nothing)."""
@@ -99,9 +127,11 @@ def acquire(run_dir: Path) -> RunLock:
     writing them now).
     """
     run_dir = Path(run_dir).resolve()
+    made_dir = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     lock_path = run_dir / LOCK_NAME
-    kind = not_regular(lock_path) if os.path.lexists(lock_path) else None
+    existed = os.path.lexists(lock_path)
+    kind = not_regular(lock_path) if existed else None
     if kind is not None:  # a FIFO would block the open; flock on it fails: never run without the lock
         raise RunFileNotRegular(f"{lock_path} is {kind}, not a regular file; move it out of the run directory, "
                                 f"then resume")
@@ -124,6 +154,8 @@ def acquire(run_dir: Path) -> RunLock:
         os.close(fd)
         raise RunDirBusy(f"{lock_path} cannot be locked ({e.strerror}); give this run a directory on a "
                          f"local file system (hydra.run.dir=...)") from None
+    info = os.fstat(fd)
+    before = (os.pread(fd, info.st_size, 0), info.st_mtime_ns) if existed else None
     os.ftruncate(fd, 0)
     program = Path(sys.argv[0]).name.replace("__main__.py", "vit-train")  # python -m vit_train
     try:  # who holds it, for a second run's message; the lock itself needs no bytes (a full disk)
@@ -132,7 +164,7 @@ def acquire(run_dir: Path) -> RunLock:
     except OSError:
         pass
     _open_fds.add(fd)
-    lock = RunLock(run_dir, fd)
+    lock = RunLock(run_dir, fd, before, made_dir)
     special = special_run_file(run_dir)
     if special:
         lock.release()
@@ -143,9 +175,14 @@ def acquire(run_dir: Path) -> RunLock:
 
 @contextmanager
 def locked(run_dir: Path) -> Iterator[RunLock]:
-    """Hold the lock on `run_dir` for the block, yielding it (to pass down); raises RunDirBusy."""
+    """Hold the lock on `run_dir` for the block, yielding it (to pass down); raises RunDirBusy. A block ended
+    by a UserError (a refusal) leaves the lock file as it was (`RunLock.restore`)."""
     with acquire(run_dir) as lock:
-        yield lock
+        try:
+            yield lock
+        except UserError:
+            lock.restore()
+            raise
 
 
 def _describe(text: bytes) -> str:

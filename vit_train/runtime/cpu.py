@@ -163,9 +163,14 @@ def cpu_threads(setting: int | None = None, resumed: int | None = None) -> tuple
     return threads, why
 
 
-def set_cpu_threads(setting: int | None = None, resumed: int | None = None) -> int:
-    """Apply `cpu_threads` to torch and log it; returns the thread count."""
+def set_cpu_threads(setting: int | None = None, resumed: int | None = None, said: list[str] | None = None) -> int:
+    """Apply `cpu_threads` to torch and log it (or, with `said`, append the line to it, for the caller to log
+    once the data is known to load: a refusal is then the only line); returns the thread count."""
     threads, why = cpu_threads(setting, resumed)
     torch.set_num_threads(threads)
-    log.info("CPU threads: %d (%s; trainer.cpu_threads=N to change)", threads, why)
+    line = f"CPU threads: {threads} ({why}; trainer.cpu_threads=N to change)"
+    if said is None:
+        log.info("%s", line)
+    else:
+        said.append(line)
     return threads

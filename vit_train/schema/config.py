@@ -13,8 +13,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any, Iterable
 
+from vit_train.errors import ConfigError
 from vit_train.schema import legacy
 from vit_train.schema.sections import (AugConfig, DataConfig, ModelConfig, ObjectiveConfig, OptimConfig, ScheduleConfig,
                                        SweepConfig, TrainerConfig)
@@ -47,15 +49,30 @@ class Config:
         """Build a validated config from plain data (Hydra's composed config, a user's dict). Raises
         ConfigError (one line) for an unknown key (a key of another option of the group names that
         option), a value of the wrong type, or a combination that cannot run."""
+        data = plain_data(data)  # an OmegaConf DictConfig or another mapping: its plain dicts and lists
         if isinstance(data, dict):
             legacy.refuse_old_sections(data)  # mae: {...} at the top: one line naming objective.*
         return build(cls, data, "", known_keys()).validate()
 
     @classmethod
-    def from_saved(cls, data: dict[str, Any]) -> "Config":
+    def from_saved(cls, data: dict[str, Any], source: Any = None) -> "Config":
         """`from_dict` of a config a checkpoint or an exported file carries, from this version or an earlier
-        one (whose sections held every option's keys, and mae.*/distill.* at the top: schema/legacy.py)."""
-        return cls.from_dict(legacy.upgrade_saved(data))
+        one (whose sections held every option's keys, and mae.*/distill.* at the top: schema/legacy.py).
+        `source` (the file) is named in its ConfigError, as what holds the config."""
+        try:
+            return cls.from_dict(legacy.upgrade_saved(data))
+        except ConfigError as e:
+            if source is None:
+                raise
+            missing = [(group, section["name"]) for group in OPTION_GROUPS for section in [data.get(group)]
+                       if isinstance(section, dict) and isinstance(section.get("name"), str)
+                       and section["name"] not in options(group)]
+            if missing:  # a run of another package's option (docs/extending.md)
+                group, name = missing[0]
+                raise ConfigError(f"{source} was trained with {group}={name}, which is not registered here: install the "
+                                  f"package that has it (docs/extending.md), then run the same command") from None
+            raise ConfigError(f"{source} holds a config this vit-train does not read ({e}): the file was edited, or "
+                              f"written by another version") from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -127,3 +144,15 @@ def run_dir_of(resume: str) -> Path:
     if path.is_file() or (path.suffix == ".pt" and not path.is_dir()):  # a directory named x.pt is a run directory
         path = path.parent
     return path.parent if path.name == "checkpoints" else path
+
+
+def plain_data(data: Any) -> Any:
+    """`data` with every mapping a dict and every other sequence than a string a list (an OmegaConf DictConfig
+    or ListConfig reads as one, without importing OmegaConf here)."""
+    if isinstance(data, Mapping):
+        return {key: plain_data(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(plain_data(value) for value in data)
+    if isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
+        return [plain_data(value) for value in data]
+    return data

@@ -29,20 +29,30 @@ def moved_options() -> dict[str, list[type]]:
 def upgrade_saved(plain: dict[str, Any]) -> dict[str, Any]:
     """A saved config in this version's layout: an old section's keys (mae.*) moved into the option they
     belong to when it is the one chosen, dropped otherwise (that run never read them); each option section
-    cut to the keys of its chosen option (the others were ignored by that run). A config already in this
-    layout comes back equal."""
+    cut to the keys of its chosen option, dropping only the keys of its group's other options (the earlier
+    layout's, which that run ignored): a key no option has stays, for `Config.from_dict` to refuse. A config
+    already in this layout comes back equal. ConfigError (one line) for an old section that is no mapping or
+    holds a key its option never had (an edited file)."""
     plain = dict(plain)
     for old, owners in moved_options().items():
-        keys = plain.pop(old, None)
+        if old not in plain:
+            continue
+        keys = plain.pop(old)
+        known = {k for cls in owners for k in section_keys(cls)}
+        if not isinstance(keys, dict) or set(keys) - known:
+            what = "is not a mapping" if not isinstance(keys, dict) else f"holds {sorted(set(keys) - known)[0]}"
+            raise ConfigError(f"the saved config's '{old}' section {what}, which no vit-train wrote: the file was "
+                              f"edited or damaged")
         for cls in owners:
-            section = dict(plain.get(cls.group) or {})
-            if isinstance(keys, dict) and section.get("name") == cls.name:
+            section = plain.get(cls.group)
+            if isinstance(section, dict) and section.get("name") == cls.name:
                 plain[cls.group] = {**keys, **section}
     for group, known in REGISTRY.items():
         section = plain.get(group)
-        if isinstance(section, dict) and section.get("name") in known:
+        if isinstance(section, dict) and isinstance(section.get("name"), str) and section["name"] in known:
             own = set(section_keys(known[section["name"]]))
-            plain[group] = {k: v for k, v in section.items() if k in own}
+            others = {k for cls in known.values() for k in section_keys(cls)} - own
+            plain[group] = {k: v for k, v in section.items() if k not in others}
     return plain
 
 
@@ -51,14 +61,16 @@ def refuse_old_sections(plain: dict[str, Any]) -> None:
     for old, owners in moved_options().items():
         if old in plain:
             cls = owners[0]
-            example = next(iter(plain[old]), "...") if isinstance(plain[old], dict) and plain[old] else "..."
+            example = next(iter(plain[old]), None) if isinstance(plain[old], dict) else None
             raise ConfigError(f"'{old}' is no longer a section: {cls.group}={cls.name}'s keys are {cls.group}.* now "
-                              f"(e.g. {cls.group}.{example}); move them under {cls.group}")
+                              f"(e.g. {cls.group}.{example or [k for k in section_keys(cls) if k != 'name'][0]}); "
+                              f"move them under {cls.group}")
 
 
 def rename_old_keys(args: list[str]) -> tuple[list[str], list[str]]:
     """(`args` with old-section keys renamed, one line per renamed key): `mae.mask_ratio=0.6` becomes
-    `objective.mask_ratio=0.6` (a +, ++ or ~ prefix kept). Arguments that are no key=value are kept."""
+    `objective.mask_ratio=0.6` (a +, ++ or ~ prefix kept). Arguments that are no key=value are kept. ConfigError
+    (one line) when the new spelling of a renamed key is given too."""
     moved = moved_options()
     renamed, notes = [], []
     for arg in args:
@@ -66,9 +78,18 @@ def rename_old_keys(args: list[str]) -> tuple[list[str], list[str]]:
         key, eq, value = arg[len(prefix):].partition("=")
         section, _, leaf = key.partition(".")
         owner = next((cls for cls in moved.get(section, []) if leaf in section_keys(cls)), None)
+        if section in moved and owner is None and leaf and (eq or prefix.startswith("~")) and not arg.startswith("-"):
+            cls = moved[section][0]  # an old section's key that its option never had
+            raise ConfigError(f"{key}: '{section}' is no longer a section ({cls.group}={cls.name}'s keys are "
+                              f"{cls.group}.* now) and {cls.group}={cls.name} has no key {leaf} (its keys: "
+                              f"{', '.join(k for k in section_keys(cls) if k != 'name')})")
         if arg.startswith("-") or not eq and not prefix.startswith("~") or owner is None:
             renamed.append(arg)
             continue
+        twin = next((a for a in args if a.lstrip("+~").partition("=")[0] == f"{owner.group}.{leaf}"), None)
+        if twin is not None:  # both spellings of one key: which wins would be a guess
+            raise ConfigError(f"{arg} and {twin} set the same key ({key} is the old spelling of {owner.group}.{leaf}); "
+                              f"give one: {twin}")
         renamed.append(f"{prefix}{owner.group}.{leaf}{eq}{value}")
         notes.append(f"{key} is spelled {owner.group}.{leaf} now ({owner.group}={owner.name}'s keys moved under "
                      f"{owner.group}.*); the old spelling works until the next release")

@@ -262,7 +262,9 @@ class AugConfig(Option):
         return [("mix_prob", mix, "aug.mixup_alpha > 0 or aug.cutmix_alpha > 0")] * \
             (self.mixup_alpha == 0 and self.cutmix_alpha == 0) + \
             [("switch_prob", mix, "aug.mixup_alpha > 0 together with aug.cutmix_alpha > 0")] * \
-            (self.mixup_alpha == 0 or self.cutmix_alpha == 0)
+            (self.mixup_alpha == 0 or self.cutmix_alpha == 0) + \
+            [("label_smoothing", f"objective={cfg.objective.name} (it reads no labels)",
+              "objectives trained on labels")] * (not getattr(cfg.objective, "reads_labels", True))
 
 
 @dataclass

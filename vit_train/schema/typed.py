@@ -80,6 +80,12 @@ class Option(Section):
             known[name] = cls  # a module imported again (importlib.reload) registers its class anew
 
     @classmethod
+    def unimplemented(cls) -> list[str]:
+        """What a usable option of its group defines and this class does not (its base's contract: methods
+        left as the base's, class attributes left empty); [] for a complete one. Checked when it is chosen."""
+        return []
+
+    @classmethod
     def composed(cls) -> dict[str, Any]:
         """What choosing this option puts into the composed config, as plain data by section: its own section
         with its defaults (vit-train's Hydra node for group=NAME, cli/train.py)."""
@@ -94,10 +100,24 @@ def options(group: str) -> dict[str, type]:
 def option_class(group: str, name: Any) -> type:
     """The class of option `name` of `group`; ConfigError naming the choices for any other name."""
     known = options(group)
-    if name not in known:
+    if not isinstance(name, str) or name not in known:
         choices = ", ".join(sorted(known)) or "none registered (import vit_train.config, which registers the built-in ones)"
         raise ConfigError(f"{group}.name must be one of {choices}; got {name!r}")
+    missing = known[name].unimplemented()
+    if missing:  # a user's option short of its group's contract: refused when chosen, not a traceback mid-run
+        cls = known[name]
+        raise ConfigError(f"{group}={name} ({cls.__module__}.{cls.__qualname__}) does not define {', '.join(missing)}, "
+                          f"which every {group} option defines; add {'it' if len(missing) == 1 else 'them'} "
+                          f"(docs/extending.md)")
     return known[name]
+
+
+def overridden(cls: type, base: type, method: str) -> bool:
+    """Whether `cls` (a subclass of `base`) defines `method` otherwise than `base` does."""
+    def function(owner: type) -> Any:
+        found = getattr(owner, method)
+        return getattr(found, "__func__", found)  # a classmethod's function
+    return function(cls) is not function(base)
 
 
 def default_option(group: str) -> type:
@@ -140,6 +160,9 @@ def unknown_key_message(key: str, valid: list[str]) -> str:
     close = [alias] if alias in valid else difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     siblings = [k.rpartition(".")[2] for k in valid if k.rpartition(".")[0] == section]
+    if section and not siblings:  # no such section at all: name the sections there are
+        sections = sorted({k.partition(".")[0] for k in valid if "." in k})
+        return f"unknown config key '{key}'{hint}: there is no section '{section}' (sections: {', '.join(sections)})"
     where = f"keys of '{section}'" if section else "top-level keys"
     return f"unknown config key '{key}'{hint} ({where}: {', '.join(siblings)})"
 
@@ -150,7 +173,7 @@ def not_this_option(group: str, name: str, leaf: str) -> str | None:
     owners = sorted(o for o in group_keys(group).get(leaf, []) if o != name)
     if not owners:
         return None
-    mine = ", ".join(k for k in section_keys(option_class(group, name)) if k != "name")
+    mine = ", ".join(k for k in section_keys(options(group)[name]) if k != "name")
     which = f"{group}=" + (owners[0] if len(owners) == 1 else f"{', '.join(owners[:-1])} and {owners[-1]}")
     return (f"{group}.{leaf} is a key of {which}, not of {group}={name} "
             f"({f'its keys: {mine}' if mine else 'it has no keys but name'}); pick {group}={owners[0]} or drop "
@@ -199,10 +222,22 @@ def coerce(tp: Any, value: Any, key: str, valid: list[str] | None = None) -> Any
         if value not in args:
             raise ConfigError(f"{key} must be one of {', '.join(map(str, args))}; got {value!r}")
         return value
-    if origin is list:
+    if origin is list or tp is list:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key} must be a list, got {value!r}")
-        return [coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+        return [coerce(args[0], v, f"{key}[{i}]") if args else v for i, v in enumerate(value)]
+    if origin is tuple or tp is tuple:  # from a list (YAML and Hydra have no tuples)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        fixed = bool(args) and args[-1] is not Ellipsis
+        if fixed and len(value) != len(args):
+            raise ConfigError(f"{key} must hold {len(args)} values, got {len(value)}")
+        return tuple(coerce(args[i] if fixed else args[0], v, f"{key}[{i}]") if args else v
+                     for i, v in enumerate(value))
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a mapping, got {value!r}")
+        return {k: coerce(args[1], v, f"{key}.{k}") if args else v for k, v in value.items()}
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if tp in (int, bool, str) and type(value) is tp:

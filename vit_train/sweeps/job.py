@@ -58,7 +58,13 @@ def failure_record(error: str, run_dir: Path) -> dict[str, Any]:
 def same_job(recorded: list[str], overrides: list[str]) -> bool:
     """Whether a job directory's recorded overrides are this job's: the same overrides in any order
     (a re-run that lists the swept keys in another order is the same grid)."""
-    return sorted(recorded) == sorted(overrides)
+    return sorted(map(plain_override, recorded)) == sorted(map(plain_override, overrides))
+
+
+def plain_override(override: str) -> str:
+    """An override as written, without the `++` vit-train adds to a sweep's option keys (cli/arguments.py
+    `resumed_keys`): `++data.root=/x` and `data.root=/x` set the same key."""
+    return override.removeprefix("++")
 
 
 def finished_job(run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:

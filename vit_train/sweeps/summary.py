@@ -21,7 +21,7 @@ import yaml
 
 from vit_train import config  # noqa: F401 (registers the objectives, whose numbers the summary shows)
 from vit_train.data.regular import not_regular
-from vit_train.errors import UserError, exit_with
+from vit_train.errors import ConfigError, UserError, exit_with
 from vit_train.outputs.places import place_error, print_output, write_atomic
 from vit_train.schema.sections import results_directions
 from vit_train.schema.typed import default_option, options
@@ -55,10 +55,17 @@ FIRST, LAST = ("job", "status", "objective"), ("epochs", "images_per_s", "wall_s
 
 def objective_columns(found: list[dict[str, Any]]) -> dict[str, tuple[str, int]]:
     """{results key: (header, decimals)} of the numbers the jobs' objectives show (their `summary_columns`, in the
-    order the objectives are registered); the default objective's when no job names one (none has run yet)."""
-    names = {results.get("objective") for results in found}
+    order the objectives are registered); the default objective's when no job names one (none has run yet). A job
+    of an earlier version, whose results.json names no objective, counts as the objective whose best score it holds."""
+    names = {results.get("objective") or trained_by(results) for results in found}
     chosen = [cls for name, cls in options("objective").items() if name in names] or [default_option("objective")]
     return {key: header for cls in chosen for key, header in cls.summary_columns.items()}
+
+
+def trained_by(results: dict[str, Any]) -> str | None:
+    """The objective whose best score (best_<metric>) `results` holds, for a results.json that names none."""
+    found = [name for name, cls in options("objective").items() if results.get(f"best_{cls.metric}") is not None]
+    return found[0] if len(found) == 1 else None
 
 
 def override_value(text: str) -> Any:
@@ -85,7 +92,7 @@ def override_value(text: str) -> Any:
 def split_override(override: str) -> tuple[str, Any]:
     """(key, value) of one recorded override, e.g. `("optim.lr", 0.001)` for `optim.lr=0.001`."""
     key, _, text = override.partition("=")
-    return key.strip(), override_value(text)
+    return key.strip().removeprefix("++"), override_value(text)
 
 
 def command_overrides(sweep_dir: Path) -> list[str] | None:
@@ -118,6 +125,7 @@ def short_override(override: str) -> str:
     """An override as the Markdown table shows it: a float to 4 significant digits (an Optuna trial's
     `optim.lr=0.0012345678901234567` is `optim.lr=0.001235`), `|` escaped for the table."""
     key, value = split_override(override)
+    override = override.removeprefix("++")  # vit-train's spelling of a sweep's option keys (cli/arguments.py)
     if isinstance(value, float) and "'" not in override and '"' not in override:
         override = f"{key}={value:.4g}"
     return override.replace("|", "\\|")
@@ -137,6 +145,15 @@ def summarize(sweep_dir: Path, objective: str = "best_top1", direction: str = "m
     overrides = {job: job_overrides(job) for job in jobs}
     swept = swept_keys(list(overrides.values()), command_overrides(sweep_dir))
     found = {job: read_results(job) or {"status": "unfinished"} for job in jobs}
+    unknown = sorted({r["objective"] for r in found.values() if r.get("objective") not in (None, *options("objective"))})
+    if unknown:  # its columns and direction would be guesses: say so, change nothing
+        raise ConfigError(f"jobs of {sweep_dir} were trained with objective={unknown[0]}, which is not registered here; "
+                          f"install the package that has it (docs/extending.md), then run vit-sweep-summary again")
+    trained = sorted({r["objective"] for r in found.values() if r.get("objective") in options("objective")})
+    if trained and not any(objective in options("objective")[name].results for name in trained):
+        reported = [key for name in trained for key in options("objective")[name].results]
+        raise ConfigError(f"the jobs of {sweep_dir} ({', '.join(f'objective={n}' for n in trained)}) report "
+                          f"{', '.join(reported)} in results.json, not {objective}: give --objective {reported[0]}")
     own = objective_columns(list(found.values()))
     rows, shown = [], {}
     for job, results in found.items():
@@ -282,7 +299,7 @@ def sweep_objective(sweep_dir: Path) -> tuple[str, str] | None:
     except (yaml.YAMLError, AttributeError):  # not Hydra's record of a sweep
         return None
     objective, direction = sweep.get("objective"), sweep.get("direction")
-    return (str(objective), str(direction or "maximize")) if objective in OBJECTIVES else None
+    return (str(objective), str(direction or "maximize")) if isinstance(objective, str) and objective else None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -297,6 +314,10 @@ def main(argv: list[str] | None = None) -> None:
                              "minimize for a loss and maximize otherwise")
     args = parser.parse_args(argv)
     own = sweep_objective(args.sweep_dir)
+    if own and own[0] not in OBJECTIVES and not args.objective:  # a plugin's number, its package not installed here
+        exit_with("vit-sweep-summary", ConfigError(
+            f"{args.sweep_dir} was swept by sweep.objective={own[0]}, which no objective here reports (the package "
+            f"of its objective is not installed?); install it, or give --objective KEY"))
     objective = args.objective or (own[0] if own else "best_top1")
     direction = args.direction or (own[1] if own and own[0] == objective else results_directions()[objective])
     shown = io.StringIO()

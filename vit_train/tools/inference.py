@@ -59,6 +59,7 @@ def load_for_inference(path: str | Path, weights: Weights = "auto",
                                    "identity": incoming.identity}
     if incoming.checkpoint is None and incoming.source == "ema":  # an export of EMA weights: they are the model here
         ckpt = {**ckpt, "ema": {f"module.{k}": v for k, v in incoming.weights.items()}}
+    Config.from_saved({**ckpt["config"], "resume": None}, source=path)  # its own config first: a cause of its own
     plain = _merge(legacy.upgrade_saved(ckpt["config"]), overrides or {})
     changed = [f"model.{k}" for k in plain["model"]
                if plain["model"][k] != ckpt["config"]["model"].get(k) and k != "img_size"]
@@ -72,7 +73,9 @@ def load_for_inference(path: str | Path, weights: Weights = "auto",
     # the model its objective trained (a classifier; MAE: the autoencoder, at its own size only)
     try:
         model = cfg.objective.inference_model(cfg, trained_size, len(ckpt["class_names"]), state)
-    except RuntimeError as e:  # load_state_dict: tensors that do not fit the network the file's own config names
+    except RuntimeError as e:  # load_state_dict's: tensors that do not fit the network the file's own config names
+        if not str(e).startswith("Error(s) in loading state_dict"):
+            raise  # another failure (an objective's own code): its own message, not a damaged file
         raise CheckpointError(f"ckpt={path}: its weights do not fit the network its config names "
                               f"({first_difference(e)}); the file was edited or damaged: do not use it as it is") from None
     if resized:

@@ -16,6 +16,7 @@ from vit_train.errors import CheckpointError, ConfigError
 from vit_train.outputs.checkpoint import find_resume_checkpoint, repair_run_checkpoints, run_checkpoints
 from vit_train.outputs.identity import mixed_runs, mixed_text, run_id_of
 from vit_train.schema import legacy
+from vit_train.schema.config import OPTION_GROUPS
 from vit_train.schema.sections import ModelConfig
 from vit_train.schema.sections import TrainerConfig
 from vit_train.train.state import TrainState
@@ -139,10 +140,11 @@ def check_compatible(ckpt: dict, cfg: Config, path: Any = "<the checkpoint>") ->
     if refused:
         what = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in refused)
         reasons = "; ".join(dict.fromkeys(why[k] for k, _, _ in refused))
-        keep = " ".join(f"{k}={_cli(a)}" for k, a, _ in refused)
+        keep = " ".join(f"{k.partition('.')[0]}={a}" if _group_choice(k, cfg) else f"{k}={_cli(a)}" for k, a, _ in refused)
         raise CheckpointError(f"cannot resume {path} with a changed config ({what}): {reasons}; resume with the saved "
                               f"settings (drop the override, or give {keep}), {_instead(refused, path, cfg)} "
                               f"(see docs/resuming.md)")
+    cfg.objective.check_resume(ckpt.get("objective"), path)  # what its state needs (distill: the same teacher file)
     return [f"{k}: {a!r} -> {b!r}" + (" (ignored: a resumed run continues from its checkpoint's weights)"
                                        if k == "model.pretrained" else "")
             for k, a, b in changes if (k, a, b) not in refused]
@@ -158,6 +160,13 @@ def _instead(refused: list[tuple[str, Any, Any]], path: Any, cfg: Config) -> str
         return cfg.objective.restart_hint(path)
     new_head = " model.reset_head=true" if any(k == "data.name" for k, _, _ in refused) else ""
     return f"or start a new run from its weights: vit-train model.pretrained={path}{new_head} <your overrides>"
+
+
+def _group_choice(key: str, cfg: Config) -> bool:
+    """Whether the command line spells `key` as a group choice: an option's name on a run that composes its config
+    from the command line (resume=auto: objective=mae), not from the checkpoint (resume=PATH: objective.name=mae)."""
+    group, _, leaf = key.partition(".")
+    return cfg.resume == "auto" and leaf == "name" and group in OPTION_GROUPS
 
 
 def _cli(value: Any) -> str:

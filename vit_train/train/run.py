@@ -106,9 +106,11 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
         log.setLevel(logging.WARNING)  # rank 0 reports; the others only warn
         log.removeHandler(early)  # and write no train.log
     device = pick_device(t.device, ctx.local_rank)
-    set_cpu_threads(t.cpu_threads, ckpt.get("cpu_threads") if ckpt else None)  # a resume keeps the run's count
+    said: list[str] = []  # the thread count, logged once the data loads (a data error is then the only line)
+    set_cpu_threads(t.cpu_threads, ckpt.get("cpu_threads") if ckpt else None, said)  # a resume keeps the run's count
     torch.manual_seed(cfg.seed)
     data = cfg.data.build(cfg, device, ctx.rank, ctx.world_size, labels=objective.reads_labels)
+    log.info("%s", said[0])
     classes = len(data.class_names)
     model = objective.build_model(cfg, classes)  # MAE: the autoencoder around the ViT (docs/mae.md)
     if cfg.model.pretrained and not ckpt:
@@ -174,6 +176,10 @@ def describe(run: Run) -> None:
              sum(p.numel() for p in run.model.parameters()) / 1e6, labels, run.total_steps, run.data.steps_per_epoch,
              run.device, f" x {run.ctx.world_size} processes ({strategy})" if run.ctx.enabled else "",
              run.amp_dtype or torch.float32)
-    log.info("%.2f GFLOP per training image; peak %s", window.flops_per_image / 1e9,
-             f"{window.peak_tflops:g} TFLOP/s (MFU logged)" if window.peak_tflops else
-             "unknown (set trainer.peak_tflops to log MFU)")
+    if not window.flops_per_image:
+        log.info("FLOPs per image unknown (objective=%s defines no flops_per_image): no TFLOP/s or MFU logged",
+                 cfg.objective.name)
+    else:
+        log.info("%.2f GFLOP per training image; peak %s", window.flops_per_image / 1e9,
+                 f"{window.peak_tflops:g} TFLOP/s (MFU logged)" if window.peak_tflops else
+                 "unknown (set trainer.peak_tflops to log MFU)")

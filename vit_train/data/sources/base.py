@@ -15,7 +15,7 @@ import torch
 from vit_train.data.loaders import Data, random_access_data
 from vit_train.data.preprocess import spec
 from vit_train.schema.sections import DataConfig
-from vit_train.schema.typed import fraction, require
+from vit_train.schema.typed import fraction, overridden, require
 
 UNLABELLED_CLASS = "image"  # the one "class" of images read without labels (an objective that reads none)
 IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # ImageNet's per-channel mean and std
@@ -33,6 +33,11 @@ class DataSource(DataConfig):
     stats: ClassVar[tuple] = ((0.0,) * 3, (1.0,) * 3)
     loading_keys: ClassVar[tuple[str, ...]] = ("batch_size", "eval_batch_size", "num_workers", "pipeline",
                                                "repeated_aug")
+
+    @classmethod
+    def unimplemented(cls) -> list[str]:
+        """`splits`, unless it defines neither it nor its own `build` (a stream's)."""
+        return [] if overridden(cls, DataSource, "splits") or overridden(cls, DataSource, "build") else ["splits"]
 
     def splits(self, img_size: int, labels: bool = True) -> tuple[Any, Any, list[str], int | None]:
         """(train base, val base, class names, the images' native side or None for files of any size); a base
