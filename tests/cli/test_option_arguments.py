@@ -216,3 +216,16 @@ def test_a_resumed_runs_keys_apply_in_any_order_and_an_option_switch_keeps_the_k
     with pytest.raises(ConfigError, match=r"picks a config group, but a resumed run keeps its saved config \(to change "
                                           r"the augmentation: aug.name=deit\)"):
         apply_overrides(saved, ["aug=deit"])
+
+
+@pytest.mark.parametrize("resume, spelled", [("auto", "objective=mae"), ("runs/a", "objective.name=mae")])
+def test_a_refused_resume_spells_the_saved_option_as_that_command_line_takes_it(resume, spelled):
+    """resume=auto composes its config from the command line, where objective.name=mae is refused as a rename: its
+    advice gave that spelling, which the next command refused in turn."""
+    from vit_train.config import Config
+    from vit_train.errors import CheckpointError
+    from vit_train.train.resume import check_compatible
+
+    saved = Config.from_dict({"objective": {"name": "mae"}}).to_dict()
+    with pytest.raises(CheckpointError, match=rf"resume with the saved settings \(drop the override, or give {spelled}\)"):
+        check_compatible({"config": saved}, Config.from_dict({"resume": resume}), "runs/a/checkpoints/last.pt")

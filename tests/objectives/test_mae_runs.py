@@ -10,7 +10,7 @@ import torch
 
 from helpers.files import logged, tb_events
 from helpers.images import write_images
-from vit_train.errors import ConfigError
+from vit_train.errors import CheckpointError, ConfigError
 from vit_train.train.trainer import train
 
 MAE = {"name": "mae"}
@@ -111,6 +111,23 @@ def test_vit_eval_on_a_pretraining_checkpoint_reports_its_loss_and_draws_reconst
     assert report.get("top1") is None
     if report["figures"]:  # with matplotlib
         assert [p.rsplit("/", 1)[-1] for p in report["figures"]] == ["reconstruction.png"]
+
+
+def test_vit_eval_of_a_pretraining_checkpoint_takes_images_of_any_classes(tmp_path, make_config):
+    """MAE reads no labels: vit-eval on another folder was refused by the class-name check; a classifier's still is."""
+    from helpers.images import write_image_folder
+    from vit_train.tools.report import evaluate_checkpoint
+
+    folder = write_image_folder(tmp_path / "other", {"train": 2, "val": 2}, classes=("x", "y"),
+                                pixels=lambda c, i: (40 * i, 200, 90))
+    other = {"data": {"name": "imagefolder", "root": str(folder), "batch_size": 4}}
+    train(make_config(objective={**MAE, **SMALL_DECODER}, trainer={"max_steps": 1}), tmp_path / "mae")
+    report = evaluate_checkpoint(tmp_path / "mae" / "checkpoints" / "last.pt", other, attention_images=0,
+                                 progress=False)
+    assert report["loss"] > 0 and report["data"] == "imagefolder"
+    train(make_config(trainer={"max_steps": 1}), tmp_path / "clf")
+    with pytest.raises(CheckpointError, match="class"):
+        evaluate_checkpoint(tmp_path / "clf" / "checkpoints" / "last.pt", other, attention_images=0, progress=False)
 
 
 def test_mae_keys_without_the_mae_objective_are_refused_naming_it():
