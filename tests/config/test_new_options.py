@@ -287,8 +287,10 @@ def test_a_package_whose_options_cannot_be_used_is_one_line_and_the_rest_works(t
     if module is NEEDY:  # the sound option of that package is there, with its dict and tuple keys
         weighted = subprocess.run([sys.executable, "-m", "vit_train", "data=weighted", "data.sizes=[3,4]", "--cfg",
                                    "job"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-        assert weighted.returncode == 2 and weighted.stderr.count("\n") == 1, weighted.stderr
-        assert "has no data/weighted.yaml" in weighted.stderr, weighted.stderr  # registered: only its YAML missing
+        *warned, refused = weighted.stderr.splitlines()  # the two warnings above, then one line of refusal
+        assert weighted.returncode == 2 and warned == said, weighted.stderr
+        assert refused.startswith("vit-train: error: data=weighted (their_options.Weighted) has no data/weighted.yaml"), \
+            weighted.stderr  # registered: only its YAML missing
 
 
 @pytest.mark.slow  # five commands, each starting Python and torch

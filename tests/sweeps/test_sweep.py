@@ -108,19 +108,27 @@ def test_a_masked_autoencoder_sweep_minimises_its_reconstruction_loss(tmp_path):
         assert [float(row["objective"]) for row in csv.DictReader(f)] == losses
 
 
+SLOW = pytest.mark.slow  # one fast case of each kind (the recipe's, the sweep's): to keep `pytest` near 5 minutes
+
+
 @pytest.mark.parametrize("args, said", [
-    (["objective=mae"], "would be empty for every job: add sweep.objective=best_loss sweep.direction=minimize"),
-    (["experiment=cifar10_mae_pretrain"], "would be empty for every job: add sweep.objective=best_loss"),
-    (["objective=classify,mae"], "not best_top1, so sweep.objective=best_top1 would be empty for them: sweep one "
-                                 "objective at a time (objective=classify and objective=mae score different numbers)"),
-    (["objective=mae,classify", "sweep.objective=best_loss", "sweep.direction=minimize"],
-     "objective=classify jobs report best_top1, "),
-    (["objective=classify,mae", "sweep.objective=final_loss"],  # both report one: a cross-entropy, a pixel loss
-     "objective=classify and objective=mae jobs score different numbers, so sweep.objective=final_loss would rank"),
-    (["objective=mae,mae", "seed=0,1"], "would be empty for every job: add sweep.objective=best_loss"),
-    (["experiment=quickstart,cifar10_mae_pretrain", "sweep.objective=best_loss"], "objective=classify jobs report"),
-], ids=["mae", "mae-recipe", "classify-and-mae", "mae-and-classify-by-loss", "unlike-losses", "mae-twice",
-        "swept-recipes"])
+    pytest.param(["objective=mae"], "would be empty for every job: add sweep.objective=best_loss "
+                 "sweep.direction=minimize", id="mae"),
+    pytest.param(["experiment=cifar10_mae_pretrain"], "would be empty for every job: add sweep.objective=best_loss",
+                 id="mae-recipe", marks=SLOW),
+    pytest.param(["objective=classify,mae"], "not best_top1, so sweep.objective=best_top1 would be empty for them: "
+                 "sweep one objective at a time (objective=classify and objective=mae score different numbers)",
+                 id="classify-and-mae"),
+    pytest.param(["objective=mae,classify", "sweep.objective=best_loss", "sweep.direction=minimize"],
+                 "objective=classify jobs report best_top1, ", id="mae-and-classify-by-loss", marks=SLOW),
+    pytest.param(["objective=classify,mae", "sweep.objective=final_loss"],  # both report one: cross-entropy, pixels
+                 "objective=classify and objective=mae jobs score different numbers, so sweep.objective=final_loss "
+                 "would rank", id="unlike-losses", marks=SLOW),
+    pytest.param(["objective=mae,mae", "seed=0,1"], "would be empty for every job: add sweep.objective=best_loss",
+                 id="mae-twice", marks=SLOW),
+    pytest.param(["experiment=quickstart,cifar10_mae_pretrain", "sweep.objective=best_loss"],
+                 "objective=classify jobs report", id="swept-recipes", marks=SLOW),
+])
 def test_a_sweep_whose_jobs_would_not_report_its_objective_is_refused_before_any_job(tmp_path, args, said):
     """`-m objective=classify,mae` ran both jobs and left the MAE job's score empty; a refused sweep leaves no
     directory behind."""

@@ -318,7 +318,8 @@ def test_the_command_line_refuses_a_key_the_resumed_runs_option_lacks(bases, tmp
     run = copy_run(bases, "distill", tmp_path)
     result = cli(f"resume={run}", "objective.mask_ratio=0.5", cwd=tmp_path)
     assert result.returncode == 2 and result.stderr.startswith(
-        "vit-train: error: objective.mask_ratio is a key of objective=mae, not of objective=distill"), result.stderr
+        "vit-train: error: objective.mask_ratio is a key of objective=mae, not of the resumed run's "
+        "objective=distill; a resumed run keeps its objective: drop objective.mask_ratio\n"), result.stderr
 
 
 @pytest.mark.slow

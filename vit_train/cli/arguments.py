@@ -370,11 +370,13 @@ def typed_config(cfg: Any, choices: Any, given: list[str]) -> Any:
 
 def check_composed(args: list[str]) -> Any:
     """`typed_config` of what the command line `args` composes to (without running): what `--cfg job` shows is
-    refused as a run would refuse it (a value no run takes: model.patch_size=5)."""
+    refused as a run would refuse it (a value no run takes: model.patch_size=5), all but a data.root still to give."""
     overrides = [a for a in args if not a.startswith("-") and ("=" in a or a.startswith("~"))
                  and not a.startswith(("hydra.", "hydra/"))]
     places = search_places(args)
     cfg = composed([*overrides, *([f"hydra.searchpath=[{','.join(places)}]"] if places else [])])
+    if cfg.data.get("root", "") is None:  # the config may be shown before its data.root is given: a run asks for it
+        cfg.data.root = "data.root"
     return typed_config(cfg, cfg.hydra.runtime.choices, override_keys(overrides))
 
 def check_writable(args: list[str]) -> None:
