@@ -252,10 +252,12 @@ def build_stream_loaders(index: ShardIndex, cfg, train_tf: Callable, eval_tf: Ca
                   buffer=d.shuffle_buffer, labels=labels)
     train = ShardStream(index.train, transform=train_tf, train=True, batch=d.batch_size, **common)
     val = ShardStream(index.val, transform=eval_tf, train=False, batch=1, **common)
+    # Each DataLoader draws its base seed from its own generator, not the global RNG, which drop path, dropout
+    # and MixUp draw from: an iterator started by a resume must leave their draws as the uninterrupted run's.
     options = {**loader_options, "persistent_workers": False, "prefetch_factor": 4 if count else None}
     share, eval_batch = d.batch_size // world_size, max(1, (d.eval_batch_size or d.batch_size) // world_size)
-    train_loader = DataLoader(train, batch_size=share, **options)
-    val_loader = DataLoader(val, batch_size=eval_batch, **options)
+    train_loader = DataLoader(train, batch_size=share, generator=torch.Generator(), **options)
+    val_loader = DataLoader(val, batch_size=eval_batch, generator=torch.Generator(), **options)
     plan = StreamPlan(train, d.batch_size)
     own = [s for s in val.slots() if s.rank == rank]
     val_batches = sum(-(-len(s) // eval_batch) for s in own)
