@@ -17,8 +17,18 @@ from vit_train.outputs.integrity import archive_damage, load_failure as _load_fa
 
 
 def ema_weights(ema_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The model's state dict inside an AveragedModel's (keys 'module.*', plus its 'n_averaged')."""
-    return {k.removeprefix("module."): v for k, v in ema_state.items() if k.startswith("module.")}
+    """The model's state dict inside an AveragedModel's (keys 'module.*', plus its 'n_averaged'), without
+    the names of any wrapper inside it (an EMA of a compiled or DDP-wrapped model: `strip_wrappers`)."""
+    return strip_wrappers({k.removeprefix("module."): v for k, v in ema_state.items() if k.startswith("module.")})
+
+
+def saved_ema(ema_state: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+    """An AveragedModel's state dict as a checkpoint keeps it: 'module.' + the plain model's names (the names
+    timm reads, whatever wrapped the averaged model), and its 'n_averaged'. None stays None."""
+    if ema_state is None:
+        return None
+    extra = {k: v for k, v in ema_state.items() if k == "n_averaged"}
+    return {**{f"module.{k}": v for k, v in ema_weights(ema_state).items()}, **extra}
 
 
 def export_safetensors(ckpt: dict[str, Any], path: Path, source: str = "model", spec: dict | None = None) -> None:
@@ -56,13 +66,14 @@ def eval_score(ckpt: dict[str, Any], source: str) -> dict[str, Any] | None:
 
 
 def save_safetensors(weights: dict[str, torch.Tensor], path: Path, metadata: dict[str, Any]) -> None:
-    """The one safetensors writer: a state dict, with metadata values stored as JSON text (safetensors
-    keeps strings only) beside "format": "vit-train"."""
+    """The one safetensors writer: a state dict under the names timm reads (wrappers' `module.` and
+    `_orig_mod.` removed: `strip_wrappers`), with metadata values stored as JSON text (safetensors keeps
+    strings only) beside "format": "vit-train"."""
     require("safetensors", "the safetensors format", error=CheckpointError)
     from safetensors.torch import save_file
 
     text = {"format": "vit-train", **{k: json.dumps(v) for k, v in metadata.items()}}
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(path), metadata=text)
+    save_file({k: v.contiguous() for k, v in strip_wrappers(weights).items()}, str(path), metadata=text)
     umask = os.umask(0)  # safetensors creates the file owner-only; give it the mode every other output has
     os.umask(umask)
     os.chmod(path, 0o666 & ~umask)

@@ -24,6 +24,7 @@ from vit_train.models.architecture import identity
 from vit_train.objectives.base import Loss
 from vit_train.objectives.score import better, checkpoint_best, winner
 from vit_train.outputs.checkpoint import versions
+from vit_train.outputs.weights import saved_ema, strip_wrappers
 from vit_train.runtime import distributed
 from vit_train.train.optimizer_state import load_optimizer_state
 
@@ -146,7 +147,7 @@ def build_ema(model: nn.Module, decay: float | None, ckpt: dict | None) -> Avera
         return None
     ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
     if ckpt and ckpt.get("ema"):
-        ema.load_state_dict(ckpt["ema"])
+        ema.load_state_dict(saved_ema(ckpt["ema"]))
     elif ckpt:
         log.warning("the checkpoint has no EMA weights; the EMA starts from the current weights")
     return ema
@@ -160,9 +161,9 @@ def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: Averag
     `gathered`: a sharded run's (model, optimiser, EMA) state dicts, gathered whole (sharding.full_states)."""
     weights, moments, averaged = gathered or (model.state_dict(), optimizer.state_dict(),
                                               ema.state_dict() if ema is not None else None)
-    return {
-        "model": weights, "optimizer": moments, "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict(), "ema": averaged, **state.checkpoint_fields(),
+    return {  # weights under the names timm reads, whatever wraps the model (the one door out: outputs/weights.py)
+        "model": strip_wrappers(weights), "optimizer": moments, "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(), "ema": saved_ema(averaged), **state.checkpoint_fields(),
         "stream_layout": cfg.data.stream_layout(distributed.context().world_size),
         "rng": rng_state(),
         "config": cfg.to_dict(), "overrides": list(overrides), "class_names": list(class_names),
@@ -177,7 +178,7 @@ def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: Averag
 def restore_weights(ckpt: dict, model: nn.Module) -> None:
     """The checkpoint's weights into the whole (not yet sharded) model; CheckpointError when they do not fit."""
     try:
-        model.load_state_dict(ckpt["model"])
+        model.load_state_dict(strip_wrappers(ckpt["model"]))
     except (RuntimeError, ValueError, KeyError) as e:
         raise CheckpointError(f"the checkpoint's weights do not fit this model: {str(e).splitlines()[0]}") from None
 
