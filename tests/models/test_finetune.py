@@ -65,14 +65,26 @@ def test_position_resizing_adds_or_drops_the_class_token_slot():
         resize_pos_embed(torch.randn(1, 7, 8), num_prefix=1, grid=4)
 
 
-def test_fixed_sincos_positions_are_kept_and_extra_keys_ignored(tmp_path):
-    state = timm_model().state_dict() | {"dist_token": torch.zeros(1, 1, 32)}
+def test_fixed_sincos_positions_load_as_the_same_function_and_learned_ones_are_refused(tmp_path):
+    """Positions are compared by their values: a file whose pos_embed is the fixed sin-cos table (an MAE
+    encoder's, a sincos2d run's) loads into a sincos2d model (its own table kept: the same values) and into a
+    learned one (fine-tuning starts from the table); learned positions into fixed ones would be dropped:
+    another function, refused naming model.pos_embed."""
+    fixed = VisionTransformer(img_size=16, num_classes=10, pos_embed="sincos2d", **SHAPE)
+    state = fixed.state_dict() | {"dist_token": torch.zeros(1, 1, 32)}
     torch.save({"model": state}, tmp_path / "deit_style.pth")  # DeiT wraps its weights in "model"
     model = VisionTransformer(img_size=16, num_classes=10, pos_embed="sincos2d", **SHAPE)
-    sincos = model.pos_embed.clone()
     report = load_pretrained(model, tmp_path / "deit_style.pth")
-    assert sorted(report["ignored"]) == ["dist_token", "pos_embed"]
-    assert torch.equal(model.pos_embed, sincos)
+    assert sorted(report["ignored"]) == ["dist_token", "pos_embed"] and torch.equal(model.pos_embed, fixed.pos_embed)
+    torch.save(fixed.state_dict(), tmp_path / "fixed.pth")
+    learned = VisionTransformer(img_size=16, num_classes=10, **SHAPE)
+    load_pretrained(learned, tmp_path / "fixed.pth")
+    assert torch.equal(learned.pos_embed.detach(), fixed.pos_embed)
+    torch.save(timm_model().state_dict(), tmp_path / "learned.pth")
+    with pytest.raises(ConfigError, match=r"holds another network: model.pos_embed=learned \(here sincos2d\); set "
+                                          r"model.pos_embed=learned to load it"):
+        load_pretrained(VisionTransformer(img_size=16, num_classes=10, pos_embed="sincos2d", **SHAPE),
+                        tmp_path / "learned.pth")
 
 
 @pytest.mark.parametrize("change, message", [

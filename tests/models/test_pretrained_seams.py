@@ -65,10 +65,12 @@ def test_matching_options_load_every_tensor_with_the_same_outputs(tmp_path, opti
         assert torch.equal(model.eval()(x), reference.eval()(x))
 
 
-def test_other_libraries_extra_keys_and_a_distillation_token_are_still_ignored_with_a_note(tmp_path, caplog):
+def test_tensors_no_forward_computes_with_are_ignored_with_a_note(tmp_path, caplog):
+    """A distillation token and head, an MAE's mask token and decoder: the classic ViT's forward never
+    reads them, so loading without them is the same function."""
     reference, _ = saved(tmp_path, distilled=True)
-    extra = {"fc_norm.weight": torch.ones(32), "norm_pre.weight": torch.ones(32),
-             "blocks.0.attn.qkv.bias_mask": torch.ones(96), "storage_tokens": torch.zeros(1, 4, 32)}
+    extra = {"mask_token": torch.zeros(1, 1, 32), "decoder_embed.weight": torch.ones(16, 32),
+             "decoder_pos_embed": torch.zeros(1, 17, 16)}
     torch.save(reference.state_dict() | extra, tmp_path / "x.pth")
     model = VisionTransformer(**SHAPE)
     with caplog.at_level("INFO", logger="vit_train"):
@@ -76,6 +78,30 @@ def test_other_libraries_extra_keys_and_a_distillation_token_are_still_ignored_w
     assert sorted(report["ignored"]) == sorted(["dist_token", "head_dist.weight", "head_dist.bias", *extra])
     assert "(a distillation token and head: model.distilled=true keeps them)" in caplog.text
     assert torch.equal(model.blocks[1].mlp.fc1.weight, reference.blocks[1].mlp.fc1.weight)
+
+
+@pytest.mark.parametrize("extra, said", [
+    ({"fc_norm.weight": torch.ones(32), "fc_norm.bias": torch.zeros(32)},
+     "a norm after pooling (timm's fc_norm): fc_norm.weight, fc_norm.bias"),
+    ({"norm_pre.weight": torch.ones(32)}, "a norm before the blocks (timm's pre_norm=True, CLIP's ln_pre): norm_pre.weight"),
+    ({"blocks.0.attn.qkv.bias_mask": torch.ones(96), "storage_tokens": torch.zeros(1, 4, 32)},
+     "tensors this ViT has no place for (blocks.N.attn.qkv.bias_mask, storage_tokens)"),
+], ids=["fc-norm", "pre-norm", "unknown"])
+def test_tensors_the_files_network_computes_with_are_not_ignored(tmp_path, extra, said):
+    """An extra tensor of another library's ViT is part of its function (pytorch #68553, timm's pre_norm):
+    dropping it loads another network. Refused in one line naming the part, nothing loaded."""
+    reference, _ = saved(tmp_path)
+    torch.save(reference.state_dict() | extra, tmp_path / "x.pth")
+    torch.manual_seed(1)
+    model = VisionTransformer(**SHAPE)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ConfigError) as info:
+        load_pretrained(model, tmp_path / "x.pth")
+    assert str(info.value) == (f"model.pretrained: x.pth is another architecture than this model: {said}; loading it "
+                               f"would compute another function, and this ViT (the classic one) cannot compute that "
+                               f"network: give weights of a classic ViT (timm's VisionTransformer with its defaults, "
+                               f"DeiT, torchvision, vit-train)")
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
 def test_a_probe_on_an_mae_encoder_with_other_options_is_refused_through_train(tmp_path, make_config):

@@ -157,7 +157,7 @@ ARCHITECTURE = [  # (the student's change, the field named, whether a plain file
     ({"mlp_ratio": 4.0}, "model.mlp_ratio=2 (here 4)", True),
     ({"pool": "mean"}, "model.pool=cls (here mean)", True),
     ({"qkv_bias": False}, "model.qkv_bias=true (here false)", True),
-    ({"pos_embed": "sincos2d"}, "model.pos_embed=learned (here sincos2d)", False),
+    ({"pos_embed": "sincos2d"}, "model.pos_embed=learned (here sincos2d)", True),  # learned values: not the table
 ]
 
 
@@ -166,7 +166,7 @@ ARCHITECTURE = [  # (the student's change, the field named, whether a plain file
 def test_another_architecture_stops_pretrained_naming_the_field(runs, kind, change, named, revealed):
     """Another num_heads loaded as 'ignored: none' and computed another function; another depth loaded
     partially. A recorded architecture is compared field by field; a plain file on what its shapes show
-    (not the head count, not sin-cos positions: docs/finetuning.md)."""
+    (not the head count: docs/finetuning.md; positions by their values)."""
     folder, ckpt = runs
     path, _ = written(folder, ckpt, kind)
     model = VisionTransformer(num_classes=10, **{**SHAPE, **change})
@@ -420,8 +420,10 @@ REFUSED = [  # (kind, doors refusing it, what the one line says)
     ("lightning-two-networks", "pretrained", "holds 2 networks (ema_model., model.); save the one you mean"),
     ("dino-two-networks", "pretrained", "holds 2 networks (teacher.backbone., student.backbone.)"),
     ("no-mlp-of-block-1", "pretrained", "lacks 4 trained tensors of this network (blocks.1.mlp.fc1.weight"),
-    ("no-final-norm", "pretrained", "lacks 2 trained tensors of this network (norm.weight, norm.bias)"),
-    ("timm-fc-norm", "pretrained", "normalises after pooling (timm's fc_norm"),
+    ("no-final-norm", "pretrained", "is another architecture than this model: no final norm (norm.*); loading it would "
+                                    "compute another function"),
+    ("timm-fc-norm", "pretrained", "is another architecture than this model: a norm after pooling (timm's fc_norm): "
+                                   "fc_norm.weight, fc_norm.bias; no final norm (norm.*); loading it"),
     ("record-classes-differ", "pretrained teacher eval", "contradicts itself: its class names differ from the record's"),
     ("record-heads-differ", "pretrained teacher eval", "contradicts itself: model.num_heads=2 in the record, 4 in its config"),
     ("head-of-5-rows", "pretrained teacher eval", "contradicts itself: its head has 5 outputs for the record's 10 class names"),

@@ -5,9 +5,12 @@ compared with the network they go into (objectives/weights_in.py) and a refusal 
 Two sources: a config's model section (`architecture`: vit-train checkpoints and exports carry it in
 their identity record, outputs/identity.py), and the tensors of a state dict under timm's names
 (`revealed`: what the shapes and names show of a timm, torchvision or plain file). Shapes cannot show
-the number of attention heads (it splits the same qkv matrix differently), whether positions were
-learned or fixed sin-cos, or (timm's global_pool) whether a model with a class token pooled the mean:
-a class token is read as model.pool=cls. Only a record says those.
+the number of attention heads (it splits the same qkv matrix differently), or (timm's global_pool)
+whether a model with a class token pooled the mean: a class token is read as model.pool=cls. Only a
+record says those. Positions are read from their values (`position_kind`): a table equal to the fixed
+2-D sin-cos one is sincos2d, any other learned (learned positions may hold the sin-cos values they
+started from: a linear probe of an MAE encoder keeps them, so sincos2d in the tensors does not refute
+a record's learned).
 
 Not in the architecture: the image size (learned positions are resized to it), dropout and drop path
 (training only), `model.trainable`; the class count is the head's and is compared by class names.
@@ -67,9 +70,36 @@ def revealed(weights: dict[str, torch.Tensor]) -> dict[str, Any]:
             **({"model.mlp_ratio": fc1.shape[0] / dim} if fc1 is not None else {}),
             "model.qkv_bias": "blocks.0.attn.qkv.bias" in weights if "blocks.0.attn.qkv.weight" in weights else None,
             "model.pool": "cls" if "cls_token" in weights else "mean", "model.reg_tokens": reg.shape[1] if reg is not None else 0,
+            **({"model.pos_embed": position_kind(weights)} if "pos_embed" in weights else {}),
             "model.init_values": any(k.endswith((".ls1.gamma", ".ls2.gamma")) for k in weights),
             "model.qk_norm": any(".attn.q_norm." in k for k in weights),
             "model.distilled": "dist_token" in weights}
+
+
+def position_kind(weights: dict[str, torch.Tensor]) -> str:
+    """"sincos2d" when the patch positions of `weights["pos_embed"]` (1, P + g*g, D) equal the fixed 2-D sin-cos
+    table (models/vit.py `sincos_2d`, MoCo v3's and MAE's) to 1e-4 after some count P of prefix positions,
+    else "learned"."""
+    from vit_train.models.vit import sincos_2d
+
+    pos = weights["pos_embed"]
+    if pos.dim() != 3 or pos.shape[-1] % 4:
+        return "learned"
+    tokens, dim = pos.shape[1], pos.shape[2]
+    prefix = ("cls_token" in weights) + ("dist_token" in weights) + (weights["reg_token"].shape[1] if "reg_token" in weights else 0)
+    for count in range(min(prefix, tokens), -1, -1):
+        side = int((tokens - count) ** 0.5)
+        if side * side == tokens - count and side > 0 and torch.allclose(
+                pos[0, count:].float(), sincos_2d(side, dim), atol=1e-4, rtol=0):
+            return "sincos2d"
+    return "learned"
+
+
+def positions_exempt(theirs: dict[str, Any], ours: dict[str, Any]) -> tuple[str, ...]:
+    """("model.pos_embed",) when sin-cos positions meet learned ones (`ours`): learned positions may start
+    from, or keep, the fixed table (MAE's fine-tuning, a linear probe), so the two are the same function there."""
+    fixed_into_learned = theirs.get("model.pos_embed") == "sincos2d" and ours.get("model.pos_embed") == "learned"
+    return ("model.pos_embed",) if fixed_into_learned else ()
 
 
 RESNETS = {(2, 2, 2, 2, False): "resnet18", (3, 4, 6, 3, False): "resnet34", (3, 4, 6, 3, True): "resnet50",

@@ -36,6 +36,7 @@ from torch import nn
 
 from vit_train.outputs.weights import strip_wrappers
 from vit_train.errors import ConfigError
+from vit_train.models.architecture import position_kind
 from vit_train.models.vit import VisionTransformer
 
 log = logging.getLogger("vit_train")
@@ -185,6 +186,78 @@ def check_options(weights: dict[str, torch.Tensor], own: dict[str, torch.Tensor]
                           f"(the option-tensors must match, else the model is another network than the one trained)")
 
 
+# tensors no forward of the loaded network computes with: a distillation head and token (dropped, reported),
+# an MAE's mask token and decoder
+UNUSED_OK = ("dist_token", "head_dist.", "mask_token", "decoder_", "decoder.")
+# parts of a timm ViT this ViT (the classic one) has no option for: name prefix or pattern -> what they compute
+PARTS = [(re.compile(p), what) for p, what in (
+    (r"^norm_pre\.", "a norm before the blocks (timm's pre_norm=True, CLIP's ln_pre)"),
+    (r"^patch_embed\.norm\.", "a norm after the patch embedding"),
+    (r"^fc_norm\.", "a norm after pooling (timm's fc_norm)"),
+    (r"^attn_pool\.", "attention pooling (timm's global_pool='map')"),
+    (r"^head\.(?:norm|fc|pre_logits)\.", "a head with its own norm or hidden layer (timm's NormMlpClassifierHead)"),
+    (r"^blocks\.\d+\.attn\.norm\.", "a norm inside attention (timm's scale_attn_norm)"),
+    (r"^blocks\.\d+\.mlp\.norm\.", "a norm inside the MLP (timm's scale_mlp_norm)"),
+)]
+BIASES = re.compile(r"^(?:blocks\.\d+\.)?(attn\.qkv|attn\.proj|mlp\.fc1|mlp\.fc2|patch_embed\.proj)\.bias$")
+
+
+def check_function(weights: dict[str, torch.Tensor], own: dict[str, torch.Tensor], ignored: list[str], fresh: list[str],
+                   fixed_pos: bool, name: str) -> None:
+    """Refuse (ConfigError, one line naming the architecture difference) weights whose network computes another
+    function than this model would with them: a tensor ignored that the file's network computes with (a part
+    this ViT lacks: pre-norm, a norm after pooling, ...; learned positions into fixed ones), or a tensor of
+    this network the file lacks, outside the heads and tokens that start fresh (a missing bias, no final norm,
+    no positions). Ignored and kept: heads, and `UNUSED_OK` (distillation, an MAE's mask token and decoder)."""
+    found, fix = [], []
+    for pattern, what in PARTS:
+        keys = [k for k in ignored if pattern.match(k)]
+        if keys and what not in found:
+            found.append(f"{what}: {_pattern(keys)}")
+    if "pos_embed" in ignored and fixed_pos and position_kind(weights) == "learned":
+        found.append("learned position embeddings (pos_embed; this model's are fixed sin-cos)")
+        fix.append("model.pos_embed=learned")
+    if any(k.endswith("attn.qkv.bias") for k in ignored):
+        found.append(f"a bias in the query/key/value projection ({_pattern([k for k in ignored if k.endswith('attn.qkv.bias')])})")
+        fix.append("model.qkv_bias=true")
+    told = {k for k in ignored if any(p.match(k) for p, _ in PARTS) or k.endswith("attn.qkv.bias") or k == "pos_embed"}
+    other = [k for k in ignored if k not in told and k in weights and not k.startswith(UNUSED_OK + HEADS)
+             and k not in own]
+    if other:
+        found.append(f"tensors this ViT has no place for ({_pattern(other)})")
+    missing = [k for k in fresh if not k.startswith(FRESH_OK)]
+    # a bias missing beside its weight: a layer built without one (CLIP's patch embedding, qkv_bias=False)
+    unbiased = [k for k in missing if BIASES.match(k) and k.removesuffix("bias") + "weight" in weights]
+    biases = sorted({BIASES.match(k).group(1) for k in unbiased})
+    found += [f"no bias in {b}" for b in biases]
+    if "attn.qkv" in biases:
+        fix.append("model.qkv_bias=false")
+    if any(k.startswith("norm.") for k in missing):
+        found.append("no final norm (norm.*)")
+    if "pos_embed" in missing:
+        found.append("no position embeddings (pos_embed)")
+    rest = [k for k in missing if k not in unbiased and not k.startswith("norm.") and k != "pos_embed"]
+    if not found and rest:  # the same architecture with tensors cut out: they would start at their init
+        raise ConfigError(f"model.pretrained: {name} lacks {len(rest)} trained tensors of this network "
+                          f"({', '.join(rest[:4])}{', ...' if len(rest) > 4 else ''}); they would start at their "
+                          f"init inside trained weights: give the whole state dict")
+    if not found:
+        return
+    if len(fix) == len(found):
+        raise ConfigError(f"model.pretrained: {name} is another architecture than this model: {'; '.join(found)}; "
+                          f"set {' '.join(fix)} to load it (loaded as it is it would compute another function)")
+    raise ConfigError(f"model.pretrained: {name} is another architecture than this model: {'; '.join(found)}; "
+                      f"loading it would compute another function, and this ViT (the classic one) cannot compute that "
+                      f"network: give weights of a classic ViT (timm's VisionTransformer with its defaults, DeiT, "
+                      f"torchvision, vit-train)")
+
+
+def _pattern(keys: list[str]) -> str:
+    """Keys as few patterns: block indices written N ("blocks.N.attn.norm.weight"), at most 4 shown."""
+    names = list(dict.fromkeys(re.sub(r"^blocks\.\d+\.", "blocks.N.", k) for k in keys))
+    return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+
+
 def fit_pretrained(model: nn.Module, weights: dict[str, torch.Tensor], source: str, config: dict | None,
                    label: str, new_head: bool = False) -> dict[str, list[str]]:
     """Load what fits of `weights` (timm's names: `timm_names`; `source` is the naming they came in) into
@@ -193,8 +266,10 @@ def fit_pretrained(model: nn.Module, weights: dict[str, torch.Tensor], source: s
     a ResNet's fc) even where they fit, as fine-tuning to new classes does. Which weights come in, and
     whether the architecture and the classes agree, is the door's (objectives/weights_in.py).
 
-    Raises ConfigError (one line, nothing loaded) for a shape that does not fit, weights of no ViT, and
-    option-tensors (LayerScale, QK-norm, registers) the file and the model do not share."""
+    Raises ConfigError (one line, nothing loaded) for a shape that does not fit, weights of no ViT,
+    option-tensors (LayerScale, QK-norm, registers) the file and the model do not share, and weights of
+    another function (`check_function`: a key ignored that the file's network computes with, or one of this
+    network's the file lacks)."""
     path = Path(label)
     own = model.state_dict()
     fixed_pos = not isinstance(getattr(model, "pos_embed", None), torch.nn.Parameter)
@@ -230,15 +305,7 @@ def fit_pretrained(model: nn.Module, weights: dict[str, torch.Tensor], source: s
         raise ConfigError(f"model.pretrained: no tensor in {path} fits this model: it holds {len(weights)} tensors "
                           f"named like {names}, not ViT weights from vit-train, timm, DeiT or torchvision")
     check_options(weights, own, config)
-    trained = [k for k in fresh if not k.startswith(FRESH_OK)]
-    if trained and report["loaded"]:  # a network missing trained parts would be trained from a partial init
-        if "fc_norm.weight" in weights and any(k.startswith("norm.") for k in trained):
-            raise ConfigError(f"model.pretrained: {path.name} normalises after pooling (timm's fc_norm, global_pool=avg, "
-                              f"no final norm): this ViT normalises before pooling, so it would compute another "
-                              f"function; give weights with a final norm (timm's global_pool=token or class-token ViTs)")
-        raise ConfigError(f"model.pretrained: {path.name} lacks {len(trained)} trained tensors of this network "
-                          f"({', '.join(trained[:4])}{', ...' if len(trained) > 4 else ''}); they would start at their "
-                          f"init inside trained weights: give the whole state dict")
+    check_function(weights, own, report["ignored"], fresh, fixed_pos, path.name)
     model.load_state_dict(chosen, strict=False)
     distill = " (a distillation token and head: model.distilled=true keeps them)" \
         if "dist_token" in report["ignored"] else ""

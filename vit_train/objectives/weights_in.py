@@ -30,7 +30,8 @@ import torch
 
 from vit_train.data.regular import not_regular
 from vit_train.errors import CheckpointError, ConfigError
-from vit_train.models.architecture import architecture, differences, differing, head_classes, identity, revealed
+from vit_train.models.architecture import (architecture, differences, differing, head_classes, identity,
+                                           positions_exempt, revealed)
 from vit_train.objectives.score import best_weights
 from vit_train.outputs.checkpoint import checkpoint_file
 from vit_train.outputs.identity import class_difference, mixed_runs, mixed_text, run_id_of, shown_classes
@@ -154,7 +155,9 @@ def check_record(incoming: Incoming, class_names: Any) -> None:
                   for key, a, b in differing(arch, architecture(incoming.config["model"]))]
     tensors = {k.removeprefix("encoder."): v for k, v in incoming.weights.items() if not k.startswith("decoder.")}
     if arch:
-        found += [f"{key}={a} in the record, {b} in its tensors" for key, a, b in differing(arch, revealed(tensors))]
+        shown = revealed(tensors)
+        found += [f"{key}={a} in the record, {b} in its tensors"
+                  for key, a, b in differing(arch, shown, positions_exempt(shown, arch))]
     heads = head_classes(tensors)
     if names is not None and heads is not None and heads != len(names):
         found.append(f"its head has {heads} outputs for the record's {len(names)} class names")
@@ -243,7 +246,8 @@ def load_pretrained(model: torch.nn.Module, given: str | Path, class_names: list
     weights, naming = timm_names(incoming.weights)
     theirs = incoming.identity["architecture"] if incoming.identity and incoming.identity.get("architecture") \
         else revealed(weights)
-    check_architecture(incoming, architecture_of(model), PRETRAINED_EXEMPT, theirs)
+    ours = architecture_of(model)
+    check_architecture(incoming, ours, PRETRAINED_EXEMPT + positions_exempt(theirs, ours), theirs)
     new_head = _new_head(incoming, head_classes(weights), head_classes(model.state_dict()), class_names, reset_head)
     return fit_pretrained(model, weights, naming, incoming.config, str(incoming.path), new_head)
 
