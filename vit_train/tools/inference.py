@@ -14,6 +14,7 @@ import torch
 
 from vit_train.config import Config
 from vit_train.errors import CheckpointError, ConfigError
+from vit_train.models.architecture import architecture, differing
 from vit_train.models.vit import VisionTransformer
 from vit_train.objectives.score import best_weights
 from vit_train.schema import legacy
@@ -76,8 +77,9 @@ def load_for_inference(path: str | Path, weights: Weights = "auto",
     except RuntimeError as e:  # load_state_dict's: tensors that do not fit the network the file's own config names
         if not str(e).startswith("Error(s) in loading state_dict"):
             raise  # another failure (an objective's own code): its own message, not a damaged file
-        raise CheckpointError(f"ckpt={path}: its weights do not fit the network its config names "
-                              f"({first_difference(e)}); the file was edited or damaged: do not use it as it is") from None
+        if resized:
+            _refuse_size(path, plain, len(ckpt["class_names"]), state, trained_size, e)
+        raise _damaged(path, e) from None
     if resized:
         learned = isinstance(getattr(model, "pos_embed", None), torch.nn.Parameter)
         log.info("evaluating at %dx%d, trained at %dx%d: %s", cfg.model.img_size, cfg.model.img_size,
@@ -85,6 +87,30 @@ def load_for_inference(path: str | Path, weights: Weights = "auto",
                  "learned positions interpolated (bicubic)" if learned else "fixed sin-cos positions recomputed")
         ckpt = {**ckpt, "preprocess": None}  # the preprocessing follows the new size
     return model.eval(), cfg, ckpt, source
+
+
+def _refuse_size(path, plain: dict, classes: int, state: dict, trained_size: int, error: RuntimeError) -> None:
+    """The cause when weights that fit no network at model.img_size are asked to run there: ConfigError when
+    they fit at their trained size (a network whose shape follows the image size: a ResNet's stem), naming
+    what differs (models/architecture.py); CheckpointError (`_damaged`) when they fit at neither size."""
+    saved = {**plain["model"], "img_size": trained_size}
+    cfg = Config.from_dict({**plain, "model": saved, "resume": None})
+    try:
+        cfg.objective.inference_model(cfg, trained_size, classes, state)
+    except RuntimeError as e:  # no fit at its own size either: what differs there
+        raise _damaged(path, e) from None
+    size = plain["model"]["img_size"]
+    found = [f"{key}={there} at {size}, {here} as trained"
+             for key, there, here in differing(architecture(plain["model"]), architecture(saved))]
+    why = f"the network is another at that size ({', '.join(found)})" if found else \
+        f"its weights do not fit the network at that size ({first_difference(error)})"
+    raise ConfigError(f"ckpt={path} cannot run at model.img_size={size}: {why}; evaluate at "
+                      f"model.img_size={trained_size} (its own size: leave model.img_size out)")
+
+
+def _damaged(path, error: RuntimeError) -> CheckpointError:
+    return CheckpointError(f"ckpt={path}: its weights do not fit the network its config names "
+                           f"({first_difference(error)}); the file was edited or damaged: do not use it as it is")
 
 
 def _merge(base: dict, extra: dict) -> dict:
