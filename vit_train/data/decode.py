@@ -19,6 +19,11 @@ so one picture gives one tensor whatever the file's mode:
   Pillow, torchvision's `default_loader` and timm do not apply it; a folder of phone photos taken
   in portrait would otherwise train on pictures lying on their side.
 - The first frame of a multi-frame file (GIF, TIFF pages). Colour profiles (ICC) are not applied.
+
+The pixel limit (Image.MAX_IMAGE_PIXELS) bounds the resize that follows decoding too: once this process's
+preprocessing is built (preprocess.py, `check_resizes`), an image whose resize to the model's input
+(shorter side to N pixels: an extreme aspect ratio, e.g. 20000x3) would exceed it raises ResizeBombError,
+an image bomb like the others, before its pixels are decoded.
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 TRANSPARENT_MODES = ("LA", "RGBA", "PA")
 
 
+class ResizeBombError(Image.DecompressionBombError):
+    """An image within the pixel limit whose resize to the model's input would not be (`check_resizes`)."""
+
+
 class UnreadableImage(Exception):
     """An image that Pillow cannot decode; the data set replaces it and reports its index."""
 
@@ -56,6 +65,36 @@ def describe_unreadable(path: str) -> str:
 
 log = logging.getLogger("vit_train")
 _said_transparency = False  # this process has named an image with transparency (one line per process)
+_resize_side: int | None = None  # the shorter side this process's preprocessing resizes images to (check_resizes)
+
+
+def check_resizes(side: int | None) -> None:
+    """From now on in this process, `open_rgb` and `decode_rgb` refuse an image whose shorter side resized to
+    `side` pixels (torchvision's Resize(side)) would make more than Image.MAX_IMAGE_PIXELS pixels: ResizeBombError,
+    raised before decoding, so the image goes to the unreadable-image policy like any image bomb. None: no
+    check. preprocess.py calls it wherever its transforms are built or unpickled (a spawned loader worker)."""
+    global _resize_side
+    _resize_side = side
+
+
+def resized_size(width: int, height: int, side: int) -> tuple[int, int]:
+    """(width, height) of a width x height image once its shorter side is resized to `side`, as torchvision's
+    Resize(side) computes it."""
+    if width <= height:
+        return side, int(side * height / width)
+    return int(side * width / height), side
+
+
+def _check_resize(width: int, height: int) -> None:
+    """ResizeBombError when resizing a width x height image to `_resize_side` would exceed the pixel limit."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if _resize_side is None or limit is None or not width or not height:
+        return
+    new_width, new_height = resized_size(width, height, _resize_side)
+    if new_width * new_height > limit:
+        raise ResizeBombError(f"{width}x{height} pixels, resized to the model's input (shorter side {_resize_side}), "
+                              f"would be {new_width}x{new_height} = {new_width * new_height} pixels, over the limit of "
+                              f"{limit} (an image bomb); crop it to a less extreme aspect ratio, or remove it")
 
 
 def open_rgb(path: str | Path) -> Image.Image:
@@ -68,7 +107,7 @@ def open_rgb(path: str | Path) -> Image.Image:
     blocking. Raises one of IMAGE_ERRORS for a missing or unreadable file (FileNotFoundError first).
     """
     with open_regular(Path(path).expanduser()) as file:
-        return _decode(file, path)[0]
+        return _decode(file, path, resized=True)[0]
 
 
 def decode_rgb(data: bytes, name: str) -> Image.Image:
@@ -76,14 +115,15 @@ def decode_rgb(data: bytes, name: str) -> Image.Image:
     RGB Pillow image, decoded exactly as `open_rgb` decodes a file holding them; `name` names the
     image in log lines and errors (e.g. "train-000003.tar:000123.jpg"). Raises one of IMAGE_ERRORS
     when unreadable, its message naming `name` where Pillow would name the file."""
-    return decode_with_format(data, name)[0]
+    return _decode(_NamedBytes(data, name), name, resized=True)[0]
 
 
 def decode_with_format(data: bytes, name: str) -> tuple[Image.Image, str | None]:
     """(`decode_rgb(data, name)`, Pillow's name of the bytes' format: "JPEG", "PNG", "WEBP", ... or None),
-    with decode_rgb's checks (the strict pixel limit) and errors: for callers that keep the bytes as
-    they are when their format is one they accept (vit-shards image_format=source)."""
-    return _decode(_NamedBytes(data, name), name)
+    with decode_rgb's checks (the strict pixel limit) and errors but the resize's (`check_resizes`): for callers
+    that store the image unresized, keeping the bytes as they are when their format is one they accept (vit-shards
+    image_format=source); the run that reads it checks its resize."""
+    return _decode(_NamedBytes(data, name), name, resized=False)
 
 
 class _NamedBytes(io.BytesIO):
@@ -98,7 +138,8 @@ class _NamedBytes(io.BytesIO):
         return repr(self.image_name)
 
 
-def _decode(source, name) -> tuple[Image.Image, str | None]:
+def _decode(source, name, resized: bool) -> tuple[Image.Image, str | None]:
+    """`resized`: the image will be resized to the model's input (`check_resizes`)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         # Pillow's warnings about a file's metadata (EXIF tags larger than the file, say) would print
@@ -106,6 +147,8 @@ def _decode(source, name) -> tuple[Image.Image, str | None]:
         warnings.filterwarnings("ignore", category=UserWarning, module="PIL")
         try:
             with Image.open(source) as image:
+                if resized:
+                    _check_resize(*image.size)  # from the header, before the pixels are decoded
                 image.load()
                 if not _said_transparency and has_transparency(image):
                     say_transparency(name, image)

@@ -10,7 +10,7 @@ from typing import ClassVar
 import torch
 from torchvision.transforms import v2
 
-from vit_train.data.preprocess import eval_transform, spec
+from vit_train.data.preprocess import Preprocessing, eval_transform, spec
 from vit_train.schema.sections import AugConfig
 from vit_train.schema.typed import overridden
 
@@ -49,12 +49,17 @@ def build_transforms(aug: Augmentation, img_size: int, stats: tuple, native_size
     `native_size` None: inputs are PIL images of any size (image files), evaluated by resize + centre crop.
     Training runs the option's transforms, then erases a random rectangle (with per-pixel noise, as DeiT
     does) with probability `aug.random_erasing`.
+
+    Both check the resize of each decoded image as the evaluation's (preprocess.py `Preprocessing`), so that a
+    train image and a val image are refused alike, by the training process and by each loader worker however
+    it was started: an image whose resize to the model's input would exceed the image-bomb pixel limit is an
+    unreadable image (data.bad_images) in every split, even where RandomResizedCrop would bound it.
     """
     evaluate = eval_transform(spec(img_size, native_size is not None, stats))
     train = aug.train_transform(img_size, stats, native_size)
     if aug.random_erasing > 0:
         train.append(v2.RandomErasing(aug.random_erasing, value="random"))
-    return v2.Compose(train), evaluate
+    return Preprocessing(train, evaluate.resize), evaluate
 
 
 def device_augmentation(aug: Augmentation) -> str | None:

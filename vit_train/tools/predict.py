@@ -16,7 +16,7 @@ from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from vit_train.config import Config
-from vit_train.data.decode import IMAGE_ERRORS, open_rgb
+from vit_train.data.decode import IMAGE_ERRORS, ResizeBombError, open_rgb
 from vit_train.data.listing import file_kind, list_images, path_is_image, say_skipped
 from vit_train.data.preprocess import eval_transform
 from vit_train.errors import ConfigError, DataError
@@ -27,13 +27,15 @@ GLOB_CHARACTERS = "*?["
 
 
 def read_image(path: str | Path) -> Image.Image:
-    """`path` as an RGB image, decoded as the training loader decodes it (data/decode.py)."""
+    """`path` as an RGB image, decoded as the training loader decodes it (data/decode.py); one whose resize
+    to the model's input would exceed the pixel limit is refused (ResizeBombError: the transform is built first)."""
     try:
         return open_rgb(path)
     except FileNotFoundError:
         raise DataError(f"image {path} does not exist") from None
     except IMAGE_ERRORS as e:
-        raise DataError(f"{path} cannot be read as an image ({type(e).__name__}: {str(e)[:200]})") from None
+        why = str(e) if isinstance(e, ResizeBombError) else str(e)[:200]  # its own words: sizes and what to do
+        raise DataError(f"{path} cannot be read as an image ({type(e).__name__}: {why})") from None
 
 
 def image_files(entries: list[str]) -> list[str]:
