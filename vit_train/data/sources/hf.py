@@ -4,16 +4,14 @@ Each split is a map-style base data set like an image folder's: items (PIL RGB i
 image decoded from its encoded bytes by decode.py (the same decoder, the same unreadable-image policy),
 so the EpochSampler gives it the same order, resume and world-size independence as image folders.
 Nothing is downloaded: the `datasets` library runs offline, and parquet files are converted to Arrow
-in a temporary folder removed when the process ends, not in ~/.cache.
+in a temporary folder owned by the process (hf_files.make_copy_folder), not in ~/.cache: removed when
+the process ends, or by the next data=hf run when the process was killed.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -24,7 +22,7 @@ from vit_train.errors import DataError
 from vit_train.extras import require
 from vit_train.data.decode import IMAGE_ERRORS, UnreadableImage, decode_rgb
 from vit_train.data.sources.base import UNLABELLED_CLASS, EncodedImages
-from vit_train.data.hf_files import check_regular, load_from_disk, parquet_files
+from vit_train.data.hf_files import check_regular, load_from_disk, make_copy_folder, parquet_files, reclaim_copies
 from vit_train.data.regular import open_regular
 
 log = logging.getLogger("vit_train")
@@ -127,6 +125,7 @@ def load_hf_splits(root: str | Path, image_key: str, label_key: str, train_split
     Raises DataError naming what is missing (a split, a column) or inconsistent (the classes).
     """
     require("datasets", "data=hf", error=DataError, needs="the datasets package")
+    reclaim_copies()  # the Arrow copies that killed runs left in the temp dir (one line when there were some)
     root = Path(root).expanduser()
     if not root.is_dir():
         raise DataError(f"data.root {root} does not exist; point it at a save_to_disk folder or a folder of "
@@ -178,12 +177,10 @@ def _open(root: Path) -> dict[str, Any]:
     for split_files in files.values():
         for f in split_files:
             check_regular(f, "a parquet file")
-    cache = tempfile.mkdtemp(prefix="vit-train-hf-")
-    owner = os.getpid()
-    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(cache, ignore_errors=True))
+    cache = make_copy_folder()  # removed at exit; a killed run's by the next data=hf run
     try:
         loaded = datasets.load_dataset("parquet", data_files={k: [str(f) for f in v] for k, v in files.items()},
-                                       cache_dir=cache)
+                                       cache_dir=str(cache))
     except Exception as e:  # pyarrow's and datasets' many errors for a damaged file
         raise DataError(f"the parquet files of {root} cannot be read ({type(e).__name__}: "
                         f"{str(e).splitlines()[0] if str(e) else ''}); check or rewrite them") from None
