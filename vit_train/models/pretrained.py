@@ -101,8 +101,9 @@ def resize_pos_embed(pos: torch.Tensor, num_prefix: int, grid: int, source_prefi
         source_prefix = 0 if math.isqrt(tokens) ** 2 == tokens else 1
     side = math.isqrt(tokens - source_prefix)
     if side * side != tokens - source_prefix:
-        raise ConfigError(f"pretrained pos_embed has {tokens} tokens, which is no square patch grid (plus {source_prefix} "
-                          f"prefix tokens); these weights do not come from a ViT of this kind")
+        raise ConfigError(f"pretrained pos_embed has {tokens} positions, {tokens - source_prefix} after its "
+                          f"{source_prefix} prefix positions, which is no square patch grid; this ViT's patch "
+                          f"grid is square, so its positions cannot be matched")
     prefix, patches = pos[:, :source_prefix], pos[:, source_prefix:]
     if side != grid:
         patches = patches.reshape(1, side, side, dim).permute(0, 3, 1, 2).float()
@@ -120,8 +121,8 @@ def map_pos_embed(pos: torch.Tensor, source: list[str], target: list[str], grid:
     embedded = next((n for n in (len(source), 0) if tokens >= n and math.isqrt(tokens - n) ** 2 == tokens - n), None)
     if embedded is None:
         raise ConfigError(f"pretrained pos_embed has {tokens} positions, which is no square patch grid after its "
-                          f"{len(source)} prefix tokens ({', '.join(source) or 'none'}); these weights do not come "
-                          f"from a ViT of this kind")
+                          f"{len(source)} prefix tokens ({', '.join(source) or 'none'}) nor without them; this "
+                          f"ViT's patch grid is square, so its positions cannot be matched")
     rows = dict(zip(source, pos[0, :embedded])) if embedded else {}
     prefix = torch.stack([rows.get(name, pos.new_zeros(dim)) for name in target])[None] if target else pos[:, :0]
     patches = resize_pos_embed(pos[:, embedded:], 0, grid, source_prefix=0)
