@@ -160,7 +160,7 @@ def test_sigterm_to_a_torchrun_group_during_an_eval_stops_both_processes_at_its_
                           env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
     output = done.stdout + done.stderr
     stops = [line for line in output.splitlines() if "stopped by SIGTERM at step" in line]
-    assert len(stops) == 2 and all(" at step 4;" in line for line in stops), output[-4000:]
+    assert len(stops) == 1 and " at step 4;" in stops[0], output[-4000:]  # rank 0 speaks for the group
     assert "vit_train/" not in output and "exited unexpectedly" not in output, output[-4000:]
     assert "SIGTERM ended the evaluation at step 4 with its loader's workers" in output, output[-4000:]
     run = tmp_path / "run"

@@ -92,7 +92,7 @@ def run(prog: str, work: Callable[[list[str]], tuple[Any, Callable[[Any], str]]]
     logging.getLogger("vit_train").setLevel(logging.INFO)
     argv = sys.argv[1:]
     if {"-h", "--help"} & set(argv):
-        print(__doc__.split("\n\n")[1].replace("    ", "", 1))
+        print(help_text(prog))
         return
     try:
         results, render = work([a for a in argv if a != "--json"])
@@ -107,6 +107,36 @@ def run(prog: str, work: Callable[[list[str]], tuple[Any, Callable[[Any], str]]]
         print_output(json.dumps(results, indent=2) if "--json" in argv else render(results))
     except UserError as e:
         exit_with(prog, e)
+
+
+# What each command does, in its usual form: the first lines of its --help, before its usage from the docstring above.
+SUMMARIES = {
+    "vit-eval": "vit-eval ckpt=PATH [key=value ...]: evaluate a checkpoint on its data set's validation split (top-1/5,\n"
+                "per class, confusion matrix, attention maps); metrics.json and figures go to the run's eval/.",
+    "vit-predict": "vit-predict ckpt=PATH images=[FILE,FOLDER,'PATTERN'] [key=value ...]: classify images with a\n"
+                   "checkpoint: each image's top_k classes with their probabilities.",
+    "vit-export": "vit-export ckpt=PATH [format=safetensors|onnx] [key=value ...]: write a checkpoint's weights as\n"
+                  "a safetensors or ONNX file, by default into the run's export/.",
+    "vit-shards": "vit-shards data=NAME [data.root=DIR] out=DIR [key=value ...]: write a data set's train and val\n"
+                  "splits as WebDataset tar shards with an index.json, for vit-train data=webdataset data.root=DIR.",
+}
+
+
+def help_text(prog: str) -> str:
+    """`prog --help`: what it does in its usual form (SUMMARIES), its usage from this module's docstring, the
+    data options where it takes data=NAME, and how bad input ends."""
+    usage = __doc__.split("\n\n")[1].splitlines()
+    start = next(i for i, line in enumerate(usage) if line.startswith(f"    {prog} "))
+    end = next((i for i in range(start + 1, len(usage)) if usage[i].startswith("    vit-")), len(usage))
+    lines = [SUMMARIES[prog], "", "usage: " + usage[start][4:], *("   " + line for line in usage[start + 1:end])]
+    if prog == "vit-eval":
+        choices = sorted(path.stem for path in (Path(config_dir()) / "data").glob("*.yaml"))
+        lines.append(f"data=NAME evaluates on another data set ({', '.join(choices)});\n"
+                     f"data.KEY=VALUE, trainer.KEY=VALUE and model.img_size=N change one key of the checkpoint's config")
+    elif prog == "vit-shards":
+        lines.append("data=NAME: a data set vit-train reads (vit-train --help lists them); data.KEY=VALUE sets one of\n"
+                     "its keys (vit-train data=NAME --cfg job shows them)")
+    return "\n".join([*lines, __doc__.split("\n\n")[2].strip()])
 
 
 def _eval(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:

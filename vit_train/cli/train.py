@@ -162,10 +162,14 @@ def _run_or_job(cfg: DictConfig) -> float:
             lock.restore()  # a refused resume leaves the lock file as it was, its holder record too
         exit_with("vit-train", e)
     except RunStopped as e:
-        print(f"vit-train: {e}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # one line for all processes (they stopped at the same step)
+            launcher = os.environ.get(torchrun.LAUNCHER)  # `vit-train --nproc_per_node=N` started them: its command
+            print(f"vit-train: {str(e).replace(torchrun.TORCHRUN_COMMAND, launcher) if launcher else e}",
+                  file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once, keeping the last checkpoint
-        print("vit-train: interrupted", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":
+            print("vit-train: interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception:  # an error in the code (Hydra prints its traceback, exit 1); a started run recorded it
         if not resumes_existing(cfg.resume):
@@ -297,6 +301,8 @@ def show_config(args: list[str]) -> None:
 
 
 def train_main() -> None:
+    launcher, sys.argv[1:] = torchrun.launcher_options(sys.argv[1:])  # vit-train --nproc_per_node=N ...: torchrun's
+    given = list(sys.argv[1:])
     try:
         sys.argv[1:], renamed = rename_old_keys(sys.argv[1:])  # mae.mask_ratio=... is objective.mask_ratio=... now
         RENAMED[:] = renamed
@@ -311,4 +317,6 @@ def train_main() -> None:
             check_writable(sys.argv[1:])
     except ConfigError as e:
         exit_with("vit-train", e)
+    if launcher and not {"--cfg", "-c", "--help", "-h", "--info", "--hydra-help"} & set(given):
+        torchrun.launch(launcher, given)  # checked here once; each process reads the command line again
     _train_app()

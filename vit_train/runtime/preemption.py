@@ -24,7 +24,8 @@ class StopRequest:
     """A context manager installing the handlers; true once a stop signal has arrived.
 
     `deferred` (several processes): a signal only counts once `agree` is called with it, so that
-    every process changes its mind at the same step.
+    every process changes its mind at the same step; rank 0 alone says so (one line for all processes,
+    whichever of them the signal reached).
     """
 
     def __init__(self, deferred: bool = False) -> None:
@@ -61,7 +62,8 @@ class StopRequest:
         self.received = signum
         if not self.deferred:
             self.signum = signum
-        log.warning("received %s: %s (Ctrl-C again to stop at once)", signal.Signals(signum).name, self.plan())
+        if self.speaks:
+            log.warning("received %s: %s (Ctrl-C again to stop at once)", signal.Signals(signum).name, self.plan())
 
     @contextmanager
     def during(self, doing: str) -> Iterator[None]:
@@ -83,8 +85,13 @@ class StopRequest:
         """The stop all processes agreed on (the largest signal number any of them received)."""
         if signum and not self.signum:
             self.signum = signum
-            if self.received is None:
+            if self.received is None and self.speaks:
                 log.warning("another process received %s: %s", self.name, self.plan())
+
+    @property
+    def speaks(self) -> bool:
+        """Whether this process says what a stop signal does: one process alone, or rank 0 of several."""
+        return not self.deferred or os.environ.get("RANK", "0") == "0"
 
     def __bool__(self) -> bool:
         return self.signum is not None

@@ -8,14 +8,15 @@ A bar redraws itself with carriage returns, which a file keeps: the log of a lon
 megabytes of half-lines (Lightning #6647 and #8975 report it). When stderr is not a terminal,
 `progress_bar` returns a `LineProgress` instead: the same figures as one whole line at most every
 `LINE_INTERVAL` seconds and at the end of each epoch. An evaluation gets no progress lines there:
-its result is logged.
+its result is logged. Other commands' counts (vit-shards' images) go through `progress_items`, the
+same way: a bar on a terminal, lines in a log.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import IO, Any, Callable, Iterable
+from typing import IO, Any, Callable, Iterable, Iterator
 
 from tqdm.auto import tqdm
 
@@ -28,12 +29,15 @@ class LineProgress:
 
     `set_postfix` only keeps the figures (it never prints: a log gets no line per log step);
     `update` prints once `interval` seconds of `clock` have passed since the last line; `close`
-    prints the last line, once, if a step was made since the start and the last line.
+    prints the last line, once, if a step was made since the start and the last line. `unit`: what is
+    counted; other than a step, its rate is per second unless one takes longer
+    (`vit-shards train: 40/48 images (83%), 212.5 images/s`).
     """
 
     def __init__(self, total: int, desc: str, initial: int = 0, interval: float = LINE_INTERVAL,
-                 file: IO[str] | None = None, clock: Callable[[], float] = time.monotonic):
+                 file: IO[str] | None = None, clock: Callable[[], float] = time.monotonic, unit: str = "step"):
         self.total, self.desc, self.n, self.interval, self.clock = total, desc, initial, interval, clock
+        self.unit = unit
         self.file = file if file is not None else sys.stderr
         self.start_n, self.started = initial, clock()
         self.last_line, self.postfix, self.closed, self.shown_n = self.started, {}, False, initial
@@ -48,11 +52,14 @@ class LineProgress:
 
     def print_line(self) -> None:
         self.last_line, self.shown_n = self.clock(), self.n
-        done = self.n - self.start_n
-        rate = f", {(self.last_line - self.started) / done:.2f} s/step" if done else ""
+        done, elapsed = self.n - self.start_n, self.last_line - self.started
+        if self.unit == "step" or done and done < elapsed:  # a second or more each
+            rate = f", {elapsed / done:.2f} s/{self.unit}" if done else ""
+        else:
+            rate = f", {done / elapsed:.1f} {self.unit}s/s" if done and elapsed > 0 else ""
         share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
         figures = "".join(f", {k}={v}" for k, v in self.postfix.items())
-        print(f"{self.desc}: {self.n}/{self.total} steps{share}{rate}{figures}", file=self.file, flush=True)
+        print(f"{self.desc}: {self.n}/{self.total} {self.unit}s{share}{rate}{figures}", file=self.file, flush=True)
 
     def close(self) -> None:
         if not self.closed and self.n != self.shown_n:
@@ -107,6 +114,22 @@ class EpochProgress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+def progress_items(iterable: Iterable, total: int, desc: str, enabled: bool, unit: str = "image") -> Iterator:
+    """The items of `iterable` (`total` of them), counted: a tqdm bar on a terminal; in a log (`> file`, CI)
+    whole `LineProgress` lines, at most one every `LINE_INTERVAL` seconds and one once all are through (none
+    when the iteration stops early: the error that stopped it is the last line); nothing when not `enabled`."""
+    if not enabled:
+        yield from iterable
+    elif interactive():
+        yield from tqdm(iterable, total=total, desc=desc, unit=unit)
+    else:
+        lines = LineProgress(total, desc, interval=LINE_INTERVAL, unit=unit)
+        for item in iterable:
+            yield item
+            lines.update()
+        lines.close()
 
 
 def progress_iter(iterable: Iterable, desc: str, enabled: bool) -> Iterable:

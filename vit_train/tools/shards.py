@@ -191,7 +191,7 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
     or one that already holds the splits (unless `overwrite`); OutputError when `out` cannot be written
     (a full disk: no index lists a half-written split, an earlier set is kept whole).
     """
-    from tqdm import tqdm
+    from vit_train.runtime.progress import progress_items
 
     if image_format not in IMAGE_FORMATS:
         raise ConfigError(f"image_format must be one of {', '.join(IMAGE_FORMATS)}; got {image_format!r}")
@@ -216,7 +216,7 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
         stream = iter(())
         try:
             stream = encoded_all(base, image_format, workers)
-            items = tqdm(stream, total=len(base), desc=f"vit-shards {split}", unit="img", disable=not progress)
+            items = progress_items(stream, len(base), f"vit-shards {split}", progress)  # a bar, or lines in a log
             for i, item in enumerate(items):
                 if isinstance(item, str):  # why it cannot be read
                     if cfg.data.bad_images == "error" or split == "val":
