@@ -84,15 +84,20 @@ def test_every_file_with_weights_holds_the_plain_models_names(tmp_path, kind, gl
     assert all(torch.equal(back.module.state_dict()[k], plain.state_dict()[k] + 1) for k in names)
 
 
+PREFIXES = ["module._orig_mod.", "_orig_mod.module.", "_fsdp_wrapped_module.",  # FSDP1 of another tool
+            "_checkpoint_wrapped_module."]  # activation checkpointing's wrapper
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
 @pytest.mark.parametrize("source", ["model", "ema"])
-def test_timm_loads_an_export_of_wrapped_weights_strictly_and_computes_the_same(tmp_path, source):
+def test_timm_loads_an_export_of_wrapped_weights_strictly_and_computes_the_same(tmp_path, source, prefix):
     """A checkpoint whose weights carry wrapper names (written by another tool or an earlier version): the
     export holds timm's names, and timm's VisionTransformer of the same shape gives the same logits."""
     timm = pytest.importorskip("timm")
     cfg = tiny_config()
     torch.manual_seed(0)
     plain = build_model(cfg.model, 10).eval()
-    dirty = {f"module._orig_mod.{k}": v for k, v in plain.state_dict().items()}
+    dirty = {f"{prefix}{k}": v for k, v in plain.state_dict().items()}
     ckpt = checkpoint_of(cfg, plain, AveragedModel(plain, use_buffers=True))
     ckpt["model"], ckpt["ema"] = dirty, {**{f"module.{k}": v for k, v in dirty.items()}, "n_averaged": torch.tensor(3)}
     path = tmp_path / "w.safetensors"

@@ -4,7 +4,8 @@ ViT (`vit_b_16`, `vit_l_16`, ...). From a masked-autoencoder run (objective mae)
 (`encoder.` prefix stripped) and its decoder dropped; the head is new.
 
 Names are brought to timm's (ours): wrapper prefixes of DDP, DataParallel, AveragedModel
-(`module.`) and torch.compile (`_orig_mod.`) are removed at any depth and in any order, an outer
+(`module.`), torch.compile (`_orig_mod.`), FSDP1 and activation checkpointing (outputs/weights.py `WRAPPERS`)
+are removed at any depth and in any order, an outer
 prefix (Lightning's `model.`, ...) is removed, and torchvision's names are mapped to timm's.
 Keys that fit are loaded; learned position embeddings are resized by bicubic interpolation when the
 patch grid differs; prefix-token positions (class, distillation, register tokens) are matched by

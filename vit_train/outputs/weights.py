@@ -79,12 +79,15 @@ def save_safetensors(weights: dict[str, torch.Tensor], path: Path, metadata: dic
     os.chmod(path, 0o666 & ~umask)
 
 
-WRAPPERS = ("module", "_orig_mod")  # DDP / DataParallel / AveragedModel, torch.compile
+# DDP / DataParallel / AveragedModel, torch.compile, FSDP1's units, activation checkpointing's wrapper
+# (torch.distributed.algorithms._checkpoint.checkpoint_wrapper); FSDP2 (fully_shard) adds no name
+WRAPPERS = ("module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
 
 
 def strip_wrappers(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`weights` without the names wrappers add: `module.` (DDP, DataParallel, AveragedModel) and
-    `_orig_mod.` (torch.compile), at any depth and in any order; an AveragedModel's `n_averaged` dropped."""
+    """`weights` without the names wrappers add: `module.` (DDP, DataParallel, AveragedModel), `_orig_mod.`
+    (torch.compile), `_fsdp_wrapped_module.` (FSDP1) and `_checkpoint_wrapped_module.` (activation
+    checkpointing's wrapper), at any depth and in any order; an AveragedModel's `n_averaged` dropped."""
     return {".".join(p for p in k.split(".") if p not in WRAPPERS): v for k, v in weights.items()
             if k.split(".")[-1] != "n_averaged"}
 
