@@ -1,20 +1,25 @@
 """A run's loaders (`Data`), made by its data set's `build` (data/sources/): the random-access path
-shared by all but streams (`random_access_data`), the pipeline choice, and what every loader's
-workers share (signals, start method)."""
+shared by all but streams (`random_access_data`), the pipeline choice, what every loader's
+workers share (signals, start method), and the line a training run warns with when the image files are far
+smaller than the model's input (`small_images`, from a few images' headers)."""
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import signal
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader
 
 from vit_train.data.datasets import TransformedDataset
 from vit_train.data.on_device import DeviceEvalPipeline, DeviceTrainPipeline
+from vit_train.data.regular import open_regular
 from vit_train.data.sampler import EpochSampler, ShardSampler
 from vit_train.data.transforms import build_transforms, device_augmentation
 from vit_train.data.unreadable import CheckedLoader, UnreadableImages
@@ -36,6 +41,7 @@ class Data:
     steps_per_epoch: int  # optimiser steps (global batches) per fresh epoch; the last partial batch is dropped
     stats: tuple = ((0.0,) * 3, (1.0,) * 3)  # (mean, std) the images were normalised with
     train_unreadable: UnreadableImages | None = None  # image folders only
+    small_images: str | None = None  # the line a training run warns with at its start (`small_images`), if any
 
     def epoch_done(self, epoch: int) -> None:
         """Report the unreadable training images replaced in the epoch that just ended."""
@@ -132,7 +138,58 @@ def random_access_data(cfg: Any, splits: tuple, device: torch.device, rank: int 
     val_sampler = ShardSampler(len(val_base), rank, world_size) if world_size > 1 else None
     val_loader = DataLoader(TransformedDataset(val_base, eval_tf), batch_size=eval_batch, sampler=val_sampler,
                             shuffle=False, generator=torch.Generator(), **workers)
+    # image files of any size: a few headers read (rank 0 says it), the line said by a training run only
+    small = small_images(image_sizes(train_base), cfg.model.img_size, cfg.model.patch_size) \
+        if d.encoded and rank == 0 else None
     train_unreadable = UnreadableImages(train_base, "train", d.bad_images, d.max_bad_fraction) if d.encoded else None
     val_unreadable = UnreadableImages(val_base, "val", d.bad_images, d.max_bad_fraction) if d.encoded else None
     return Data(CheckedLoader(train_loader, train_unreadable), CheckedLoader(val_loader, val_unreadable), sampler,
-                class_names, steps, stats, train_unreadable)
+                class_names, steps, stats, train_unreadable, small)
+
+
+SIZE_SAMPLE = 16  # images whose headers the size check reads, spread evenly over the training set
+
+
+def image_sizes(base: Any, count: int = SIZE_SAMPLE) -> list[tuple[int, int]]:
+    """(width, height) of up to `count` images spread evenly over `base`, a split of image files (an image
+    folder's: `samples` of (path, label)) or of encoded images (a Hugging Face dataset's: `encoded(i)`), read
+    from their headers only (Pillow decodes no pixels to open one). An image that cannot be read, or that
+    claims a size over Pillow's pixel limit, is passed over: the loader says what is wrong with it."""
+    n, sizes = len(base), []
+    for i in sorted({k * n // count for k in range(count)}) if n else []:
+        try:
+            if hasattr(base, "encoded"):
+                source = io.BytesIO(base.encoded(i))
+            else:
+                source = open_regular(base.samples[i][0])  # a FIFO is never waited on
+            with source, warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                warnings.filterwarnings("ignore", category=UserWarning, module="PIL")
+                with Image.open(source) as image:
+                    sizes.append(image.size)
+        except Exception:  # noqa: BLE001 - unreadable here is the loader's to report, not the size check's
+            continue
+    return sizes
+
+
+def small_images(sizes: list[tuple[int, int]], img_size: int, patch_size: int, where: str | None = None) -> str | None:
+    """One line when the images (`sizes`, (width, height) of a sample) are far smaller than the model's input:
+    a median shorter side below half of model.img_size, so each image is blown up more than twice (a 28x28
+    image at the image-folder default of 224 is one 8x8-pixel blob per 16-pixel patch); None otherwise. The
+    fix it names is an input side of the next power of two at least the median side, in 8x8 patches. `where`:
+    where the sizes come from (default: "N images sampled")."""
+    if not sizes:
+        return None
+    sides = sorted(min(w, h) for w, h in sizes)
+    median = sides[len(sides) // 2]
+    if 2 * median >= img_size:
+        return None
+    fit = 1 << max(3, (median - 1).bit_length())  # 28 -> 32, 50 -> 64, 100 -> 128
+    seen = [f"{w}x{h}" for w, h in sorted(set(sizes), key=lambda s: (min(s), s))]
+    example = ", ".join(seen[:3]) + (", ..." if len(seen) > 3 else "")
+    where = where or f"{len(sizes)} images sampled"
+    return (f"the images are far smaller than the model's input: a median shorter side of {median} px ({example}; "
+            f"{where}) against model.img_size={img_size} (patch {patch_size}), so each is upscaled "
+            f"{img_size / median:.1f}x; for images this small set model.img_size={fit} "
+            f"model.patch_size={max(1, fit // 8)}")
+

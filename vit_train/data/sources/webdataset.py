@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import torch
 
-from vit_train.data.loaders import Data, loader_options, loader_workers, pipeline
+from vit_train.data.loaders import Data, loader_options, loader_workers, pipeline, small_images
 from vit_train.data.shard_index import load_index, train_fingerprint
 from vit_train.data.shard_stream import build_stream_loaders
 from vit_train.data.sources.base import EncodedImages
@@ -51,8 +51,10 @@ class WebDataset(EncodedImages):
         options = loader_options(self.num_workers, device)
         train, val, plan, unreadable = build_stream_loaders(index, cfg, train_tf, eval_tf, device, rank, world_size,
                                                             labels, options)
+        sizes = [tuple(index.image_size[::-1])] if index.image_size else []  # [H, W] when every image has one size
+        small = small_images(sizes, cfg.model.img_size, cfg.model.patch_size, "every image, as index.json records")
         return Data(train, val, plan, list(index.classes), index.train.samples // self.batch_size, self.stats,
-                    unreadable)
+                    unreadable, small)
 
     def stream_layout(self, world_size: int) -> dict[str, Any]:
         """The world size and loader worker count (data.num_workers resolved) the epoch's stream plan is cut for
