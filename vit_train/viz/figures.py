@@ -210,15 +210,68 @@ def save_figure(fig, path: Path) -> Path:
 
 # --- a model's figures: vit-eval's, and TensorBoard's during training (trainer.viz_every) ----------
 
-def first_images(loader, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The loader's first `count` images and labels (the same ones every time for a val loader)."""
-    images, labels = [], []
-    for batch, targets in loader:
-        images.append(batch)
-        labels.append(targets)
-        if sum(len(b) for b in images) >= count:
+STREAM_BATCHES = 4  # a stream's val batches read to choose from (it has no labels to look at before reading)
+
+
+def across_classes(labels: list[int], count: int) -> list[int]:
+    """Indices of `count` items (or all there are) taken round-robin by class: the first item of each class,
+    then the second of each, ..., classes in ascending order; with more classes than `count`, classes spread
+    evenly over them (0, C/count, 2C/count, ...). Deterministic: the same labels give the same indices."""
+    by_class: dict[int, list[int]] = {}
+    for index, label in enumerate(labels):
+        by_class.setdefault(int(label), []).append(index)
+    classes = sorted(by_class)
+    if len(classes) > count:
+        classes = [classes[k * len(classes) // count] for k in range(count)]
+    picks: list[int] = []
+    for turn in range(max((len(v) for v in by_class.values()), default=0)):
+        picks += [by_class[c][turn] for c in classes if turn < len(by_class[c])]
+        if len(picks) >= count:
             break
-    return torch.cat(images)[:count], torch.cat(labels)[:count]
+    return picks[:count]
+
+
+def _labels(base) -> list[int] | None:
+    """A random-access data set's labels, read without its images (None when it does not expose them)."""
+    for name in ("targets", "labels"):  # torchvision's ImageFolder; TensorImages, a Hugging Face split
+        found = getattr(base, name, None)
+        if found is not None:
+            return [int(label) for label in (found.tolist() if torch.is_tensor(found) else found)]
+    samples = getattr(base, "samples", None)  # (path, label) pairs
+    return [int(label) for _, label in samples] if samples is not None else None
+
+
+def figure_images(loader, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`count` val images and labels for the figures, across classes (`across_classes` of the val set's labels):
+    a val set sorted by class shows several classes, not `count` images of its first. The same ones every time.
+
+    Only the chosen images are read: a DataLoader's data set by index (an unreadable one is replaced by the
+    next, as the loader replaces it), the on-device pipeline's tensors. A stream (data=webdataset), which cannot
+    be read by index, is read until it has shown `count` classes, for STREAM_BATCHES batches at most, keeping
+    the first `count` images of each of the first `count` classes, and chosen among those."""
+    dataset = getattr(loader, "dataset", None)
+    base = getattr(dataset, "base", None)
+    labels = _labels(base) if base is not None else None
+    if labels is not None:
+        items = [dataset[i] for i in across_classes(labels, count)]
+        return torch.stack([item[0] for item in items]), torch.tensor([int(item[1]) for item in items])
+    if torch.is_tensor(getattr(loader, "images", None)) and torch.is_tensor(getattr(loader, "labels", None)):
+        picks = torch.tensor(across_classes(loader.labels.tolist(), count), device=loader.labels.device)
+        return loader.transform(loader.images[picks]).as_subclass(torch.Tensor), loader.labels[picks]
+    kept: dict[int, list[torch.Tensor]] = {}  # the first `count` classes met, up to `count` images each
+    for read, (batch, targets) in enumerate(loader, 1):
+        for image, label in zip(batch, targets.tolist()):
+            if (label in kept or len(kept) < count) and len(kept.setdefault(label, [])) < count:
+                kept[label].append(image.clone())  # not a view: the batch is freed
+        if len(kept) >= count or read >= STREAM_BATCHES:
+            break
+    labels = [label for label in kept for _ in kept[label]]
+    images = [image for label in kept for image in kept[label]]
+    picks = across_classes(labels, count)
+    return torch.stack([images[i] for i in picks]), torch.tensor([labels[i] for i in picks])
+
+
+first_images = figure_images  # the name vit-eval imports (tools/report.py)
 
 
 @torch.no_grad()
@@ -262,7 +315,7 @@ class TrainingVisuals:
     def __init__(self, tb, every: int, data, draw: Callable[..., dict], count: int = 8):
         require("matplotlib", "trainer.viz_every", hint=", or set trainer.viz_every=null")
         self.tb, self.every, self.data, self.draw = tb, every, data, draw
-        self.images, self.labels = first_images(data.val_loader, count)
+        self.images, self.labels = figure_images(data.val_loader, count)
         self.evals = 0
         self.batch_shown = False
 
