@@ -40,7 +40,7 @@ def test_two_processes_train_like_one_and_write_one_set_of_files(tmp_path):
     assert [e["step"] for e in twos] == list(range(1, 17))  # each step logged once
     for a, b in zip(ones, twos):
         assert abs(a["loss"] - b["loss"]) < 1e-5 * a["loss"], (a, b)
-    assert_weights_close(model_weights(tmp_path / "one"), model_weights(run))
+    assert_weights_close(tmp_path / "one", run)
     # val accuracy over the whole val set (101 images, split 51 + 50), as one process evaluates it
     results = read_results(run)
     alone = evaluate_checkpoint(run / "checkpoints" / "last.pt", attention_images=0, out_dir=tmp_path / "eval",
@@ -63,7 +63,7 @@ def test_a_two_process_checkpoint_resumes_in_one_process(tmp_path):
     original = {e["step"]: e["loss"] for e in logged(tmp_path / "two", "train")}
     for e in logged(copy, "train"):
         assert abs(e["loss"] - original[e["step"]]) < 1e-5 * e["loss"]
-    assert_weights_close(model_weights(tmp_path / "two"), model_weights(copy))
+    assert_weights_close(tmp_path / "two", copy)
 
 
 @pytest.mark.slow
@@ -160,7 +160,7 @@ def test_sigterm_to_the_process_group_stops_both_processes_at_one_step_and_resum
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "vit_train/" not in output, output  # torchrun itself prints its SignalException
     stops = [int(line.split(" at step ")[1].split(";")[0]) for line in output.splitlines() if "stopped by SIGTERM" in line]
-    assert len(stops) == 2 and stops[0] == stops[1], output  # both processes, the same step
+    assert len(stops) == 1, output  # rank 0 speaks for the group (rank 1 stopped at that step too: last.pt below)
     assert f"continue with: torchrun <the same options> -m vit_train resume={run}" in output, output
     results = read_results(run)
     saved = torch.load(run / "checkpoints" / "last.pt", weights_only=True)

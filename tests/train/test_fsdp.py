@@ -2,7 +2,8 @@
 
 The oracle is tests/helpers/two_processes.py's, which tests/runtime/test_distributed.py uses for 2 processes
 against 1: per-step losses within
-1e-5 relative, weights within rtol 1e-4 / atol 1e-5 (`assert_weights_close`). FSDP against DDP on the
+1e-5 relative, weights within rtol 1e-4 / atol 1e-5 but the key thirds of the qkv biases, pure rounding noise,
+within their AdamW noise bound (`assert_weights_close`). FSDP against DDP on the
 same 2 processes draws the same dropout masks (the same per-rank seeds), so that holds with dropout on.
 Checkpoints do not care how they were written: an FSDP one resumes under DDP and under one process, a
 DDP one under FSDP, continuing as the uninterrupted run within the same tolerance.
@@ -51,12 +52,12 @@ def _assert_losses_close(a, b):
 
 def _assert_same_layout_and_close(a: dict, b: dict):
     """Two checkpoints' model, EMA and optimiser: the same keys, shapes and layout, values within tolerance."""
-    assert_weights_close(a["model"], b["model"])
+    assert_weights_close(a, b)
     assert a["model"].keys() == b["model"].keys()
     assert (a["ema"] is None) == (b["ema"] is None)
     if a["ema"] is not None:
         assert a["ema"].keys() == b["ema"].keys()
-        assert_weights_close(a["ema"], b["ema"])
+        assert_weights_close(a, b, "ema")
     oa, ob = a["optimizer"], b["optimizer"]
     assert oa["param_groups"] == ob["param_groups"]  # hyperparameters and parameter indices as torch numbers them
     assert sorted(oa["state"]) == sorted(ob["state"])
@@ -84,7 +85,7 @@ def test_fsdp_trains_as_ddp_and_as_one_process_and_saves_the_same_checkpoint(tmp
     fsdp_quiet = torchrun(*TINY, *quiet, "trainer.epochs=2", FSDP, "hydra.run.dir=fsdp_quiet", cwd=tmp_path)
     assert fsdp_quiet.returncode == 0, fsdp_quiet.stdout + fsdp_quiet.stderr
     _assert_losses_close(tmp_path / "one", tmp_path / "fsdp_quiet")
-    assert_weights_close(model_weights(tmp_path / "one"), model_weights(tmp_path / "fsdp_quiet"))
+    assert_weights_close(tmp_path / "one", tmp_path / "fsdp_quiet")
     # the whole val set evaluated once (101 images: 51 + 50), as vit-eval reads the FSDP run's checkpoint
     results = read_results(tmp_path / "fsdp")
     alone = evaluate_checkpoint(tmp_path / "fsdp" / "checkpoints" / "last.pt", weights="model", attention_images=0,
@@ -189,7 +190,7 @@ def test_compiled_blocks_under_fsdp_train_as_eager_ones(tmp_path):
                         cwd=tmp_path)
         assert done.returncode == 0, done.stdout + done.stderr
     _assert_losses_close(tmp_path / "eager", tmp_path / "compiled")
-    assert_weights_close(model_weights(tmp_path / "eager"), model_weights(tmp_path / "compiled"))
+    assert_weights_close(tmp_path / "eager", tmp_path / "compiled")
 
 
 @pytest.mark.parametrize("door", ["auto", "run directory", "file"])
