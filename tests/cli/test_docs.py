@@ -183,3 +183,147 @@ def test_the_check_catches_a_wrong_command():
     with pytest.raises(Exception):
         check_command(["-m", "model.patch_size=4,5"])  # the first value is fine, the second is not
     assert check_command(["-m", "model.patch_size=8,4"]).model.patch_size == 8
+
+
+# ---------------------------------------------------------------- counts the docs state, computed
+
+WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve".split())}
+
+
+def _number(text: str) -> int:
+    return WORDS[text.lower()] if text.lower() in WORDS else int(text)
+
+
+def stated(page: str, pattern: str) -> list[int]:
+    """The numbers `pattern`'s groups capture in `page` (words or digits; whitespace in the page as one space),
+    which must be found there once."""
+    text = " ".join((ROOT / page).read_text().split())
+    found = re.findall(pattern, text)
+    assert len(found) == 1, (page, pattern, found)
+    return [_number(n) for n in (found[0] if isinstance(found[0], tuple) else (found[0],))]
+
+
+def module_constant(path: str, name: str):
+    """The value of a module-level constant of `path` (a test file, not imported: no test imports another),
+    evaluated with builtins and itertools only."""
+    import ast
+    import itertools
+
+    for node in ast.parse((ROOT / path).read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return eval(compile(ast.Expression(node.value), path, "eval"), {"itertools": itertools})
+    raise LookupError(f"{name} in {path}")
+
+
+def test_the_shapes_classes_counted_in_the_docs():
+    from vit_train.data.sources.shapes import CLASS_NAMES
+
+    assert stated("README.md", r"on `shapes`, a procedural data set of (\w+) geometric shapes") == \
+        [len(CLASS_NAMES)]
+    assert stated("docs/data.md", r"\*\*shapes\*\* \(default\): (\w+) classes") == [len(CLASS_NAMES)]
+    assert stated("docs/architecture.md", r"the built-in procedural shapes \((\d+) classes") == [len(CLASS_NAMES)]
+
+
+def test_the_quick_starts_parameter_count():
+    from vit_train.models.vit import build_model
+    from vit_train.data.sources.shapes import CLASS_NAMES
+
+    cfg = composes(["experiment=quickstart"])
+    count = sum(p.numel() for p in build_model(cfg.model, len(CLASS_NAMES)).parameters())
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert f"trains a {count / 1e6:.2f}M-parameter ViT" in text, count
+
+
+def test_the_composed_configs_length():
+    (lines,) = stated("docs/outputs.md", r"The whole composed config \(about (\d+) lines\)")
+    cfg = compose("train", ["experiment=quickstart"])
+    with open_dict(cfg):
+        cfg.pop("hydra", None)
+    assert abs(len(OmegaConf.to_yaml(cfg).splitlines()) - lines) <= lines // 10, OmegaConf.to_yaml(cfg)
+
+
+def test_the_groups_with_options_of_their_own():
+    from vit_train.schema.typed import REGISTRY
+
+    (count,) = stated("docs/architecture.md", r"the bases of the (\w+) varying groups \(data, aug, objective\)")
+    assert sorted(REGISTRY) == ["aug", "data", "objective"] and count == len(REGISTRY)
+
+
+def test_the_objectives_of_your_own_in_docs_extending():
+    from vit_train.schema.typed import REGISTRY
+
+    (count,) = stated("docs/extending.md", r"\(`data=stripes`\) and (\w+) objectives")
+    before = set(REGISTRY.get("objective", {}))
+    with tempfile.TemporaryDirectory() as tmp, your_options(Path(tmp)):
+        added = set(REGISTRY["objective"]) - before
+    assert count == len(added) and added == {"hinge", "brier"}, added
+
+
+def test_the_commands_counted_in_docs_mae():
+    text = (ROOT / "docs" / "mae.md").read_text()
+
+    def commands_after(anchor: str, skip: int = 0) -> int:  # the command lines of a code block after `anchor`
+        block = list(FENCE.finditer(text, text.index(anchor)))[skip].group(1)
+        return len([line for line in block.splitlines() if re.match(r"(vit-\w+|python) ", line)])
+
+    shown = [commands_after("commands below show the mechanics"), commands_after("measures the case MAE exists for", 1)]
+    assert stated("docs/mae.md", r"The (\w+) commands below show the mechanics") == [shown[0]]
+    assert stated("docs/mae.md", r"measures the case MAE exists for\. It runs (\w+) commands") == [shown[1]]
+
+
+def test_the_keys_counted_in_docs_finetuning():
+    (count,) = stated("docs/finetuning.md", r"(\w+) more keys change how saved weights are trained and evaluated")
+    text = (ROOT / "docs" / "finetuning.md").read_text()
+    after = text[text.index("more keys change how saved weights"):]
+    sections = re.findall(r"^## .*`(?:vit-eval \.\.\. )?([\w.]+)", after, re.M)
+    assert count == len(sections), sections  # one section a key, the last of the page
+    fields = module_constant("tests/objectives/test_weights_identity.py", "ARCHITECTURE")
+    named = {f[1].split("=")[0] for f in fields}  # (change, "model.field=... (here ...)", revealed)
+    assert stated("docs/finetuning.md", r"forced both ways, (\w+) architecture fields") == [len(named)]
+
+
+def test_the_cases_counted_in_docs_vit_options():
+    options = module_constant("tests/models/test_vit_options.py", "OPTIONS")
+    layouts = module_constant("tests/models/test_vit_options.py", "LAYOUTS")
+    assert stated("docs/vit-options.md", r"over all (\d+) combinations of option, pool and position embedding") == \
+        [len(options) * len(layouts)]
+
+
+def test_the_cases_counted_in_docs_reliability():
+    import ast
+
+    faults = module_constant("tests/train/test_faults.py", "FAULTS")
+    fast = module_constant("tests/train/test_faults.py", "FAST")
+    assert stated("docs/reliability.md", r"exact resume after kill -9 at (\d+) moments") == [len(faults)]
+    assert stated("docs/reliability.md", r"(\d+) cases in the fast suite, (\d+) with `-m slow`") == \
+        [len(fast), len(faults) - len(fast)]
+    tree = ast.parse((ROOT / "tests/train/test_faults.py").read_text())
+    flips = next(f for f in tree.body
+                 if getattr(f, "name", "") == "test_every_flipped_region_of_a_checkpoint_is_refused_or_harmless")
+    (places,) = [n.iter.args[0].value for n in ast.walk(flips) if isinstance(n, ast.For)
+                 and isinstance(n.iter, ast.Call) and getattr(n.iter.func, "id", "") == "range"]
+    assert stated("docs/reliability.md", r"\((\d+) places from the first byte to the last: refused") == [places]
+
+
+def test_the_file_system_calls_of_the_saves_counted_in_docs_reliability(tmp_path):
+    """The save sequence tests/outputs/test_save_order.py kills call by call, listed as it lists it."""
+    import json
+    import os
+
+    from helpers.fs_killer import SAVES, arm, save_all
+
+    pid = os.fork()
+    if pid == 0:
+        calls: list = []
+        arm(tmp_path / "run", 0, calls)
+        save_all(tmp_path / "run" / "checkpoints", SAVES)
+        (tmp_path / "calls.json").write_text(json.dumps(calls))
+        os._exit(0)
+    os.waitpid(pid, 0)
+    calls = json.loads((tmp_path / "calls.json").read_text())
+    starts = [i for i, call in enumerate(calls) if call == ["open", "last.pt.tmp"]]  # each save's first call
+    at_best = starts[6] - starts[5]  # the save at step 12, a new best with rotation
+    assert stated("docs/reliability.md", r"at each of the (\d+) calls of the save at a new best with rotation, and "
+                                         r"with `-m slow` at each of the (\d+) calls of a run's (\d+) saves") == \
+        [at_best, len(calls), len(SAVES)]
+    assert stated("docs/reliability.md", r"\((\d+) calls of all (\d+) saves with `-m slow`") == [len(calls), len(SAVES)]

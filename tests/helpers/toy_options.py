@@ -1,5 +1,6 @@
-"""Two options written as a user writes their own, outside vit_train (docs/extending.md): a data set and an
-objective, each one class in this one module; importing it registers data=stripes and objective=hinge.
+"""Three options written as a user writes their own, outside vit_train (docs/extending.md): a data set and two
+objectives, each one class in this one module; importing it registers data=stripes, objective=hinge and
+objective=brier.
 tests/config/test_new_options.py copies it into a temporary folder beside one YAML file per option.
 
 - data=stripes: images of horizontal or vertical stripes (2 classes), generated in memory; its keys are
