@@ -78,8 +78,8 @@ def revealed(weights: dict[str, torch.Tensor]) -> dict[str, Any]:
 
 def position_kind(weights: dict[str, torch.Tensor]) -> str:
     """"sincos2d" when the patch positions of `weights["pos_embed"]` (1, P + g*g, D) equal the fixed 2-D sin-cos
-    table (models/vit.py `sincos_2d`, MoCo v3's and MAE's) to 1e-4 after some count P of prefix positions,
-    else "learned"."""
+    table (models/vit.py `sincos_2d`, MoCo v3's and MAE's) to 1e-4 after some count P of prefix positions that
+    are zero (as the fixed table's are), else "learned"."""
     from vit_train.models.vit import sincos_2d
 
     pos = weights["pos_embed"]
@@ -87,10 +87,10 @@ def position_kind(weights: dict[str, torch.Tensor]) -> str:
         return "learned"
     tokens, dim = pos.shape[1], pos.shape[2]
     prefix = ("cls_token" in weights) + ("dist_token" in weights) + (weights["reg_token"].shape[1] if "reg_token" in weights else 0)
-    for count in range(min(prefix, tokens), -1, -1):
+    for count in range(min(prefix, tokens), -1, -1):  # the prefix positions zero, as the fixed table has them
         side = int((tokens - count) ** 0.5)
         if side * side == tokens - count and side > 0 and torch.allclose(
-                pos[0, count:].float(), sincos_2d(side, dim), atol=1e-4, rtol=0):
+                pos[0, count:].float(), sincos_2d(side, dim), atol=1e-4, rtol=0) and not pos[0, :count].any():
             return "sincos2d"
     return "learned"
 

@@ -114,12 +114,25 @@ def resize_pos_embed(pos: torch.Tensor, num_prefix: int, grid: int, source_prefi
     return torch.cat([prefix, patches], dim=1)
 
 
-def map_pos_embed(pos: torch.Tensor, source: list[str], target: list[str], grid: int) -> torch.Tensor:
+def map_pos_embed(pos: torch.Tensor, source: list[str], target: list[str], grid: int,
+                  source_grid: int | None = None) -> torch.Tensor:
     """Positions for the `target` prefix tokens (matched by name; zeros where the source has none)
     and a grid x grid patch grid, from positions of the `source` prefix tokens and a square grid.
-    A source whose positions cover only the patches (timm's no_embed_class) has zeros for its tokens."""
+    A source whose positions cover only the patches (timm's no_embed_class) has zeros for its tokens.
+    `source_grid`: the source's patch grid side when known (a vit-train file's config); without it, positions
+    that read as a square grid both with and without the prefix positions are refused (ConfigError)."""
     tokens, dim = pos.shape[1], pos.shape[2]
-    embedded = next((n for n in (len(source), 0) if tokens >= n and math.isqrt(tokens - n) ** 2 == tokens - n), None)
+    readings = [n for n in dict.fromkeys((len(source), 0)) if tokens >= n and math.isqrt(tokens - n) ** 2 == tokens - n]
+    if source_grid is not None:  # a vit-train file's recorded image and patch size decide
+        readings = [n for n in readings if tokens - n == source_grid ** 2] or readings
+    if len(readings) > 1:  # 9 positions with 5 prefix tokens: 3x3 patches, or 5 prefix positions and 2x2
+        sides = [math.isqrt(tokens - n) for n in readings]
+        raise ConfigError(f"model.pretrained: pos_embed's {tokens} positions read two ways: a {sides[0]}x{sides[0]} "
+                          f"patch grid after positions for its {len(source)} prefix tokens ({', '.join(source)}), or "
+                          f"a {sides[1]}x{sides[1]} grid without them (timm's no_embed_class); its tensors cannot tell "
+                          f"which, and a guess would load another function: give a vit-train checkpoint or export "
+                          f"(they record the image size), or save the weights from timm at another image size")
+    embedded = readings[0] if readings else None
     if embedded is None:
         raise ConfigError(f"pretrained pos_embed has {tokens} positions, which is no square patch grid after its "
                           f"{len(source)} prefix tokens ({', '.join(source) or 'none'}) nor without them; this "
@@ -216,7 +229,9 @@ def check_function(weights: dict[str, torch.Tensor], own: dict[str, torch.Tensor
         keys = [k for k in ignored if pattern.match(k)]
         if keys and what not in found:
             found.append(f"{what}: {_pattern(keys)}")
-    if "pos_embed" in ignored and fixed_pos and position_kind(weights) == "learned":
+    if fixed_pos and "pos_embed" not in weights:
+        found.append("no position embeddings (pos_embed; this model adds fixed sin-cos ones)")
+    elif "pos_embed" in ignored and fixed_pos and position_kind(weights) == "learned":
         found.append("learned position embeddings (pos_embed; this model's are fixed sin-cos)")
         fix.append("model.pos_embed=learned")
     if any(k.endswith("attn.qkv.bias") for k in ignored):
@@ -225,24 +240,32 @@ def check_function(weights: dict[str, torch.Tensor], own: dict[str, torch.Tensor
     told = {k for k in ignored if any(p.match(k) for p, _ in PARTS) or k.endswith("attn.qkv.bias") or k == "pos_embed"}
     other = [k for k in ignored if k not in told and k in weights and not k.startswith(UNUSED_OK + HEADS)
              and k not in own]
-    if other:
-        found.append(f"tensors this ViT has no place for ({_pattern(other)})")
     missing = [k for k in fresh if not k.startswith(FRESH_OK)]
-    # a bias missing beside its weight: a layer built without one (CLIP's patch embedding, qkv_bias=False)
-    unbiased = [k for k in missing if BIASES.match(k) and k.removesuffix("bias") + "weight" in weights]
+    # a layer built without a bias (CLIP's patch embedding, proj_bias=False): its bias missing beside its weight
+    # wherever the weight is; one block's bias alone missing is a cut file, not an architecture
+    without = _unbiased_layers(weights)
+    unbiased = [k for k in missing if (m := BIASES.match(k)) and m.group(1) in without]
     biases = sorted({BIASES.match(k).group(1) for k in unbiased})
     found += [f"no bias in {b}" for b in biases]
     if "attn.qkv" in biases:
         fix.append("model.qkv_bias=false")
-    if any(k.startswith("norm.") for k in missing):
+    no_norm = not any(k.startswith("norm.") for k in weights)  # some of it there: a cut file
+    if no_norm and any(k.startswith("norm.") for k in missing):
         found.append("no final norm (norm.*)")
     if "pos_embed" in missing:
         found.append("no position embeddings (pos_embed)")
-    rest = [k for k in missing if k not in unbiased and not k.startswith("norm.") and k != "pos_embed"]
+    rest = [k for k in missing if k not in unbiased and not (no_norm and k.startswith("norm.")) and k != "pos_embed"]
     if not found and rest:  # the same architecture with tensors cut out: they would start at their init
         raise ConfigError(f"model.pretrained: {name} lacks {len(rest)} trained tensors of this network "
                           f"({', '.join(rest[:4])}{', ...' if len(rest) > 4 else ''}); they would start at their "
-                          f"init inside trained weights: give the whole state dict")
+                          f"init inside trained weights: the file is cut or edited, give the whole state dict")
+    if not found and other:  # names no known ViT part has: whether its network computed with them is unknown
+        raise ConfigError(f"model.pretrained: {name} holds tensors this ViT has no place for ({_pattern(other)}); "
+                          f"if its network computed with them, loading without them is another function, so they "
+                          f"are not dropped unasked: save the state dict without them if they are not part of it "
+                          f"(a training tool's extras)")
+    if other:
+        found.append(f"tensors this ViT has no place for ({_pattern(other)})")
     if not found:
         return
     if len(fix) == len(found):
@@ -252,6 +275,16 @@ def check_function(weights: dict[str, torch.Tensor], own: dict[str, torch.Tensor
                       f"loading it would compute another function, and this ViT (the classic one) cannot compute that "
                       f"network: give weights of a classic ViT (timm's VisionTransformer with its defaults, DeiT, "
                       f"torchvision, vit-train)")
+
+
+def _unbiased_layers(weights: dict[str, torch.Tensor]) -> set[str]:
+    """The layers of `BIASES` (attn.qkv, attn.proj, mlp.fc1, mlp.fc2, patch_embed.proj) whose weights are in
+    `weights` and whose biases are nowhere beside them."""
+    has: dict[str, list[bool]] = {}
+    for key in weights:
+        if key.endswith(".weight") and (m := BIASES.match(key.removesuffix("weight") + "bias")):
+            has.setdefault(m.group(1), []).append(key.removesuffix("weight") + "bias" in weights)
+    return {layer for layer, present in has.items() if not any(present)}
 
 
 def _pattern(keys: list[str]) -> str:
@@ -282,7 +315,8 @@ def fit_pretrained(model: nn.Module, weights: dict[str, torch.Tensor], source: s
         if key not in own or (key == "pos_embed" and fixed_pos):
             report["ignored"].append(key)
         elif key == "pos_embed" and (value.shape != own[key].shape or source_tokens != own_tokens):
-            chosen[key] = map_pos_embed(value, source_tokens, own_tokens, model.patch_embed.grid_size)
+            chosen[key] = map_pos_embed(value, source_tokens, own_tokens, model.patch_embed.grid_size,
+                                        _recorded_grid(config))
             report["resized"].append(f"pos_embed {tuple(value.shape)} -> {tuple(own[key].shape)}")
         elif new_head and key.startswith(HEADS):
             fits = value.shape == own[key].shape
@@ -315,6 +349,13 @@ def fit_pretrained(model: nn.Module, weights: dict[str, torch.Tensor], source: s
              path, source, len(report["loaded"]), ", ".join(report["resized"]) or "none",
              ", ".join(report["reinitialised"]) or "none", ", ".join(report["ignored"]) or "none", distill)
     return report
+
+
+def _recorded_grid(config: dict | None) -> int | None:
+    """The patch grid side a vit-train file's config records (model.img_size // model.patch_size), else None."""
+    model = (config or {}).get("model") or {}
+    size, patch = model.get("img_size"), model.get("patch_size")
+    return size // patch if isinstance(size, int) and isinstance(patch, int) and patch > 0 else None
 
 
 def at_size(model: VisionTransformer, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

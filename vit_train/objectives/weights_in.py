@@ -180,7 +180,8 @@ def describe(incoming: Incoming, said_as: str | None = None) -> str:
     if record is None:
         where = f" {incoming.path}," if str(incoming.path) != incoming.given else ""
         return (f"{said_as}:{where} a state dict without a vit-train identity: its "
-                f"class names, attention heads and position kind cannot be checked, only its shapes")
+                f"class names, attention heads, activation (GELU or a variant) and the pooling of a model without "
+                f"a class token (mean or max) cannot be checked, only its tensors' names, shapes and positions")
     which = {"ema": "the EMA weights", "model": "the model's weights"}.get(incoming.source, "its weights")
     where = f" of {incoming.path}" if str(incoming.path) != incoming.given else ""
     run = f" (run {record['run_id'][:8]})" if record.get("run_id") else ""
