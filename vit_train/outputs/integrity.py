@@ -19,6 +19,7 @@ import hashlib
 import os
 import re
 import shutil
+import struct
 import zipfile
 import zlib
 from pathlib import Path
@@ -33,6 +34,9 @@ def archive_damage(path: Path) -> str | None:
     """None if `path` is a sound zip archive (or not a zip at all), else what is wrong, in a few words."""
     try:
         if not zipfile.is_zipfile(path):
+            with open(path, "rb") as f:  # a zip's first record, without the directory a whole zip ends with
+                if f.read(4) == b"PK\x03\x04":
+                    return "it is cut short: a zip archive (PyTorch's format) without the directory it ends with"
             return None  # the legacy (pre-1.6) torch format or another file type: torch.load judges it
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
@@ -41,6 +45,25 @@ def archive_damage(path: Path) -> str | None:
     if bad is not None:
         return f"the CRC-32 of its record {bad} does not match: bytes changed after it was written (bit rot, a bad copy)"
     return None
+
+
+LEGACY_MAGIC = b"\x80\x02\x8a\x0a"  # torch.save's pre-1.6 format opens with its magic number, pickled (protocol 2)
+
+
+def legacy_damage(path: Path, error: BaseException) -> str | None:
+    """What is wrong with a file of torch.save's legacy (pre-1.6, non-zip) format that torch.load failed on
+    with a reader's error (it ends early or does not parse), in a few words; None for another file or error
+    (a refused pickled object, a file of another kind: `load_failure` says those)."""
+    if _GLOBAL.search(str(error)) or not isinstance(error, (EOFError, OSError, IndexError, ValueError, KeyError,
+                                                            RuntimeError, struct.error)):
+        return None
+    try:
+        with open(path, "rb") as f:
+            legacy = f.read(len(LEGACY_MAGIC)) == LEGACY_MAGIC
+    except OSError:
+        return None
+    return f"a legacy-format PyTorch file whose records end early or do not parse ({load_failure(error)})" \
+        if legacy else None
 
 
 def tensor_digest(tensors: dict[str, torch.Tensor]) -> str:
@@ -99,8 +122,10 @@ def load_failure(error: BaseException) -> str:
         return f"it holds a pickled object, {unsafe.group(1)}, which was refused and never run"
     if re.search(r"unsupported operand \d+|invalid load key", text, re.IGNORECASE):  # its first byte is no pickle's
         return "it is not a PyTorch file (no checkpoint or saved tensors in it)"
-    if isinstance(error, EOFError) or "ran out of input" in text.lower():
+    if isinstance(error, EOFError) or re.search(r"ran out of input|unexpected eof", text, re.IGNORECASE):
         return "it is empty or cut short"
+    if isinstance(error, OSError) and error.errno == 22:  # the legacy format's reader seeking past the file's end
+        return "it is cut short or damaged: its contents point past its end"
     if "weights only load failed" in text.lower():
         return "it holds pickled data that a weights-only load refuses; it was never run"
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__

@@ -13,7 +13,7 @@ import torch
 
 from vit_train.errors import CheckpointError
 from vit_train.extras import require
-from vit_train.outputs.integrity import archive_damage, load_failure as _load_failure
+from vit_train.outputs.integrity import archive_damage, legacy_damage, load_failure as _load_failure
 
 
 def ema_weights(ema_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -121,6 +121,9 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], d
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
+        damage = legacy_damage(path, e)
+        if damage:
+            raise CheckpointError(f"{path} is damaged ({damage}); get a sound copy of it") from None
         raise CheckpointError(f"{path} cannot be read ({_load_failure(e)})") from None
     for key in ("model", "state_dict"):  # vit-train and DeiT checkpoints; Lightning-style files
         if isinstance(data, dict) and isinstance(data.get(key), dict):
