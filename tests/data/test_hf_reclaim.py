@@ -236,3 +236,12 @@ def test_a_folder_without_an_owner_record_is_removed_only_when_clearly_an_old_id
     assert {p.name for p in copies(temp_dir)} == {f"{hf_files.COPY_PREFIX}{n}" for n in ("fresh", "foreign", "link",
                                                                                          "file")}
 
+
+
+def test_the_jobs_of_a_sweep_in_one_process_share_one_copy(tmp_path, temp_dir):
+    """A sweep runs its jobs one after another in one process: each job's load of the same parquet files uses
+    the process's one copy folder, not a new full copy per job (four jobs held four copies until the sweep ended)."""
+    root = hf_parquet(tmp_path / "ds")
+    for _ in range(3):
+        load_hf_splits(root, "image", "label", "train", None)
+    assert len(copies(temp_dir)) == 1

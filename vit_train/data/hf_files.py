@@ -131,6 +131,20 @@ def parquet_files(root: Path) -> dict[str, list[Path]]:
     return {split: files for split, layouts in found.items() for files in layouts.values()}
 
 
+_process_copy: tuple[int, Path] | None = None  # (pid, folder): this process's copy folder, once made
+
+
+def process_copy_folder() -> Path:
+    """This process's one copy folder (`make_copy_folder`, made on first use, again in a forked child): the
+    jobs of a sweep run one after another in one process and share it, and `datasets`' cache in it converts
+    each set of parquet files once (keyed by their paths and modification times), not once a job."""
+    global _process_copy
+    if _process_copy is None or _process_copy[0] != os.getpid() or not _process_copy[1].is_dir() \
+            or _process_copy[1].parent != Path(tempfile.gettempdir()):  # $TMPDIR changed: a copy there
+        _process_copy = (os.getpid(), make_copy_folder())
+    return _process_copy[1]
+
+
 def make_copy_folder() -> Path:
     """A new, empty-but-for-its-lock folder for this process's Arrow copy of parquet files, in the temp dir
     (`COPY_PREFIX`), owned by this process: removed when it exits normally, and by the next data=hf run
@@ -144,7 +158,8 @@ def make_copy_folder() -> Path:
         (folder / _NEW_LOCK).unlink(missing_ok=True)
         fd = -1
     else:
-        program = Path(sys.argv[0]).name.replace("__main__.py", "vit-train")  # python -m vit_train
+        argv0 = Path(sys.argv[0])
+        program = "vit-train" if argv0.parent.name == "vit_train" and argv0.name == "__main__.py" else argv0.name
         try:  # who owns it, for people; the lock itself needs no bytes (a full disk)
             os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime(
                 "%Y-%m-%d %H:%M:%S"), "command": " ".join([program, *sys.argv[1:]])[:500]}).encode(), 0)

@@ -4,7 +4,8 @@ Each split is a map-style base data set like an image folder's: items (PIL RGB i
 image decoded from its encoded bytes by decode.py (the same decoder, the same unreadable-image policy),
 so the EpochSampler gives it the same order, resume and world-size independence as image folders.
 Nothing is downloaded: the `datasets` library runs offline, and parquet files are converted to Arrow
-in a temporary folder owned by the process (hf_files.make_copy_folder), not in ~/.cache: removed when
+in a temporary folder owned by the process (hf_files.process_copy_folder: one a process, shared by a sweep's
+jobs), not in ~/.cache: removed when
 the process ends, or by the next data=hf run when the process was killed.
 """
 
@@ -22,7 +23,7 @@ from vit_train.errors import DataError
 from vit_train.extras import require
 from vit_train.data.decode import IMAGE_ERRORS, UnreadableImage, decode_rgb
 from vit_train.data.sources.base import UNLABELLED_CLASS, EncodedImages
-from vit_train.data.hf_files import check_regular, load_from_disk, make_copy_folder, parquet_files, reclaim_copies
+from vit_train.data.hf_files import check_regular, load_from_disk, parquet_files, process_copy_folder, reclaim_copies
 from vit_train.data.regular import open_regular
 
 log = logging.getLogger("vit_train")
@@ -177,7 +178,7 @@ def _open(root: Path) -> dict[str, Any]:
     for split_files in files.values():
         for f in split_files:
             check_regular(f, "a parquet file")
-    cache = make_copy_folder()  # removed at exit; a killed run's by the next data=hf run
+    cache = process_copy_folder()  # removed at exit; a killed run's by the next data=hf run
     try:
         loaded = datasets.load_dataset("parquet", data_files={k: [str(f) for f in v] for k, v in files.items()},
                                        cache_dir=str(cache))
