@@ -72,8 +72,8 @@ def test_shards_whose_index_records_small_images_warn_from_the_index(tmp_path, c
 def test_rank_0_alone_reads_the_headers(tmp_path):
     root = _folder(tmp_path / "mnist", (28, 28))
     cfg = Config.from_dict(composed(["data=imagefolder", f"data.root={root}", *SMALL_RUN]))
-    assert build_data(cfg, torch.device("cpu")).small_images.startswith("the images are far smaller")
-    assert build_data(cfg, torch.device("cpu"), rank=1, world_size=2).small_images is None  # rank 0 reads, says
+    assert build_data(cfg, torch.device("cpu")).start_warnings[0].startswith("the images are far smaller")
+    assert build_data(cfg, torch.device("cpu"), rank=1, world_size=2).start_warnings == ()  # rank 0 reads, says
 
 
 def test_the_check_reads_a_few_headers_only_and_passes_over_what_it_cannot_read(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from helpers.configs import tiny_config
 from helpers.shard_streams import ids_of, read_back, run_config, stream
 from helpers.shards import png, write_shards
 from vit_train.data import decode
@@ -317,3 +318,18 @@ def test_a_run_on_a_shard_with_a_corrupt_member_follows_data_bad_images(tmp_path
         return
     assert train(config, tmp_path / "run")["steps"] == 4
     assert "unreadable train sample replaced: train-000000.tar:train_00000004.jpg" in caplog.text
+
+
+@pytest.mark.parametrize("counts, batch, said", [([13], 4, True), ([12], 4, False), ([7, 6], 4, False)],
+                         ids=["one-shard-with-a-tail", "one-shard-divisible", "two-shards"])
+def test_a_one_shard_split_whose_tail_is_left_out_every_epoch_is_said_at_start(tmp_path, counts, batch, said):
+    """The stream's remainder is the tail of the epoch's last shard: with one shard, the same samples every epoch,
+    never trained on (silent until said); with several, another shard's tail each epoch."""
+    write_shards(tmp_path / "shards", counts, [4])
+    cfg = tiny_config(data={"name": "webdataset", "root": str(tmp_path / "shards"), "batch_size": batch,
+                            "num_workers": 0})
+    lines = [line for line in cfg.data.build(cfg, torch.device("cpu")).start_warnings if "left out every epoch" in line]
+    assert lines == ([f"data=webdataset: the train split is one shard (train-000000.tar), so the 1 samples past its "
+                      f"last whole batch of 4, its last 1, are left out every epoch and never trained on; write it in "
+                      f"several shards (vit-shards shard_size=N: the epoch's last shard, whose tail is left out, "
+                      f"changes every epoch) or use a data.batch_size that divides 13"] if said else [])

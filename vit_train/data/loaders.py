@@ -41,7 +41,7 @@ class Data:
     steps_per_epoch: int  # optimiser steps (global batches) per fresh epoch; the last partial batch is dropped
     stats: tuple = ((0.0,) * 3, (1.0,) * 3)  # (mean, std) the images were normalised with
     train_unreadable: UnreadableImages | None = None  # image folders only
-    small_images: str | None = None  # the line a training run warns with at its start (`small_images`), if any
+    start_warnings: tuple[str, ...] = ()  # lines a training run warns with at its start (`small_images`, ...)
 
     def epoch_done(self, epoch: int) -> None:
         """Report the unreadable training images replaced in the epoch that just ended."""
@@ -144,7 +144,7 @@ def random_access_data(cfg: Any, splits: tuple, device: torch.device, rank: int 
     train_unreadable = UnreadableImages(train_base, "train", d.bad_images, d.max_bad_fraction) if d.encoded else None
     val_unreadable = UnreadableImages(val_base, "val", d.bad_images, d.max_bad_fraction) if d.encoded else None
     return Data(CheckedLoader(train_loader, train_unreadable), CheckedLoader(val_loader, val_unreadable), sampler,
-                class_names, steps, stats, train_unreadable, small)
+                class_names, steps, stats, train_unreadable, (small,) if small else ())
 
 
 SIZE_SAMPLE = 16  # images whose headers the size check reads, spread evenly over the training set

@@ -83,8 +83,8 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
             else:
                 run.logger.config(cfg.to_dict(), step=0)
             describe(run)
-            if run.data.small_images and run.ctx.is_main:  # images far smaller than model.img_size (data/loaders.py)
-                log.warning("%s", run.data.small_images)
+            for line in run.data.start_warnings if run.ctx.is_main else ():  # e.g. images far smaller than the input
+                log.warning("%s", line)
             short = short_of_space(run_dir, run.model, 1 if cfg.optim.name == "sgd" else 2, run.ema, cfg.trainer.keep_last)
             if short and run.ctx.is_main:  # said now, not after the first epoch's work
                 log.warning("%s", short)  # WARNING says "warning" in train.log; the console shows the message

@@ -53,8 +53,14 @@ class WebDataset(EncodedImages):
                                                             labels, options)
         sizes = [tuple(index.image_size[::-1])] if index.image_size else []  # [H, W] when every image has one size
         small = small_images(sizes, cfg.model.img_size, cfg.model.patch_size, "every image, as index.json records")
+        left = index.train.samples % self.batch_size
+        tail = (f"data=webdataset: the train split is one shard ({index.train.shards[0]}), so the {left} samples past "
+                f"its last whole batch of {self.batch_size}, its last {left}, are left out every epoch and never "
+                f"trained on; write it in several shards (vit-shards shard_size=N: the epoch's last shard, whose tail "
+                f"is left out, changes every epoch) or use a data.batch_size that divides {index.train.samples}") \
+            if left and len(index.train.shards) == 1 else None
         return Data(train, val, plan, list(index.classes), index.train.samples // self.batch_size, self.stats,
-                    unreadable, small)
+                    unreadable, tuple(line for line in (small, tail) if line))
 
     def stream_layout(self, world_size: int) -> dict[str, Any]:
         """The world size and loader worker count (data.num_workers resolved) the epoch's stream plan is cut for
