@@ -82,7 +82,7 @@ def test_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, ma
     last.write_bytes(last.read_bytes()[:1000])  # also truncates step_6.pt: the same file
     results = train(make_config(trainer={"ckpt_every": 2, "max_steps": 8, "keep_last": 2, "log_every": 1},
                                 resume="auto"), tmp_path)
-    assert "last.pt cannot be read" in caplog.text and "trying the next newest" in caplog.text
+    assert "last.pt is damaged (it is cut short" in caplog.text and "trying the next newest" in caplog.text
     assert "resumed from" in caplog.text and "step_00000004.pt at epoch 1, step 4" in caplog.text
     assert results["steps"] == 8
     assert sorted(train_losses(tmp_path)) == list(range(1, 9))  # steps 5-6 logged once, by the resumed run
