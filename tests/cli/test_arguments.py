@@ -76,6 +76,19 @@ def test_every_command_refuses_with_one_line_and_exit_2(main, args, monkeypatch,
     assert err.count("\n") == 1 and "cannot read the argument" in err and "quote the value, e.g." in err
 
 
+@pytest.mark.parametrize("args", [["15"], ["model.depth"], ["model=vit_micro", "vit_tiny"]])
+def test_a_bare_word_is_one_line_and_exit_2_not_hydras_parser_trace(args, monkeypatch, capsys):
+    """`vit-train 15` printed Hydra's LexerNoViableAltException and its grammar link, exit 1."""
+    monkeypatch.setattr(sys, "argv", ["vit-train", *args])
+    with pytest.raises(SystemExit) as info:
+        cli.train_main()
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err == (f"vit-train: error: {args[-1]!r} is not an override: vit-train takes "
+                                            f"key=value (model.depth=12) and group=option (model=vit_tiny) "
+                                            f"arguments; see vit-train --help\n")
+    arguments.check_override_keys(["--cfg", "job", "model=vit_micro"])  # a flag's value is no override
+
+
 def test_all_commands_read_values_the_same_way():
     """vit-eval's data.* values equal what vit-train composes from the same arguments (1e-2 is a number)."""
     args = ["data.max_bad_fraction=1e-2", "data.root='/d/a=b, [c] #1 é'", "data.num_workers=null",

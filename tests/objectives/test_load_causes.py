@@ -128,3 +128,12 @@ def test_positions_that_read_as_two_grids_are_refused_a_recorded_size_decides(tm
     names = ["cls", "reg0", "reg1", "reg2", "reg3"]
     pos = map_pos_embed(ours.pos_embed.detach(), names, names, 2, source_grid=2)
     assert torch.equal(pos, ours.pos_embed.detach())
+
+
+def test_another_width_from_a_plain_file_asks_for_the_head_count_it_cannot_show(tmp_path):
+    """Following "set model.embed_dim=64 ..." alone split a plain file's qkv into the model's head count: another
+    function, loaded silently. A plain file's refusal asks for model.num_heads too; a recorded one names it."""
+    torch.save(VisionTransformer(**{**SHAPE, "embed_dim": 64, "num_heads": 4}).state_dict(), tmp_path / "a.pth")
+    assert refused(tmp_path / "a.pth").endswith(
+        "set model.embed_dim=64 to load it, and model.num_heads as the weights were trained (their tensors cannot "
+        "show it) (loaded into this one it would compute another function)")

@@ -100,9 +100,12 @@ def check_override_keys(args: list[str], sweeps: bool = True) -> None:
     valid, keys, appends = known_keys(), [], []
     # a resumed run's options are its checkpoint's: its keys are checked on the saved config (train/resume.py)
     resuming = any(is_resume_path(read_override(a).value()) for a in args if a.startswith("resume="))
-    for arg in args:
+    for i, arg in enumerate(args):
         if arg in PLUGINS:
             require(PLUGINS[arg], arg, needs="a Hydra plugin that is not installed")
+        if "=" not in arg and not arg.startswith(("-", "~")) and not (i and args[i - 1].startswith("-")):
+            raise ConfigError(f"{arg!r} is not an override: vit-train takes key=value (model.depth=12) and group=option "
+                              f"(model=vit_tiny) arguments; see vit-train --help")  # else Hydra's parser trace, exit 1
         if arg.startswith("-") or "=" not in arg and not arg.startswith("~"):
             continue
         override = read_override(arg, sweep=sweeps)

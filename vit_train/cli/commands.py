@@ -53,6 +53,9 @@ def parse_args(argv: list[str], options: dict[str, Any], config: bool = False) -
             values[key] = value
         elif config and key in CONFIG_SECTIONS:
             overrides[key] = group_file(key, str(value))
+            if key == "data":  # how the images are read (batch size, workers): the checkpoint's unless given
+                loading = {k for cls in option_class(key, str(value)).__mro__ for k in cls.__dict__.get("loading_keys", ())}
+                overrides[key] = {k: v for k, v in overrides[key].items() if k not in loading}
         elif config and (key.split(".")[0] in CONFIG_SECTIONS or key in CONFIG_KEYS):
             if key not in valid:
                 raise ConfigError(unknown_key_message(key, valid))

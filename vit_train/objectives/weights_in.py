@@ -203,8 +203,12 @@ def check_architecture(incoming: Incoming, ours: dict[str, Any], exempt: tuple[s
         size = ((incoming.config or {}).get("model") or {}).get("img_size")
         if size and any(f.startswith("model.patch_size=") for f in found):  # keep its token count, and its cost
             settings += f" model.img_size={size}"
+        shown = incoming.architecture if theirs is None else theirs
+        # another width from a file that cannot show its head count: the line alone would split its qkv wrongly
+        heads = ", and model.num_heads as the weights were trained (their tensors cannot show it)" \
+            if "model.num_heads" not in shown and any(f.startswith("model.embed_dim=") for f in found) else ""
         raise ConfigError(f"{incoming.key}={incoming.given} holds another network: {', '.join(found)}; "
-                          f"{'set ' + settings + ' to load it' if settings else 'give weights of this network'} "
+                          f"{'set ' + settings + ' to load it' + heads if settings else 'give weights of this network'} "
                           f"(loaded into this one it would compute another function)")
 
 

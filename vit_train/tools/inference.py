@@ -13,6 +13,7 @@ from typing import Literal
 import torch
 
 from vit_train.config import Config
+from vit_train.data.sources.base import DataSource
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.models.architecture import architecture, differing
 from vit_train.models.vit import VisionTransformer
@@ -115,9 +116,12 @@ def _damaged(path, error: RuntimeError) -> CheckpointError:
 
 def _merge(base: dict, extra: dict) -> dict:
     """`base` with `extra` merged in, section by section; a section of another option (`data=NAME` given to
-    vit-eval: its whole section, cli/commands.py `group_file`) replaces the saved one."""
+    vit-eval: its whole section, cli/commands.py `group_file`) replaces the saved one, but for the keys of how
+    the images are read (data.batch_size, data.num_workers, ...: `DataSource.loading_keys`), kept unless given."""
     out = dict(base)
     for key, value in extra.items():
         other = isinstance(value, dict) and "name" in value and value["name"] != (base.get(key) or {}).get("name")
+        if other and key == "data":  # how the images are read (batch size, workers) carries over unless given
+            value = {**{k: v for k, v in (base.get(key) or {}).items() if k in DataSource.loading_keys}, **value}
         out[key] = value if other else _merge(base.get(key) or {}, value) if isinstance(value, dict) else value
     return out
