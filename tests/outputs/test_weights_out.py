@@ -109,3 +109,23 @@ def test_timm_loads_an_export_of_wrapped_weights_strictly_and_computes_the_same(
     theirs.load_state_dict(load_weights(path)[0], strict=True)
     x = torch.randn(2, 3, m.img_size, m.img_size)
     torch.testing.assert_close(theirs(x), plain(x), rtol=0, atol=1e-5)
+
+
+def test_an_mae_export_holds_the_encoder_under_timms_names_beside_its_decoder(tmp_path):
+    """An MAE checkpoint exports the whole autoencoder (vit-eval of the file scores reconstruction with its
+    decoder); its encoder.* tensors are timm's names under one prefix: a headless timm ViT loads them strictly
+    and computes the encoder's features (docs/looking-inside.md)."""
+    timm = pytest.importorskip("timm")
+    cfg = tiny_config(objective={"name": "mae"})
+    torch.manual_seed(0)
+    mae = cfg.objective.build_model(cfg, 10).eval()
+    ckpt = checkpoint_of(cfg, mae, AveragedModel(mae, use_buffers=True))
+    export_safetensors(ckpt, tmp_path / "mae.safetensors")
+    weights, _ = load_weights(tmp_path / "mae.safetensors")
+    encoder = {k.removeprefix("encoder."): v for k, v in weights.items() if k.startswith("encoder.")}
+    assert encoder and all(k.startswith(("encoder.", "decoder.")) for k in weights)
+    m = cfg.model
+    theirs = timm.models.vision_transformer.VisionTransformer(
+        img_size=m.img_size, patch_size=m.patch_size, embed_dim=m.embed_dim, depth=m.depth, num_heads=m.num_heads,
+        mlp_ratio=m.mlp_ratio, num_classes=0).eval()
+    theirs.load_state_dict(encoder, strict=True)
