@@ -78,7 +78,8 @@ def _worker_signals(worker_id: int) -> None:
 def pipeline(cfg: Any, device: torch.device, splits: tuple | None = None) -> str:
     """`device` or `loader`: data.pipeline, with `auto` choosing the device pipeline on a GPU when the data
     set is held in memory as uint8 arrays (not image files: `splits`' sets hold `images` and `labels` tensors)
-    and the augmentation is one it does all of (`device_augmentation`). ConfigError (one line) for
+    and the augmentation is one it does all of (`device_augmentation`: every aug option of data/aug/, not an
+    option a user wrote without a device version). ConfigError (one line) for
     data.pipeline=device where it cannot do the same work."""
     d, aug = cfg.data, cfg.aug
     arrays = splits is None or all(isinstance(getattr(base, "images", None), torch.Tensor) for base in splits[:2])

@@ -5,7 +5,7 @@ its transform; setting its own `name` registers it (schema/typed.py `Option`).""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torchvision.transforms import v2
@@ -14,12 +14,16 @@ from vit_train.data.preprocess import Preprocessing, eval_transform, spec
 from vit_train.schema.sections import AugConfig
 from vit_train.schema.typed import overridden
 
+if TYPE_CHECKING:
+    from vit_train.data.device_ops import Plan
+
 
 @dataclass
 class Augmentation(AugConfig):
     """An augmentation option. `train_transform` gives its per-sample transforms up to normalised floats;
     random erasing (aug.random_erasing) follows whatever the option. `on_device`: the on-device pipeline
-    (data/on_device.py) does it too, with `device_crop`'s padding and flip probability."""
+    (data/on_device.py) does it too, with `device_crop`'s padding and flip probability and `device_plan`'s
+    policy (random erasing it always does)."""
 
     on_device: ClassVar[bool] = False
 
@@ -34,6 +38,12 @@ class Augmentation(AugConfig):
 
     def device_crop(self, img_size: int) -> tuple[int, float] | None:
         """(crop padding in pixels, horizontal flip probability) on the device pipeline; None: neither."""
+        return None
+
+    def device_plan(self, batch_size: int, height: int, width: int, generator: torch.Generator) -> Plan | None:
+        """The device pipeline's draws of the option's policy (the loader path's, after the crop and flip, on
+        uint8 pixels of small images) for a batch of (height, width) images, from `generator`
+        (data/device_ops.py); None: no policy (nothing is drawn)."""
         return None
 
 
@@ -63,14 +73,15 @@ def build_transforms(aug: Augmentation, img_size: int, stats: tuple, native_size
 
 
 def device_augmentation(aug: Augmentation) -> str | None:
-    """None when the on-device pipeline (data/on_device.py) does all of `aug`'s per-image work, else why not: its
-    option's transform is not one the pipeline does (an option sets `on_device` where it defines
-    `train_transform`: a subclass that changes the transform and keeps its base's flag is not done there), or
-    aug.random_erasing is set (the pipeline does no erasing)."""
+    """None when the on-device pipeline (data/on_device.py) does all of `aug`'s per-image work, else why not.
+    Every option of data/aug/ it does, random erasing included; a transform it does not know it does not do:
+    an option sets `on_device` where it defines `train_transform` (or, on Basic, `policy` with its
+    `device_plan`), so a subclass that changes the transform, the policy or the device's draws and keeps its
+    base's flag is done by the loader only."""
     cls = type(aug)
     declared = next((c for c in cls.__mro__ if "on_device" in c.__dict__), Augmentation)
-    if not declared.on_device or overridden(cls, declared, "train_transform"):
+    changed = [m for m in ("train_transform", "policy", "device_crop", "device_plan")
+               if hasattr(declared, m) and overridden(cls, declared, m)]
+    if not declared.on_device or changed:
         return f"aug={aug.name}'s transform is done by the loader only"
-    if aug.random_erasing:
-        return f"aug.random_erasing={aug.random_erasing:g} is done by the loader only"
     return None

@@ -6,18 +6,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
+import torch
 from torchvision.transforms import v2
 
+from vit_train.data import device_ops
 from vit_train.data.aug.basic import Basic
 
 
 @dataclass
 class AutoAug(Basic):
-    on_device = False
+    on_device = True  # device_ops' AutoAugment, on the device pipeline too
 
     name: str = "autoaug"
     autoaug_policy: Optional[Literal["cifar10", "imagenet", "svhn"]] = None  # null: cifar10 for small images, else imagenet
 
+    def policy_name(self, small_images: bool) -> str:
+        return self.autoaug_policy or ("cifar10" if small_images else "imagenet")
+
     def policy(self, small_images: bool) -> list[v2.Transform]:
-        name = self.autoaug_policy or ("cifar10" if small_images else "imagenet")
-        return [v2.AutoAugment(v2.AutoAugmentPolicy(name))]
+        return [v2.AutoAugment(v2.AutoAugmentPolicy(self.policy_name(small_images)))]
+
+    def device_plan(self, batch_size: int, height: int, width: int, generator: torch.Generator) -> device_ops.Plan:
+        # the device pipeline holds small images (CIFAR, shapes) only
+        return device_ops.auto_augment_plan(batch_size, height, width, self.policy_name(True), generator)

@@ -1,6 +1,7 @@
 """aug=basic, the default: a random crop and a horizontal flip. Small images (CIFAR, shapes): a random
 crop of the padded image; image files: RandomResizedCrop(scale=(scale_min, 1)). The options with an
-automatic policy (randaug, autoaug, trivial, deit) add it after the crop and flip."""
+automatic policy (randaug, autoaug, trivial, deit) add it after the crop and flip: `policy` on the loader
+path, `device_plan` (data/device_ops.py) on the device pipeline."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from vit_train.schema.typed import fraction, options, require
 @dataclass
 class Basic(Augmentation):
     default = True
-    on_device = True  # padded crop and flip, on the device pipeline too
+    on_device = True  # padded crop and flip (and a subclass's policy, by its device_plan), on the device pipeline too
 
     name: str = "basic"
     hflip: float = 0.5  # probability of a horizontal flip

@@ -13,7 +13,7 @@ from vit_train.data.transforms import Augmentation
 
 @dataclass
 class NoAug(Augmentation):
-    on_device = True  # the device pipeline only normalises
+    on_device = True  # the device pipeline only normalises (and erases, with aug.random_erasing)
 
     name: str = "none"
 

@@ -7,15 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torchvision.transforms import v2
 
+from vit_train.data import device_ops
 from vit_train.data.aug.basic import Basic
 from vit_train.schema.typed import require
 
 
 @dataclass
 class RandAug(Basic):
-    on_device = False
+    on_device = True  # device_ops' RandAugment, on the device pipeline too
 
     name: str = "randaug"
     randaug_n: int = 2  # RandAugment operations per image
@@ -28,3 +30,6 @@ class RandAug(Basic):
 
     def policy(self, small_images: bool) -> list[v2.Transform]:
         return [v2.RandAugment(num_ops=self.randaug_n, magnitude=self.randaug_m)]
+
+    def device_plan(self, batch_size: int, height: int, width: int, generator: torch.Generator) -> device_ops.Plan:
+        return device_ops.rand_augment_plan(batch_size, height, width, self.randaug_n, self.randaug_m, generator)

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torchvision.transforms import v2
 
+from vit_train.data import device_ops
 from vit_train.data.aug.basic import Basic
 
 
 @dataclass
 class Trivial(Basic):
-    on_device = False
+    on_device = True  # device_ops' TrivialAugmentWide, on the device pipeline too
 
     name: str = "trivial"
 
     def policy(self, small_images: bool) -> list[v2.Transform]:
         return [v2.TrivialAugmentWide()]
+
+    def device_plan(self, batch_size: int, height: int, width: int, generator: torch.Generator) -> device_ops.Plan:
+        return device_ops.trivial_augment_wide_plan(batch_size, height, width, generator)
