@@ -27,8 +27,8 @@ from vit_train.train.trainer import train
 
 HELPERS = Path(__file__).parents[1] / "helpers"
 RANDOM = {"model": {"dropout": 0.1, "drop_path": 0.2}, "aug": {"name": "deit"}}  # dropout, drop path, deit's draws
-# the device pipeline's augmentation (aug=basic: crop and flip; erasing is the loader's) and MixUp/CutMix
-DEVICE = {"model": {"dropout": 0.1, "drop_path": 0.2}, "aug": {"mixup_alpha": 0.8, "cutmix_alpha": 1.0}}
+# the device pipeline's augmentation: aug=deit's crop, flip, RandAugment and erasing, and MixUp/CutMix
+DEVICE = {"model": {"dropout": 0.1, "drop_path": 0.2}, "aug": {"name": "deit"}}
 REPEATS = {"data": {"repeated_aug": 2}}
 MAE = {"objective": {"name": "mae"}, "model": {"drop_path": 0.1}}
 
