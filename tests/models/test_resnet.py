@@ -67,3 +67,18 @@ def test_vit_keys_on_a_resnet_get_a_warning():
         "model.reg_tokens=4 has no effect with model.arch=resnet18; it applies only to ViTs (model.arch=vit)"]
     assert ignored_keys(Config.from_dict({"model": {"arch": "resnet18"}})) == []
     assert ignored_keys(Config.from_dict({"model": {"reg_tokens": 4}})) == []
+
+
+@pytest.mark.parametrize("size", [32, 224])
+def test_a_resnet_loads_torchvisions_resnet_weights_whole(tmp_path, size):
+    from vit_train.objectives.weights_in import load_pretrained
+
+    source = torchvision.models.resnet18(num_classes=10)  # torchvision's own, at ImageNet's stem
+    if size == 32:
+        source = build_resnet("resnet18", 10, 32)  # the small-image stem: a 3x3 conv1
+    torch.save(source.state_dict(), tmp_path / "resnet18.pth")
+    model = build_resnet("resnet18", 10, size)
+    report = load_pretrained(model, tmp_path / "resnet18.pth")
+    assert report["ignored"] == [] and report["reinitialised"] == [] and report["resized"] == []
+    for key, value in source.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key

@@ -307,7 +307,8 @@ def fit_pretrained(model: nn.Module, weights: dict[str, torch.Tensor], source: s
     network's the file lacks)."""
     path = Path(label)
     own = model.state_dict()
-    fixed_pos = not isinstance(getattr(model, "pos_embed", None), torch.nn.Parameter)
+    pos = getattr(model, "pos_embed", None)  # a Parameter (learned), a buffer (fixed sin-cos), or none (a ResNet)
+    fixed_pos = isinstance(pos, torch.Tensor) and not isinstance(pos, torch.nn.Parameter)
     source_tokens, own_tokens = prefix_names(weights), prefix_names(dict(model.named_parameters()))
     report: dict[str, list[str]] = {"loaded": [], "resized": [], "reinitialised": [], "ignored": []}
     chosen = {}
