@@ -2,10 +2,11 @@
 dataset (save_to_disk), with the same transforms and workers; the time to resume at 90% of an epoch; the
 sizes on disk (docs/data.md, "Loader speed: folder, shards, Hugging Face").
 
-The images are JPEGs written by the script (--images, 160x120, 10 classes, random blocks so they do not
+The images are JPEGs written by the script (--images, --size 160x120, 10 classes, random blocks so they do not
 compress to nothing) into a temporary folder, or a folder given with --folder (root/train/<class>/*,
-root/val/<class>/*). The same files become shards (image_format=source: their bytes, unchanged) and a
-save_to_disk dataset (an Image column of the same bytes). Each data set's training loader (its `build`, as a
+root/val/<class>/*). The same files become shards (image_format=source: their bytes, unchanged), pre-resized
+shards for each --short-side N (vit-shards short_side=N) and a save_to_disk dataset (an Image column of the same
+bytes). With --workers 0 the main process decodes: images/s is then one core's rate. Each data set's training loader (its `build`, as a
 run builds it: aug=basic, RandomResizedCrop to --img-size, the same --workers) is run for one epoch
 (--epochs-fraction of it), images/s counted from the first batch's arrival to the last (start-up apart),
 the three in turn for --rounds rounds, medians given.
@@ -14,6 +15,7 @@ and the load averages.
 
     python scripts/bench_data.py                           # 2000 JPEGs, 2 workers, batch 64
     python scripts/bench_data.py --folder /data/pets --workers 8
+    python scripts/bench_data.py --size 500x375 --short-side 256 --short-side 160 --workers 0 --no-hf
 """
 
 from __future__ import annotations
@@ -69,8 +71,9 @@ def write_hf(folder: Path, out: Path) -> None:
 
 
 def config(name: str, root: Path, args) -> Config:
+    stream = {"shuffle_buffer": args.shuffle_buffer} if name == "webdataset" else {}  # data=webdataset's own key
     return Config.from_dict({"data": {"name": name, "root": str(root), "batch_size": args.batch,
-                                      "num_workers": args.workers, "shuffle_buffer": args.shuffle_buffer},
+                                      "num_workers": args.workers, **stream},
                              "model": {"img_size": args.img_size}, "aug": {"name": "basic"},
                              "trainer": {"device": "cpu", "progress": False}})
 
@@ -127,7 +130,12 @@ def main() -> None:
     parser.add_argument("--shuffle-buffer", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3, help="the data sets measured in turn, this many times; medians")
     parser.add_argument("--epochs-fraction", type=float, default=1.0, help="the share of the epoch timed")
+    parser.add_argument("--size", default="160x120", help="WxH of the JPEGs written (without --folder)")
+    parser.add_argument("--short-side", type=int, action="append", default=[],
+                        help="also shards pre-resized to this shorter side (vit-shards short_side=N); repeatable")
+    parser.add_argument("--no-hf", action="store_true", help="leave the Hugging Face dataset out")
     args = parser.parse_args()
+    width, height = (int(v) for v in args.size.lower().split("x"))
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
     load_before = os.getloadavg()
@@ -135,27 +143,35 @@ def main() -> None:
         tmp = Path(tmp)
         folder = args.folder or tmp / "folder"
         if args.folder is None:
-            write_jpegs(folder, args.images)
+            write_jpegs(folder, args.images, (width, height))
         began = time.perf_counter()
         index = write_shards(config("imagefolder", folder, args), tmp / "shards", ["train", "val"], progress=False)
         shard_time = time.perf_counter() - began
-        write_hf(folder, tmp / "hf")
-        roots = {"imagefolder": folder, "webdataset": tmp / "shards", "hf": tmp / "hf"}
-        rounds = [{name: measure(name, root, args) for name, root in roots.items()} for _ in range(args.rounds)]
-        results = {name: {k: statistics.median(r[name][k] for r in rounds) for k in rounds[0][name]}
-                   for name in roots}
-        sizes = {name: size_of(root) for name, root in roots.items()}
+        # row -> (data set, root)
+        roots = {"imagefolder": ("imagefolder", folder), "webdataset": ("webdataset", tmp / "shards")}
+        for side in args.short_side:
+            out = tmp / f"shards-{side}"
+            write_shards(config("imagefolder", folder, args), out, ["train", "val"], progress=False, short_side=side)
+            roots[f"webdataset short_side={side}"] = ("webdataset", out)
+        if not args.no_hf:
+            write_hf(folder, tmp / "hf")
+            roots["hf"] = ("hf", tmp / "hf")
+        rounds = [{row: measure(name, root, args) for row, (name, root) in roots.items()} for _ in range(args.rounds)]
+        results = {row: {k: statistics.median(r[row][k] for r in rounds) for k in rounds[0][row]} for row in roots}
+        sizes = {row: size_of(root) for row, (_, root) in roots.items()}
     base = results["imagefolder"]["rate"]
     train_images = index["splits"]["train"]["samples"]
-    print(f"{train_images} training images ({'written: 160x120 JPEGs' if args.folder is None else args.folder}), "
-          f"batch {args.batch}, {args.workers} loader workers, aug=basic to {args.img_size}x{args.img_size}, "
-          f"shuffle buffer {args.shuffle_buffer}; medians of {args.rounds} rounds\n")
-    print("| data | images/s | vs folder | start-up s | resume at 90%: first batch s | fresh epoch: first batch s "
-          "| size on disk | vs folder |")
-    print("|---|---|---|---|---|---|---|---|")
+    written = f"written: {width}x{height} JPEGs" if args.folder is None else args.folder
+    cores = "1 core: the main process decodes" if args.workers == 0 else f"{args.workers} loader workers"
+    print(f"{train_images} training images ({written}), batch {args.batch}, {cores}, aug=basic to "
+          f"{args.img_size}x{args.img_size}, shuffle buffer {args.shuffle_buffer}; medians of {args.rounds} rounds\n")
+    print("| data | images/s | per core | vs folder | start-up s | resume at 90%: first batch s "
+          "| fresh epoch: first batch s | size on disk | vs folder |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
-        print(f"| {name} | {r['rate']:.0f} | {r['rate'] / base:.2f} | {r['start_up']:.2f} | {r['resume']:.2f} | "
-              f"{r['fresh']:.2f} | {sizes[name] / 2**20:.1f} MiB | {sizes[name] / sizes['imagefolder']:.3f} |")
+        print(f"| {name} | {r['rate']:.0f} | {r['rate'] / max(1, args.workers):.0f} | {r['rate'] / base:.2f} | "
+              f"{r['start_up']:.2f} | {r['resume']:.2f} | {r['fresh']:.2f} | {sizes[name] / 2**20:.1f} MiB | "
+              f"{sizes[name] / sizes['imagefolder']:.3f} |")
     print(f"\nvit-shards wrote {train_images} + {index['splits']['val']['samples']} images in {shard_time:.1f} s "
           f"({(train_images + index['splits']['val']['samples']) / shard_time:.0f} images/s, one process)")
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; load average before {load_before[0]:.2f}, "

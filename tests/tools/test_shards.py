@@ -159,6 +159,10 @@ def test_the_command_writes_and_refuses_an_out_that_holds_shards_unless_overwrit
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing lost
     code, _, _ = vit_shards(monkeypatch, capsys, *args, "overwrite=true", "splits=train")
     assert code == 0 and sorted(p.name for p in out.iterdir()) == ["index.json", "train-000000.tar"]
+    code, text, _ = vit_shards(monkeypatch, capsys, *args, "overwrite=true", "short_side=12")
+    assert code == 0 and "(10 classes, shorter sides at most 12 px) to" in text, text
+    index = json.loads((out / "index.json").read_text())
+    assert [index["splits"][s]["short_side"] for s in ("train", "val")] == [12, 12] and index["image_size"] == [12, 12]
 
 
 @pytest.mark.parametrize("args, words", [
@@ -171,6 +175,11 @@ def test_the_command_writes_and_refuses_an_out_that_holds_shards_unless_overwrit
     (["data=webdataset", "data.root=/nowhere"], "data=webdataset is shards already"),
     (["data=hf", "data.root=/nowhere"], "data.root /nowhere does not exist"),
     (["workers=many"], "workers is a number of processes"),
+    (["short_side=0"], "short_side must be a number of pixels >= 1"),
+    (["short_side=-5"], "short_side must be a number of pixels >= 1"),
+    (["short_side=1.5"], "short_side must be a number of pixels >= 1"),
+    (["short_side=true"], "short_side must be a number of pixels >= 1"),
+    (["short_side=big"], "short_side must be a number of pixels >= 1"),
 ])
 def test_bad_arguments_end_in_one_line(tmp_path, monkeypatch, capsys, args, words):
     code, _, err = vit_shards(monkeypatch, capsys, "data=shapes", f"out={tmp_path / 'out'}", *args)

@@ -5,7 +5,7 @@
     vit-predict ckpt=PATH images=[a.jpg,FOLDER,'PATTERN'] [top_k=5] [weights=auto|model|ema] [--json]
     vit-export ckpt=PATH format=safetensors|onnx [out=PATH] [weights=auto|model|ema] [verbose=true]
     vit-shards data=NAME [data.root=DIR] out=DIR [shard_size=1000] [maxsize=BYTES] [splits=train,val]
-               [image_format=source|png|jpg|webp] [overwrite=true] [workers=N] [--json]
+               [image_format=source|png|jpg|webp] [short_side=N] [overwrite=true] [workers=N] [--json]
 
 Bad input ends with one line on stderr and exit status 2, as for vit-train.
 """
@@ -228,7 +228,7 @@ def _shards(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
     argv = [f"splits=[{a[7:]}]" if a.startswith("splits=") and "," in a and a[7:8] not in "[\"'" else a for a in argv]
     opts, overrides = parse_args(argv, {"out": ..., "shard_size": 1000, "maxsize": None, "splits": ["train", "val"],
                                         "image_format": "source", "overwrite": False, "progress": True,
-                                        "workers": None}, config=True)
+                                        "workers": None, "short_side": None}, config=True)
     from vit_train.tools.shards import write_shards
 
     splits = opts["splits"] if isinstance(opts["splits"], list) else str(opts["splits"]).split(",")
@@ -243,7 +243,8 @@ def _shards(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
     index = write_shards(cfg, str(opts["out"]), [str(s) for s in splits], opts["shard_size"],
                          None if opts["maxsize"] is None else int(opts["maxsize"]), str(opts["image_format"]),
                          bool(opts["overwrite"]), bool(opts["progress"]),
-                         min(8, os.cpu_count() or 1) if opts["workers"] is None else int(opts["workers"]))
+                         min(8, os.cpu_count() or 1) if opts["workers"] is None else int(opts["workers"]),
+                         opts["short_side"])
     return {"out": str(Path(str(opts["out"])).expanduser()), "written": [str(s) for s in splits], **index}, shards_text
 
 
@@ -252,7 +253,9 @@ def shards_text(index: dict) -> str:
              for name, s in index["splits"].items() if name in index.get("written", index["splits"])]
     kept = [name for name in index["splits"] if name not in index.get("written", index["splits"])]
     added = f" beside its {', '.join(kept)} split" if kept else ""
-    return (f"wrote {' and '.join(parts)} ({len(index['classes'])} classes) to {index['out']}{added}, "
+    sides = {index["splits"][name].get("short_side") for name in index.get("written", index["splits"])}
+    resized = f", shorter sides at most {sides.pop()} px" if len(sides) == 1 and None not in sides else ""
+    return (f"wrote {' and '.join(parts)} ({len(index['classes'])} classes{resized}) to {index['out']}{added}, "
             f"index.json last")
 
 

@@ -33,12 +33,14 @@ READ_ERRORS = (tarfile.TarError, OSError, EOFError, ValueError)
 
 @dataclass(frozen=True)
 class Split:
-    """One split's shards in index order: names, sample counts, where each is read from (a path or URL)."""
+    """One split's shards in index order: names, sample counts, where each is read from (a path or URL);
+    `short_side`: the stored images' shorter side at most, in pixels (vit-shards short_side=N), or None."""
 
     name: str
     shards: list[str]
     counts: list[int]
     urls: list[str]
+    short_side: int | None = None
 
     @property
     def samples(self) -> int:
@@ -118,7 +120,11 @@ def _split(path: Path, splits: dict, name: str, root: str, pattern: str | None) 
                         f"write the index again with vit-shards")
     if not sum(counts):
         raise DataError(f"{bad}: its shards hold no samples")
-    return Split(name, names, counts, _urls(path, name, names, root, pattern))
+    side = entry.get("short_side")
+    if side is not None and not (_count(side) and side > 0):
+        raise DataError(f"{bad}: splits.{name}.short_side is {side!r}, not a number of pixels (an integer >= 1, or "
+                        f"null for images stored at their size); write the index again with vit-shards")
+    return Split(name, names, counts, _urls(path, name, names, root, pattern), side)
 
 
 def _count(value) -> bool:

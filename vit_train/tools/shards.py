@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from PIL import Image
+from torchvision.transforms import v2
 
 from vit_train.config import Config
 from vit_train.errors import ConfigError, DataError, OutputError
@@ -109,54 +110,70 @@ class SplitWriter:
             c.path.unlink(missing_ok=True)
 
 
-def encoded(base: Any, index: int, image_format: str) -> tuple[str, bytes, tuple[int, int]]:
+def encoded(base: Any, index: int, image_format: str, short_side: int | None = None) -> tuple[str, bytes, tuple[int, int]]:
     """(extension, encoded bytes, (H, W)) of sample `index` of a base data set (an image folder, a
     Hugging Face split, images in memory), decoded as training decodes it. With image_format=source, a
     JPEG/PNG/WebP file or cell keeps its bytes (they decode to the same pixels); anything else is
-    written as PNG (lossless). Raises one of IMAGE_ERRORS when the image cannot be read."""
+    written as PNG (lossless). `short_side`: an image whose shorter side is longer is resized to that side
+    first (`pre_resize`) and re-encoded (image_format=source: a JPEG as `jpg`, a WebP as lossless `webp`,
+    anything else as PNG). Raises one of IMAGE_ERRORS when the image cannot be read."""
     data = _source_bytes(base, index)
+    source_format = None
     if data is None:  # an image in memory (CIFAR, shapes): (3, H, W) uint8
         rgb = Image.fromarray(base[index][0].permute(1, 2, 0).numpy())
     else:
         rgb, source_format = decode_with_format(data, _describe(base, index))  # training's checks and pixel limit
+    if short_side is not None and min(rgb.size) > short_side:
+        rgb = pre_resize(rgb, short_side)
         if image_format == "source":
-            kept = KEEP.get(source_format)
-            if kept:
-                return kept, data, (rgb.height, rgb.width)
-    fmt, options = ENCODE["png" if image_format == "source" else image_format]
+            image_format = KEEP.get(source_format, "png")
+    elif image_format == "source":
+        kept = KEEP.get(source_format)
+        if kept:
+            return kept, data, (rgb.height, rgb.width)
+    ext = "png" if image_format == "source" else image_format
+    fmt, options = ENCODE[ext]
     buffer = io.BytesIO()
     rgb.save(buffer, format=fmt, **options)
-    ext = "png" if image_format == "source" else image_format
     return ext, buffer.getvalue(), (rgb.height, rgb.width)
 
 
-def encoded_all(base: Any, image_format: str, workers: int = 0) -> Iterator[tuple | str]:
+def pre_resize(rgb: Image.Image, short_side: int) -> Image.Image:
+    """`rgb` with its shorter side resized to `short_side` pixels, the aspect ratio kept: evaluation's own resize
+    (data/preprocess.py: torchvision's Resize of a PIL image, bilinear with antialiasing), so shards written at
+    the evaluation's resize side and stored losslessly evaluate to the same pixels as the source files."""
+    return v2.functional.resize(rgb, short_side, antialias=True)
+
+
+def encoded_all(base: Any, image_format: str, workers: int = 0, short_side: int | None = None) -> Iterator[tuple | str]:
     """For each sample of `base` in order: (extension, bytes, (H, W), label), or a few words saying why its
     image cannot be read; read and encoded by `workers` processes (0: this one), in order whatever their number."""
     if workers <= 0:
-        yield from (_encode_one(base, i, image_format) for i in range(len(base)))
+        yield from (_encode_one(base, i, image_format, short_side) for i in range(len(base)))
         return
     # forked workers inherit the data set (CIFAR's arrays, a folder's listing) instead of receiving a pickle
-    with multiprocessing.get_context(worker_context()).Pool(workers, _set_worker, (base, image_format)) as pool:
+    with multiprocessing.get_context(worker_context()).Pool(workers, _set_worker,
+                                                            (base, image_format, short_side)) as pool:
         yield from pool.imap(_encode_in_worker, range(len(base)), chunksize=16)
 
 
-_worker: tuple = ()  # a pool worker's (base, image_format)
+_worker: tuple = ()  # a pool worker's (base, image_format, short_side)
 
 
-def _set_worker(base: Any, image_format: str) -> None:
+def _set_worker(base: Any, image_format: str, short_side: int | None) -> None:
     global _worker
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    _worker = (base, image_format)
+    _worker = (base, image_format, short_side)
 
 
 def _encode_in_worker(index: int) -> tuple | str:
-    return _encode_one(_worker[0], index, _worker[1])
+    base, image_format, short_side = _worker
+    return _encode_one(base, index, image_format, short_side)
 
 
-def _encode_one(base: Any, index: int, image_format: str) -> tuple | str:
+def _encode_one(base: Any, index: int, image_format: str, short_side: int | None = None) -> tuple | str:
     try:
-        ext, data, size = encoded(base, index, image_format)
+        ext, data, size = encoded(base, index, image_format, short_side)
     except IMAGE_ERRORS as e:
         return describe_error(e)
     label = base.samples[index][1] if hasattr(base, "samples") else base[index][1]
@@ -180,9 +197,12 @@ def _describe(base: Any, index: int) -> str:
 
 
 def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: int = 1000, maxsize: int | None = None,
-                 image_format: str = "source", overwrite: bool = False, progress: bool = True, workers: int = 0) -> dict:
+                 image_format: str = "source", overwrite: bool = False, progress: bool = True, workers: int = 0,
+                 short_side: int | None = None) -> dict:
     """Write `cfg.data`'s `splits` (train, val) as shards into `out` and index.json last; returns the index.
     `workers` processes read and encode the images (0: this process); the shards are the same for any number.
+    `short_side`: images whose shorter side is longer are stored resized to it (pre-resized shards, as FFCV's and
+    DeiT's data pipelines store ImageNet: fewer pixels to decode per epoch), recorded per split in the index.
 
     Unreadable source images follow data.bad_images: skip leaves them out (one warning lists them),
     error stops at the first (DataError). An `out` whose index lacks every split asked for gets them added
@@ -195,6 +215,9 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
 
     if image_format not in IMAGE_FORMATS:
         raise ConfigError(f"image_format must be one of {', '.join(IMAGE_FORMATS)}; got {image_format!r}")
+    if short_side is not None and (isinstance(short_side, bool) or not isinstance(short_side, int) or short_side < 1):
+        raise ConfigError(f"short_side must be a number of pixels >= 1 (the stored images' shorter side at most), "
+                          f"or null to store them at their size; got {short_side!r}")
     if shard_size < 1 or (maxsize is not None and maxsize < 1):
         raise ConfigError(f"shard_size and maxsize must be >= 1; got shard_size={shard_size}, maxsize={maxsize}")
     unknown = [s for s in splits if s not in ("train", "val")]
@@ -215,7 +238,7 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
         base, writer, skipped = bases[split], SplitWriter(target.folder, split, shard_size, maxsize), []
         stream = iter(())
         try:
-            stream = encoded_all(base, image_format, workers)
+            stream = encoded_all(base, image_format, workers, short_side)
             items = progress_items(stream, len(base), f"vit-shards {split}", progress)  # a bar, or lines in a log
             for i, item in enumerate(items):
                 if isinstance(item, str):  # why it cannot be read
@@ -242,7 +265,8 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
         if skipped:
             log.warning("%d unreadable %s image(s) left out (data.bad_images=skip): %s", len(skipped), split,
                         ", ".join(skipped))
-        index["splits"][split] = {"samples": sum(s["samples"] for s in writer.shards), "shards": writer.shards}
+        index["splits"][split] = {"samples": sum(s["samples"] for s in writer.shards), "short_side": short_side,
+                                  "shards": writer.shards}
     index["image_size"] = list(sizes.pop()) if len(sizes) == 1 else None
     index = shard_out.merged(target, index)
     shard_out.finish(target, index)

@@ -53,6 +53,7 @@ class WebDataset(EncodedImages):
                                                             labels, options)
         sizes = [tuple(index.image_size[::-1])] if index.image_size else []  # [H, W] when every image has one size
         small = small_images(sizes, cfg.model.img_size, cfg.model.patch_size, "every image, as index.json records")
+        stored = stored_too_small(index, cfg.model.img_size, eval_tf.resize)
         left = index.train.samples % self.batch_size
         tail = (f"data=webdataset: the train split is one shard ({index.train.shards[0]}), so the {left} samples past "
                 f"its last whole batch of {self.batch_size}, its last {left}, are left out every epoch and never "
@@ -60,7 +61,7 @@ class WebDataset(EncodedImages):
                 f"is left out, changes every epoch) or use a data.batch_size that divides {index.train.samples}") \
             if left and len(index.train.shards) == 1 else None
         return Data(train, val, plan, list(index.classes), index.train.samples // self.batch_size, self.stats,
-                    unreadable, tuple(line for line in (small, tail) if line))
+                    unreadable, tuple(line for line in (small, stored, tail) if line))
 
     def stream_layout(self, world_size: int) -> dict[str, Any]:
         """The world size and loader worker count (data.num_workers resolved) the epoch's stream plan is cut for
@@ -94,3 +95,20 @@ class WebDataset(EncodedImages):
     def check_shardable(self) -> None:
         raise ConfigError("data=webdataset is shards already; vit-shards writes them from the other data sets (to "
                           "re-shard, write from the data set they came from)")
+
+
+def stored_too_small(index: Any, img_size: int, eval_resize: int) -> str | None:
+    """One line when pre-resized shards (vit-shards short_side=N, index.json's splits.*.short_side) hold fewer
+    pixels than the run asks of them: a training crop of model.img_size from images of a shorter side below it
+    (every crop upscaled), or evaluation's resize (the shorter side to `eval_resize`, then the centre crop) above
+    the val split's stored side; None when the stored sides suffice or the images are stored at their size."""
+    needs = [(split, side, need, what) for split, need, what in
+             ((index.train, img_size, f"a training crop of model.img_size={img_size}"),
+              (index.val, eval_resize, f"evaluation's resize to {eval_resize} (then the centre crop to {img_size})"))
+             if (side := split.short_side) is not None and side < need]
+    if not needs:
+        return None
+    said = "; ".join(f"the {split.name} shards hold images of a shorter side of at most {side} px, less than {what}"
+                     for split, side, need, what in needs)
+    return (f"data=webdataset: {said}, so those images are upscaled from fewer pixels than the source had; write "
+            f"the shards again with vit-shards short_side={max(need for _, _, need, _ in needs)} or more (or none)")
