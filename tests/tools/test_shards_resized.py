@@ -197,3 +197,26 @@ def test_an_imagenet_sized_jpeg_is_stored_as_a_jpeg_of_the_shorter_side_asked(tm
     (_, data), = _members(tmp_path / "out", "train")
     with Image.open(io.BytesIO(data)) as stored:
         assert stored.format == "JPEG" and stored.size == (341, 256)  # int(256 * 500 / 375) = 341
+
+
+@pytest.mark.parametrize("image_format", ["source", "png"])
+def test_a_phone_photo_turned_by_its_exif_orientation_is_stored_upright_and_read_upright_once(tmp_path, image_format):
+    """EXIF orientation 6 (turn 90 degrees clockwise to show): training's decoder turns it; the resized copy holds
+    the upright pixels and no orientation tag, so reading it back does not turn it a second time."""
+    root = tmp_path / "src"
+    (root / "train" / "a").mkdir(parents=True)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    smooth = np.kron(np.random.default_rng(1).integers(0, 256, (6, 8, 3), dtype=np.uint8), np.ones((8, 8, 1), np.uint8))
+    Image.fromarray(smooth).save(root / "train" / "a" / "phone.jpg", quality=95, exif=exif)  # 64x48 as stored
+    write_shards(_folder_cfg(root), tmp_path / "out", ["train"], progress=False, short_side=24,
+                 image_format=image_format)
+    (member, data), = _members(tmp_path / "out", "train")
+    upright = decode_rgb((root / "train" / "a" / "phone.jpg").read_bytes(), "phone.jpg")
+    assert upright.size == (48, 64)  # turned by the decoder
+    got = decode_rgb(data, member)
+    assert got.size == (24, 32)  # the upright picture's shorter side to 24
+    with Image.open(io.BytesIO(data)) as stored:
+        assert stored.getexif().get(0x0112, 1) == 1
+    expected = np.asarray(upright.resize((24, 32), Image.Resampling.BILINEAR), np.int16)
+    assert np.abs(np.asarray(got, np.int16) - expected).mean() < (3 if member.endswith(".jpg") else 1e-9)
