@@ -140,11 +140,11 @@ def _index_with_sides(tmp_path: Path, train: int | None, val: int | None) -> Pat
     return root
 
 
-def _stored_warnings(tmp_path: Path, root: Path, caplog) -> list[str]:
+def _stored_warnings(tmp_path: Path, root: Path, caplog, aug: str = "basic") -> list[str]:
     from vit_train.train.trainer import train
 
     cfg = tiny_config(data={"name": "webdataset", "root": str(root), "batch_size": 4, "num_workers": 0,
-                            "shuffle_buffer": 4}, trainer={"max_steps": 1})
+                            "shuffle_buffer": 4}, trainer={"max_steps": 1}, aug={"name": aug})
     caplog.clear()
     with caplog.at_level(logging.INFO, "vit_train"):
         assert train(cfg, tmp_path / "run")["status"] == "completed"
@@ -173,6 +173,39 @@ def test_a_run_says_in_one_line_when_its_crop_or_evaluation_needs_more_than_the_
     pytest.importorskip("webdataset")
     root = _index_with_sides(tmp_path, train_side, val_side)
     assert _stored_warnings(tmp_path, root, caplog) == ([] if said is None else [f"data=webdataset: {said}"])
+
+
+@pytest.mark.parametrize("train_side, said", [
+    (18, None),
+    (16, "the train shards hold images of a shorter side of at most 16 px, less than training's resize to 18 "
+         "(aug=none, then the centre crop to 16), so those images are upscaled from fewer pixels than the source "
+         "had; write the shards again with vit-shards short_side=18 or more (or none)"),
+])
+def test_aug_none_reads_training_images_at_evaluations_resize_and_says_so_from_its_transform(
+        tmp_path, caplog, train_side, said):
+    """aug=none resizes training images as evaluation does (to 18 at img_size 16), not to the crop's 16."""
+    pytest.importorskip("webdataset")
+    root = _index_with_sides(tmp_path, train_side, 18)
+    assert _stored_warnings(tmp_path, root, caplog, "none") == ([] if said is None else [f"data=webdataset: {said}"])
+
+
+@pytest.mark.parametrize("short_side, stored", [(100, (64, 48)), (24, (32, 24))])
+def test_a_phone_cameras_mpo_jpeg_stays_a_jpeg(tmp_path, short_side, stored):
+    """An MPO (a JPEG followed by more pictures, as phone cameras write) is a JPEG to every decoder (its first
+    picture): kept as it is when small enough, re-encoded as a JPEG when resized, not turned into a PNG."""
+    root = tmp_path / "src"
+    (root / "train" / "a").mkdir(parents=True)
+    smooth = np.kron(np.random.default_rng(2).integers(0, 256, (6, 8, 3), dtype=np.uint8), np.ones((8, 8, 1), np.uint8))
+    first, second = Image.fromarray(smooth), Image.fromarray(255 - smooth)
+    first.save(root / "train" / "a" / "phone.jpg", format="MPO", save_all=True, append_images=[second], quality=95)
+    with Image.open(root / "train" / "a" / "phone.jpg") as check:
+        assert check.format == "MPO" and getattr(check, "n_frames", 1) == 2
+    write_shards(_folder_cfg(root), tmp_path / "out", ["train"], progress=False, short_side=short_side)
+    (member, data), = _members(tmp_path / "out", "train")
+    assert member.endswith(".jpg"), member
+    assert decode_rgb(data, member).size == stored
+    if stored == (64, 48):
+        assert data == (root / "train" / "a" / "phone.jpg").read_bytes()
 
 
 @pytest.mark.parametrize("side", [0, -3, 1.5, "256", True])

@@ -34,7 +34,9 @@ log = logging.getLogger("vit_train")
 
 FORMAT, VERSION = "vit-train webdataset", 1
 INDEX = shard_out.INDEX
-KEEP = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}  # image_format=source: these files are copied as they are
+# image_format=source: these files are copied as they are. MPO: a JPEG with more pictures after it (phone cameras'
+# stereo or depth frames), which Pillow reads as its first picture and a JPEG decoder as the JPEG it starts with
+KEEP = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp"}
 ENCODE = {"png": ("PNG", {}), "jpg": ("JPEG", {"quality": 95, "subsampling": 0}), "webp": ("WEBP", {"lossless": True})}
 IMAGE_FORMATS = ("source", *ENCODE)
 MTIME = 0  # every member's time: the same input gives the same shard bytes

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
+from torchvision.transforms import v2
 
 from vit_train.data.loaders import Data, loader_options, loader_workers, pipeline, small_images
 from vit_train.data.shard_index import load_index, train_fingerprint
@@ -53,7 +54,9 @@ class WebDataset(EncodedImages):
                                                             labels, options)
         sizes = [tuple(index.image_size[::-1])] if index.image_size else []  # [H, W] when every image has one size
         small = small_images(sizes, cfg.model.img_size, cfg.model.patch_size, "every image, as index.json records")
-        stored = stored_too_small(index, cfg.model.img_size, eval_tf.resize)
+        stored = stored_too_small(index, train_side(train_tf, cfg.model.img_size, cfg.aug.name),
+                                  (eval_tf.resize, f"evaluation's resize to {eval_tf.resize} (then the centre crop to "
+                                                   f"{cfg.model.img_size})"))
         left = index.train.samples % self.batch_size
         tail = (f"data=webdataset: the train split is one shard ({index.train.shards[0]}), so the {left} samples past "
                 f"its last whole batch of {self.batch_size}, its last {left}, are left out every epoch and never "
@@ -97,14 +100,23 @@ class WebDataset(EncodedImages):
                           "re-shard, write from the data set they came from)")
 
 
-def stored_too_small(index: Any, img_size: int, eval_resize: int) -> str | None:
+def train_side(train_tf: Any, img_size: int, aug: str) -> tuple[int, str]:
+    """(the shorter side, in pixels, that the training transform reads each image at, what it is): a Resize's
+    side where the option resizes (aug=none resizes and centre-crops as evaluation does), else the crop's
+    model.img_size (RandomResizedCrop: the largest crop is the whole image resized to it)."""
+    sides = [s if isinstance(s, int) else s[0] for t in train_tf.transforms if isinstance(t, v2.Resize)
+             for s in [t.size] if s]
+    if sides and max(sides) > img_size:
+        return max(sides), f"training's resize to {max(sides)} (aug={aug}, then the centre crop to {img_size})"
+    return img_size, f"a training crop of model.img_size={img_size}"
+
+
+def stored_too_small(index: Any, train: tuple[int, str], val: tuple[int, str]) -> str | None:
     """One line when pre-resized shards (vit-shards short_side=N, index.json's splits.*.short_side) hold fewer
-    pixels than the run asks of them: a training crop of model.img_size from images of a shorter side below it
-    (every crop upscaled), or evaluation's resize (the shorter side to `eval_resize`, then the centre crop) above
-    the val split's stored side; None when the stored sides suffice or the images are stored at their size."""
-    needs = [(split, side, need, what) for split, need, what in
-             ((index.train, img_size, f"a training crop of model.img_size={img_size}"),
-              (index.val, eval_resize, f"evaluation's resize to {eval_resize} (then the centre crop to {img_size})"))
+    pixels than the run reads them at: `train` and `val` are (the shorter side each split's transform reads an
+    image at, what that is): training's crop or resize, evaluation's resize (then the centre crop). None when the
+    stored sides suffice or the images are stored at their size."""
+    needs = [(split, side, need, what) for split, (need, what) in ((index.train, train), (index.val, val))
              if (side := split.short_side) is not None and side < need]
     if not needs:
         return None
