@@ -47,9 +47,9 @@ def write_jpegs(root: Path, count: int, size: tuple[int, int] = (160, 120)) -> N
         for i in range(n):
             folder = root / split / f"class{i % CLASSES}"
             folder.mkdir(parents=True, exist_ok=True)
-            blocks = rng.integers(0, 256, (size[1] // 8, size[0] // 8, 3), dtype=np.uint8)
-            picture = np.kron(blocks, np.ones((8, 8, 1), np.uint8)) + rng.integers(0, 24, (size[1], size[0], 3),
-                                                                                      dtype=np.uint8)
+            blocks = rng.integers(0, 256, (-(-size[1] // 8), -(-size[0] // 8), 3), dtype=np.uint8)
+            picture = np.kron(blocks, np.ones((8, 8, 1), np.uint8))[:size[1], :size[0]] + \
+                rng.integers(0, 24, (size[1], size[0], 3), dtype=np.uint8)
             Image.fromarray(picture).save(folder / f"{i:06d}.jpg", quality=90)
 
 

@@ -9,11 +9,11 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_data.py"
 
 
 def test_the_benchmark_measures_folder_shards_pre_resized_shards_and_hf_on_one_core():
-    done = subprocess.run([sys.executable, str(SCRIPT), "--images", "40", "--size", "64x48", "--short-side", "24",
+    done = subprocess.run([sys.executable, str(SCRIPT), "--images", "40", "--size", "60x45", "--short-side", "24",
                            "--workers", "0", "--rounds", "1", "--batch", "8", "--img-size", "16",
                            "--shuffle-buffer", "8"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "40 training images (written: 64x48 JPEGs), batch 8, 1 core: the main process decodes" in done.stdout
+    assert "40 training images (written: 60x45 JPEGs), batch 8, 1 core: the main process decodes" in done.stdout
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in done.stdout.splitlines() if line.startswith("| ") and not line.startswith("| data")}
     assert list(rows) == ["imagefolder", "webdataset", "webdataset short_side=24", "hf"]

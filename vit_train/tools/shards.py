@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from PIL import Image
+from PIL import Image, JpegImagePlugin
 from torchvision.transforms import v2
 
 from vit_train.config import Config
@@ -117,27 +117,42 @@ def encoded(base: Any, index: int, image_format: str, short_side: int | None = N
     Hugging Face split, images in memory), decoded as training decodes it. With image_format=source, a
     JPEG/PNG/WebP file or cell keeps its bytes (they decode to the same pixels); anything else is
     written as PNG (lossless). `short_side`: an image whose shorter side is longer is resized to that side
-    first (`pre_resize`) and re-encoded (image_format=source: a JPEG as `jpg`, a WebP as lossless `webp`,
-    anything else as PNG). Raises one of IMAGE_ERRORS when the image cannot be read."""
+    first (`pre_resize`) and re-encoded (image_format=source: a JPEG as a JPEG encoded as the source was,
+    `jpeg_settings`; a WebP as lossless `webp`, anything else as PNG). Raises one of IMAGE_ERRORS when the image cannot be read."""
     data = _source_bytes(base, index)
     source_format = None
     if data is None:  # an image in memory (CIFAR, shapes): (3, H, W) uint8
         rgb = Image.fromarray(base[index][0].permute(1, 2, 0).numpy())
     else:
         rgb, source_format = decode_with_format(data, _describe(base, index))  # training's checks and pixel limit
+    options = None
     if short_side is not None and min(rgb.size) > short_side:
         rgb = pre_resize(rgb, short_side)
         if image_format == "source":
             image_format = KEEP.get(source_format, "png")
+            options = jpeg_settings(data) if image_format == "jpg" else None
     elif image_format == "source":
         kept = KEEP.get(source_format)
         if kept:
             return kept, data, (rgb.height, rgb.width)
     ext = "png" if image_format == "source" else image_format
-    fmt, options = ENCODE[ext]
+    fmt, default = ENCODE[ext]
+    options = options or default
     buffer = io.BytesIO()
     rgb.save(buffer, format=fmt, **options)
     return ext, buffer.getvalue(), (rgb.height, rgb.width)
+
+
+def jpeg_settings(data: bytes) -> dict | None:
+    """Pillow's save options that encode as the JPEG `data` was encoded: its quantization tables (its quality)
+    and chroma subsampling, so a resized copy costs what its pixels cost to store and decode (quality 95 without
+    subsampling, `ENCODE`, makes a 341x256 copy of a quality-90 4:2:0 photo larger than the 500x375 original and
+    as slow to decode). None where the file has no such pair (grayscale, CMYK: one table, or four channels)."""
+    with Image.open(io.BytesIO(data)) as source:
+        tables, sampling = getattr(source, "quantization", None), JpegImagePlugin.get_sampling(source)
+    if not tables or len(tables) < 2 or sampling == -1:
+        return None
+    return {"qtables": [tables[0], tables[1]], "subsampling": sampling}
 
 
 def pre_resize(rgb: Image.Image, short_side: int) -> Image.Image:
