@@ -112,13 +112,15 @@ class SplitWriter:
             c.path.unlink(missing_ok=True)
 
 
-def encoded(base: Any, index: int, image_format: str, short_side: int | None = None) -> tuple[str, bytes, tuple[int, int]]:
+def encoded(base: Any, index: int, image_format: str,
+            short_side: int | None = None) -> tuple[str, bytes, tuple[int, int]]:
     """(extension, encoded bytes, (H, W)) of sample `index` of a base data set (an image folder, a
     Hugging Face split, images in memory), decoded as training decodes it. With image_format=source, a
     JPEG/PNG/WebP file or cell keeps its bytes (they decode to the same pixels); anything else is
     written as PNG (lossless). `short_side`: an image whose shorter side is longer is resized to that side
     first (`pre_resize`) and re-encoded (image_format=source: a JPEG as a JPEG encoded as the source was,
-    `jpeg_settings`; a WebP as lossless `webp`, anything else as PNG). Raises one of IMAGE_ERRORS when the image cannot be read."""
+    `jpeg_settings`; a WebP as lossless `webp`, anything else as PNG). Raises one of IMAGE_ERRORS when the
+    image cannot be read."""
     data = _source_bytes(base, index)
     source_format = None
     if data is None:  # an image in memory (CIFAR, shapes): (3, H, W) uint8
