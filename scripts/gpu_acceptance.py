@@ -12,6 +12,13 @@ recorded as such, with what it had measured, and the next part runs):
    run; vit-eval reproduces the top-1; torchrun with one process; a DDP step with NCCL; compile.
 2. data: on-device pipeline vs DataLoader (16 workers) on CIFAR-shaped data, the data-wait share of
    a ViT-Ti/4 run with each, a folder of generated JPEGs through the loader at 224.
+   decode: a folder of photo-like 500x375 JPEGs at 224 with aug=deit, data.decode=gpu (nvJPEG, augmented on the
+   GPU) against data.decode=cpu (16 loader workers), beside ViT-S/16's training rate; nvJPEG's pixels against the
+   CPU decoder's; the fallbacks counted on a folder of CMYK, progressive, PNG-named-.jpg and truncated files.
+   recipe: the cifar10_vit_tiny recipe at batch 128 for 600 steps three ways, the eager step, the compiled model
+   and the compiled step (trainer.compile_scope=step, reduce-overhead: one CUDA graph): images/s, MFU, data wait,
+   compile seconds, the compiled step's losses against the eager ones; timm's train.py on the same recipe
+   (--timm-train PATH: train.py is not in timm's wheel).
 3. e2e: the cifar10_vit_tiny recipe on a generated CIFAR-format folder for ~3 minutes: seconds per
    epoch, and how much of it waits for data, computes, evaluates.
 4. throughput: bf16 training images/s and MFU for ViT-Ti/4 @32, ViT-S/16 and ViT-B/16 @224, eager
@@ -38,9 +45,11 @@ from acceptance.record import CHILD, ROOT, run_command  # noqa: E402
 from acceptance.report import build_report, markdown  # noqa: E402
 
 # Part: (nominal time box in seconds, least worth starting with); None: all the time left.
-BOXES = {"correctness": (110, 45), "data": (70, 30), "e2e": (170, 60), "throughput": (None, 45)}
+BOXES = {"correctness": (110, 45), "data": (70, 30), "recipe": (270, 120), "decode": (90, 40), "e2e": (170, 60),
+         "throughput": (None, 45)}
 SMOKE_BOX = 900  # the CPU is slow and shared; a smoke part has this long
-BUDGET = 535  # seconds for the whole run on a GPU: under 9 minutes
+BUDGET = 535  # seconds for the whole run on a GPU: under 9 minutes (every part: give --budget 900 and two calls'
+# time, or a subset: --parts recipe,decode fits 6 minutes)
 MARGIN = 8  # a part's own deadline comes this long before it is killed
 LOG_TAIL = 200_000  # characters of each log copied next to the report
 
@@ -98,7 +107,11 @@ def main() -> int:
     parser.add_argument("--work", default=None, help="scratch folder (default: a temporary one, removed after)")
     parser.add_argument("--parts", default=",".join(BOXES), help=f"comma-separated, in this order: {','.join(BOXES)}")
     parser.add_argument("--budget", type=float, default=None, help=f"seconds in all (default {BUDGET}; smoke: more)")
+    parser.add_argument("--timm-train", default=None, help="timm's train.py (from pytorch-image-models at the tag of "
+                        "the installed timm; not in its wheel), for the recipe part's comparison")
     args = parser.parse_args()
+    if args.timm_train:
+        os.environ["ACCEPTANCE_TIMM_TRAIN"] = str(Path(args.timm_train).resolve())
     names = [n.strip() for n in args.parts.split(",") if n.strip()]
     unknown = sorted(set(names) - set(BOXES))
     if unknown or not names:

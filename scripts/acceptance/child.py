@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the ac
 from acceptance.record import Recorder, end_running  # noqa: E402
 
 PARTS = {"correctness": "acceptance.correctness", "throughput": "acceptance.throughput",
-         "data": "acceptance.feeding", "e2e": "acceptance.feeding"}
+         "data": "acceptance.feeding", "e2e": "acceptance.feeding", "decode": "acceptance.decode",
+         "recipe": "acceptance.recipe"}
 
 
 def part(args: argparse.Namespace) -> int:

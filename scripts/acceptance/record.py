@@ -87,12 +87,14 @@ class Done:
         return " | ".join(text[-lines:]) if text else f"exit {self.returncode}"
 
 
-def run_command(argv: list[str], cwd: Path, timeout: float, log: Path | None = None, grace: float = 20.0) -> Done:
+def run_command(argv: list[str], cwd: Path, timeout: float, log: Path | None = None, grace: float = 20.0,
+                env: dict[str, str] | None = None) -> Done:
     """Run `argv` in its own process group (its loader workers and torchrun's children too), which
     is stopped at `timeout` seconds (SIGTERM, then SIGKILL after `grace`). With `log`, the output
-    is appended there as well."""
+    is appended there as well; `env` adds to this process's environment."""
     start = time.time()
-    proc = start_group(argv, cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_group(argv, cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       env={**os.environ, **env} if env else None)
     try:
         out, err = proc.communicate(timeout=max(timeout, 1))
         code = proc.returncode

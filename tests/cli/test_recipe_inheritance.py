@@ -54,6 +54,11 @@ def test_every_recipe_composes_exactly_as_before(name):
     model = expected["model"]
     model["img_size"] = img if model["img_size"] is None else model["img_size"]
     model["patch_size"] = patch if model["patch_size"] is None else model["patch_size"]
+    if options("data")[expected["data"]["name"]].encoded:  # data.decode, added since, at its default
+        expected["data"].setdefault("decode", "auto")
+    trainer = expected["trainer"]  # trainer.compile_scope and compile_backend, added since, at their defaults
+    trainer.setdefault("compile_scope", "model")
+    trainer.setdefault("compile_backend", "inductor")
     assert composed([f"experiment={name}"]) == expected
 
 

@@ -15,14 +15,14 @@ def png(i: int, side: int = 12) -> bytes:
     return out.getvalue()
 
 
-def hf_parquet(root: Path, train: int = 24, val: int = 8) -> Path:
+def hf_parquet(root: Path, train: int = 24, val: int = 8, image=png) -> Path:
     """A data=hf set of parquet files as the Hub lays them out (root/data/SPLIT-00000.parquet): `train` and
-    `val` images of 3 classes (a ClassLabel column); returns root."""
+    `val` images of 3 classes (a ClassLabel column), image i's bytes `image(i)`; returns root."""
     import datasets
 
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b", "c"])})
     (root / "data").mkdir(parents=True, exist_ok=True)
     for name, n in (("train", train), ("validation", val)):
-        rows = {"image": [{"bytes": png(i), "path": None} for i in range(n)], "label": [i % 3 for i in range(n)]}
+        rows = {"image": [{"bytes": image(i), "path": None} for i in range(n)], "label": [i % 3 for i in range(n)]}
         datasets.Dataset.from_dict(rows, features=features).to_parquet(str(root / "data" / f"{name}-00000.parquet"))
     return root

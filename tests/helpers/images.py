@@ -33,16 +33,16 @@ def write_image_folder(root: Path, counts: dict[str, int], classes=("a", "b"),
     return root
 
 
-def write_noisy_colours(root: Path) -> Path:
+def write_noisy_colours(root: Path, name: str = "{i}.png") -> Path:
     """3 classes of solid colours with noise (red, green, blue), 16 train and 4 val images a class at
-    20x20 (seeded: the same files every call); returns `root`."""
+    20x20 (seeded: the same files every call), named `name` (its extension picks the format); returns `root`."""
     rng = np.random.default_rng(0)
     colours = {"red": (200, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 200)}
 
     def noisy(cls: str, i: int) -> np.ndarray:
         return np.clip(np.array(colours[cls]) + rng.normal(0, 40, (20, 20, 3)), 0, 255).astype(np.uint8)
 
-    return write_image_folder(root, {"train": 16, "val": 4}, tuple(colours), noisy)
+    return write_image_folder(root, {"train": 16, "val": 4}, tuple(colours), noisy, name=name)
 
 
 def write_images(folder: Path, count: int, start: int = 0) -> None:

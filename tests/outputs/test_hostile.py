@@ -177,9 +177,9 @@ def test_a_class_that_becomes_unreadable_mid_run_is_one_line_naming_a_file(tmp_p
     the loader workers' replacement runs out, and the error reaches the run as one line, not the
     worker's traceback."""
     write_image_folder(tmp_path, {"train": 20, "val": 2}, pixels=lambda cls, i: (10 * i, 0, 0), name="{i:02d}.png")
-    from vit_train.data.sources.base import DataSource
+    from vit_train.data.sources.base import EncodedImages
 
-    build = DataSource.build
+    build = EncodedImages.build
 
     def build_then_damage(*args, **kwargs):
         data = build(*args, **kwargs)
@@ -187,7 +187,7 @@ def test_a_class_that_becomes_unreadable_mid_run_is_one_line_naming_a_file(tmp_p
             path.write_bytes(b"\0" * 10)
         return data
 
-    monkeypatch.setattr(DataSource, "build", build_then_damage)  # the image folder's door to its loaders
+    monkeypatch.setattr(EncodedImages, "build", build_then_damage)  # the image folder's door to its loaders
     cfg = make_config(data={"name": "imagefolder", "root": str(tmp_path), "batch_size": 4, "num_workers": 2,
                             "max_bad_fraction": 1.0}, model={"img_size": 16, "patch_size": 8})
     with pytest.raises(DataError) as stopped:

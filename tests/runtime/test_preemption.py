@@ -125,3 +125,75 @@ def test_a_real_error_after_a_stop_signal_surfaces(tmp_path, make_config, monkey
     with pytest.raises(InjectedFault):
         train(cfg, tmp_path / "run")
     assert len(calls) == 2
+
+
+def test_the_same_stop_signal_again_is_said_once(caplog):
+    """A launcher that forwards to its child the signal the whole group got: the child hears it twice."""
+    from vit_train.runtime.preemption import StopRequest
+
+    with caplog.at_level("WARNING", logger="vit_train"), StopRequest() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.exit_code == 143
+    assert [r.getMessage() for r in caplog.records] == [
+        "received SIGTERM: checkpointing after this step, then stopping (Ctrl-C again to stop at once)"]
+
+
+def pin_memory_loop_raising(error: BaseException) -> None:
+    """A thread running torch's pin-memory loop over a queue whose workers are gone: `get` raises `error`."""
+    import queue
+    import threading
+
+    from torch.utils.data._utils import pin_memory
+
+    class Gone:
+        def get(self, timeout=None):
+            raise error
+
+    thread = threading.Thread(target=pin_memory._pin_memory_loop, args=(Gone(), queue.Queue(), 0, threading.Event(), None))
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+@pytest.fixture
+def thread_errors(monkeypatch):
+    """The thread errors that reach the hook StopRequest finds installed (Python's prints them). The pin-memory loop
+    runs here without an accelerator to select."""
+    import threading
+
+    monkeypatch.setattr(torch.accelerator, "set_device_index", lambda index: None)
+    shown = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: shown.append((args.exc_type, args.thread.name)))
+    return shown
+
+
+@pytest.mark.parametrize("error", [ConnectionResetError(104, "Connection reset by peer"), EOFError(), BrokenPipeError()],
+                         ids=["reset", "eof", "pipe"])
+def test_after_a_stop_signal_the_pin_memory_threads_error_prints_nothing(thread_errors, error):
+    """pytorch #28950: with pinned memory (CUDA) a group SIGTERM ends the loader's workers under its pin-memory
+    thread, which dies with a reset connection; before a stop signal the same error is shown (a real fault)."""
+    from vit_train.runtime.preemption import StopRequest
+
+    with StopRequest():
+        pin_memory_loop_raising(error)
+        assert [kind for kind, _ in thread_errors] == [type(error)]
+        os.kill(os.getpid(), signal.SIGTERM)
+        pin_memory_loop_raising(error)
+    assert [kind for kind, _ in thread_errors] == [type(error)]
+
+
+def test_after_a_stop_signal_another_threads_error_is_still_shown(thread_errors):
+    import threading
+
+    from vit_train.runtime.preemption import StopRequest
+
+    def fails():
+        raise ConnectionResetError("not the loader's")
+
+    with StopRequest():
+        os.kill(os.getpid(), signal.SIGTERM)
+        thread = threading.Thread(target=fails, name="other")
+        thread.start()
+        thread.join()
+    assert thread_errors == [(ConnectionResetError, "other")]

@@ -70,6 +70,10 @@ def test_yaml_keys_are_exactly_schema_keys():
     ({"optim": {"lr": "fast"}}, "optim.lr must be a number, got 'fast'"),
     ({"model": {"depth": 2.5}}, "model.depth must be an integer, got 2.5"),
     ({"trainer": {"compile": "yes"}}, "trainer.compile must be true or false"),
+    ({"trainer": {"compile_scope": "loop"}}, "trainer.compile_scope must be one of model, step; got 'loop'"),
+    ({"trainer": {"compile": True, "compile_scope": "step", "precision": "fp16"}},
+     "trainer.compile_scope=step does not take trainer.precision=fp16 (its GradScaler reads the host every step); "
+     "use bf16 or fp32, or trainer.compile_scope=model"),
     ({"model": {"pool": "max"}}, "model.pool must be one of cls, mean; got 'max'"),
     ({"model": {"img_size": 30, "patch_size": 4}}, "model.img_size (30) must be divisible by model.patch_size (4)"),
     ({"model": {"embed_dim": 64, "num_heads": 3}}, "model.embed_dim (64) must be divisible by model.num_heads (3)"),

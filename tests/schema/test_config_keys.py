@@ -146,6 +146,10 @@ def test_no_option_or_recipe_sets_a_key_it_ignores(group, option):
     (["data=cifar10", "aug.scale_min=0.2"], ["aug.scale_min=0.2 has no effect with aug=basic, data=cifar10; it applies "
                                              "only to data=hf, imagefolder, webdataset"]),
     (["trainer.compile_mode=max-autotune"], ["trainer.compile_mode=max-autotune has no effect with trainer.compile=false"]),
+    (["trainer.compile_scope=step", "trainer.compile_backend=aot_eager"],
+     ["trainer.compile_scope=step has no effect with trainer.compile=false",
+      "trainer.compile_backend=aot_eager has no effect with trainer.compile=false"]),
+    (["trainer.compile=true", "trainer.compile_scope=step"], []),
     (["model=resnet18", "model.depth=3"], ["model.depth=3 has no effect with model.arch=resnet18"]),
     (["objective=mae", "aug.label_smoothing=0.1"], ["aug.label_smoothing=0.1 has no effect with objective=mae (it "
                                                     "reads no labels); it applies only to objectives trained on labels"]),

@@ -72,6 +72,21 @@ def test_a_target_is_met_at_its_bound_and_not_below(value, met):
     assert [t["met"] for t in report["targets"]] == [met, not met]  # ratio: >= 1.0
 
 
+def test_the_jpeg_feed_is_set_against_its_target_and_vit_s16_training():
+    """decode part: data.decode=gpu's images/s against 1.2x the ViT-S/16 compiled training target, and divided by
+    the throughput part's ViT-S/16 rate."""
+    figure = {"unit": "img/s", "label": "x"}
+    report = load_script().build_report({}, {
+        "decode": {"status": "passed", "checks": {}, "figures": {"gpu.images_per_s": {"value": 13_200.0, **figure},
+                                                                  "cpu.images_per_s": {"value": 3_300.0, **figure}}},
+        "throughput": {"status": "passed", "checks": {}, "figures": {
+            "vit_s16_224.best_images_per_s": {"value": 11_000.0, **figure}}}})
+    decode = report["parts"]["decode"]["figures"]
+    assert decode["gpu.images_per_s"]["met"] is True and decode["gpu.images_per_s"]["target"] == ">= 13,200 img/s"
+    assert decode["gpu_over_training"]["value"] == pytest.approx(1.2)
+    assert decode["cpu_over_training"]["value"] == pytest.approx(0.3)
+
+
 def test_time_boxes_leave_later_parts_their_least_and_give_the_last_the_rest():
     plan = load_script().plan
     assert plan(["correctness", "data", "e2e", "throughput"], 520, smoke=False) == {
@@ -117,7 +132,7 @@ def test_smoke_run_passes_every_part_and_writes_the_report(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=3000)
     report = json.loads((out / "acceptance.json").read_text())
     assert done.returncode == 0, (done.stdout[-3000:], (out / "acceptance.log").read_text()[-5000:])
-    assert list(report["parts"]) == ["correctness", "data", "e2e", "throughput"]
+    assert list(report["parts"]) == ["correctness", "data", "recipe", "decode", "e2e", "throughput"]
     assert all(math.isfinite(x) for x in numbers(report))
     parts = report["parts"]
     assert {n: p["status"] for n, p in parts.items()} == dict.fromkeys(parts, "passed")
@@ -129,6 +144,18 @@ def test_smoke_run_passes_every_part_and_writes_the_report(tmp_path):
     for key in ("cifar_device_images_per_s", "cifar_loader_images_per_s", "device_run.images_per_s",
                 "device_run.data_wait", "loader_run.data_wait", "jpeg_loader_images_per_s"):
         assert data[key]["value"] is not None and data[key]["value"] >= 0, key
+    decode = parts["decode"]["figures"]  # data.decode=gpu: its device=cpu path, libjpeg-turbo as Pillow's
+    assert set(parts["decode"]["checks"]) == {"tolerance_kinds", "fallbacks_counted"}
+    assert decode["tolerance.max_levels"]["value"] == decode["tolerance.kinds_max_levels"]["value"] == 0.0
+    for key in ("gpu.images_per_s", "cpu.images_per_s", "gpu.bytes_images_per_s", "gpu.decoded_images_per_s"):
+        assert decode[key]["value"] > 0, key
+    recipe = parts["recipe"]["figures"]  # the eager step, the compiled step, the compiled model: each ran
+    assert set(parts["recipe"]["checks"]) == {"eager_run", "step_run", "model_run"}
+    for way in ("eager", "step", "model"):
+        assert recipe[f"{way}.images_per_s"]["value"] > 0 and recipe[f"{way}.data_wait"]["value"] >= 0, way
+    assert recipe["step.compile_seconds"]["value"] > 0 and recipe["model.compile_seconds"]["value"] > 0
+    assert recipe["step_vs_eager.loss_difference"]["value"] < 1e-4  # fp32 on the CPU: tests/train hold 1e-5
+    assert any("timm train.py: not run" in note for note in parts["recipe"]["notes"])  # no --timm-train in CI
     e2e = parts["e2e"]["figures"]
     assert e2e["epochs"]["value"] == 2 and e2e["epoch_seconds"]["value"] > 0
     assert e2e["data_seconds"]["value"] + e2e["compute_seconds"]["value"] > 0
@@ -138,7 +165,7 @@ def test_smoke_run_passes_every_part_and_writes_the_report(tmp_path):
     assert speed["micro4_16.default.ratio"]["label"] == "ViT-micro/4 @16, batch 8 (smoke), default: vit-train / timm"
     assert {t["figure"] for t in report["targets"]} >= {"micro4_16.eager.ratio", "device_run.data_wait"}
     table = (out / "acceptance.md").read_text()
-    assert table in done.stdout and table.count("| **part** |") == 4
+    assert table in done.stdout and table.count("| **part** |") == 6
 
 
 # Reports from other projects' trackers, as small inputs.

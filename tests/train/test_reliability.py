@@ -135,7 +135,7 @@ def use_fused_adamw(monkeypatch) -> None:
     skipped on the device by the fused kernel and counted without a host sync."""
     import vit_train.train.run as run_module
 
-    def build(model, cfg, device, lr=None):
+    def build(model, cfg, device, lr=None, capturable=False):
         from vit_train.train.optim import param_groups
 
         return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=lr, fused=True)

@@ -119,9 +119,9 @@ def test_bad_data_found_mid_run_leaves_a_failed_record_and_a_line_of_its_own(tmp
                                                                             terminal):
     """A val image goes bad after the run has started (a disk or mount gone bad): the first evaluation,
     with the epoch's bar still drawn, stops the run. The bar is gone before the message."""
-    from vit_train.data.sources.base import DataSource
+    from vit_train.data.sources.base import EncodedImages
 
-    build = DataSource.build
+    build = EncodedImages.build
 
     write_image_folder(tmp_path / "data", {"train": 4, "val": 2},
                        pixels=lambda cls, i: (40 * i, 100 if cls == "a" else 0, 0))
@@ -132,7 +132,7 @@ def test_bad_data_found_mid_run_leaves_a_failed_record_and_a_line_of_its_own(tmp
         bad.write_bytes(b"\0" * 10)
         return data
 
-    monkeypatch.setattr(DataSource, "build", build_then_damage)  # the image folder's door to its loaders
+    monkeypatch.setattr(EncodedImages, "build", build_then_damage)  # the image folder's door to its loaders
     stderr = Terminal() if terminal else io.StringIO()
     monkeypatch.setattr("sys.stderr", stderr)
     cfg = make_config(data={"name": "imagefolder", "root": str(tmp_path / "data"), "batch_size": 2, "num_workers": 0,

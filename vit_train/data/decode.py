@@ -31,7 +31,9 @@ from __future__ import annotations
 import io
 import logging
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -138,23 +140,37 @@ class _NamedBytes(io.BytesIO):
         return repr(self.image_name)
 
 
-def _decode(source, name, resized: bool) -> tuple[Image.Image, str | None]:
-    """`resized`: the image will be resized to the model's input (`check_resizes`)."""
+@contextmanager
+def opened(source, resized: bool = True) -> Iterator[Image.Image]:
+    """`source` (a path, a file or `_NamedBytes`) opened by Pillow, its header read and no pixel decoded, with the
+    checks of every decode here: the strict pixel limit (an image bomb raises Image.DecompressionBombError) and,
+    when it will be `resized` to the model's input, the resize's (`check_resizes`: ResizeBombError). Pillow's
+    warnings about a file's metadata are silenced (they would print from every loader worker). Raises one of
+    IMAGE_ERRORS for a file Pillow cannot identify."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
-        # Pillow's warnings about a file's metadata (EXIF tags larger than the file, say) would print
-        # from every loader worker; the pixels are read all the same.
         warnings.filterwarnings("ignore", category=UserWarning, module="PIL")
         try:
             with Image.open(source) as image:
                 if resized:
                     _check_resize(*image.size)  # from the header, before the pixels are decoded
-                image.load()
-                if not _said_transparency and has_transparency(image):
-                    say_transparency(name, image)
-                return to_rgb(image), image.format
+                yield image
         except Image.DecompressionBombWarning as e:
             raise Image.DecompressionBombError(f"{e} (vit-train refuses images over this limit)") from None
+
+
+def header(data: bytes, name: str):
+    """`opened` for encoded bytes (`decode_rgb`'s input), its messages naming `name`."""
+    return opened(_NamedBytes(data, name))
+
+
+def _decode(source, name, resized: bool) -> tuple[Image.Image, str | None]:
+    """`resized`: the image will be resized to the model's input (`check_resizes`)."""
+    with opened(source, resized) as image:
+        image.load()
+        if not _said_transparency and has_transparency(image):
+            say_transparency(name, image)
+        return to_rgb(image), image.format
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

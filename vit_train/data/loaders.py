@@ -42,11 +42,15 @@ class Data:
     stats: tuple = ((0.0,) * 3, (1.0,) * 3)  # (mean, std) the images were normalised with
     train_unreadable: UnreadableImages | None = None  # image folders only
     start_warnings: tuple[str, ...] = ()  # lines a training run warns with at its start (`small_images`, ...)
+    decoder: Any = None  # data.decode=gpu: the training batches' decoder (gpu_decode.BatchDecoder), its counts
 
     def epoch_done(self, epoch: int) -> None:
-        """Report the unreadable training images replaced in the epoch that just ended."""
+        """Report the unreadable training images replaced, and with data.decode=gpu those decoded on the CPU, in
+        the epoch that just ended."""
         if self.train_unreadable is not None:
             self.train_unreadable.report(epoch)
+        if self.decoder is not None:
+            self.decoder.report(epoch)
 
 
 # the start methods the standard library has; joblib's loky workers (hydra/launcher=parallel) make
@@ -108,10 +112,12 @@ def loader_workers(num_workers: int | None) -> int:
     return min(8, os.cpu_count() or 1) if num_workers is None else num_workers
 
 
-def random_access_data(cfg: Any, splits: tuple, device: torch.device, rank: int = 0, world_size: int = 1) -> Data:
+def random_access_data(cfg: Any, splits: tuple, device: torch.device, rank: int = 0, world_size: int = 1,
+                       decoding: Any = None) -> Data:
     """Loaders for this process over a random-access data set's `splits` (DataSource.splits): each process gets
     its share of every global batch (EpochSampler) and of the val set, through the loader or, for uint8 arrays
-    on a GPU, the on-device pipeline (`pipeline`)."""
+    on a GPU, the on-device pipeline (`pipeline`). `decoding` (data.decode=gpu: gpu_batches.DeviceDecoding): the
+    workers hand over encoded images, decoded and augmented on the device."""
     train_base, val_base, class_names, native = splits
     d, stats = cfg.data, cfg.data.stats
     train_tf, eval_tf = build_transforms(cfg.aug, cfg.model.img_size, stats, native)
@@ -133,19 +139,26 @@ def random_access_data(cfg: Any, splits: tuple, device: torch.device, rank: int 
     bad_images = d.bad_images if d.encoded else "skip"  # image files have a policy; arrays are never unreadable
     # Each loader owns a generator, so creating an iterator never draws from the global RNG. The sampler
     # yields whole global batches (and a shorter last one after a batch-size change mid-epoch): nothing to drop.
-    train_loader = DataLoader(TransformedDataset(train_base, train_tf, bad_images),
-                              batch_size=d.batch_size // world_size,
+    if decoding is not None:  # data.decode=gpu: encoded images in one buffer per batch
+        workers["collate_fn"] = decoding.collate
+    train_set = TransformedDataset(train_base, train_tf, bad_images) if decoding is None else \
+        decoding.raw(train_base, bad_images)
+    train_loader = DataLoader(train_set, batch_size=d.batch_size // world_size,
                               sampler=sampler, drop_last=False, generator=torch.Generator(), **workers)
     val_sampler = ShardSampler(len(val_base), rank, world_size) if world_size > 1 else None
-    val_loader = DataLoader(TransformedDataset(val_base, eval_tf), batch_size=eval_batch, sampler=val_sampler,
+    val_set = TransformedDataset(val_base, eval_tf) if decoding is None else decoding.raw(val_base)
+    val_loader = DataLoader(val_set, batch_size=eval_batch, sampler=val_sampler,
                             shuffle=False, generator=torch.Generator(), **workers)
     # image files of any size: a few headers read (rank 0 says it), the line said by a training run only
     small = small_images(image_sizes(train_base), cfg.model.img_size, cfg.model.patch_size) \
         if d.encoded and rank == 0 else None
     train_unreadable = UnreadableImages(train_base, "train", d.bad_images, d.max_bad_fraction) if d.encoded else None
     val_unreadable = UnreadableImages(val_base, "val", d.bad_images, d.max_bad_fraction) if d.encoded else None
-    return Data(CheckedLoader(train_loader, train_unreadable), CheckedLoader(val_loader, val_unreadable), sampler,
-                class_names, steps, stats, train_unreadable, (small,) if small else ())
+    train, val = CheckedLoader(train_loader, train_unreadable), CheckedLoader(val_loader, val_unreadable)
+    if decoding is not None:
+        train, val = decoding.train(train, sampler, train_unreadable), decoding.val(val, val_unreadable)
+    return Data(train, val, sampler, class_names, steps, stats, train_unreadable, (small,) if small else (),
+                None if decoding is None else train.decoder)
 
 
 SIZE_SAMPLE = 16  # images whose headers the size check reads, spread evenly over the training set

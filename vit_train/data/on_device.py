@@ -64,6 +64,12 @@ class Erasing:
         return self.noise[int(self.start[i]):int(self.start[i + 1])].view(3, h, w)
 
 
+def batch_generator(seed: int, epoch: int, batch: int, device: torch.device) -> torch.Generator:
+    """The generator of global batch `batch` of `epoch` on `device`, seeded by (seed, epoch, batch): what the
+    on-device augmentation of that batch draws from, whichever process and however many loader workers."""
+    return torch.Generator(device=device).manual_seed((seed * 1_000_003 + epoch) * 1_000_003 + batch)
+
+
 def erasing_plan(batch_size: int, size: int, p: float, generator: torch.Generator) -> Erasing:
     """Random erasing's draws for a batch of (3, size, size) images, on the generator's device. torchvision's
     RandomErasing(p, scale=(0.02, 0.33), ratio=(0.3, 3.3), value="random") per image: it erases with
@@ -162,8 +168,7 @@ class DeviceTrainPipeline:
 
     def generator(self, batch: int) -> torch.Generator:
         """Global batch `batch`'s generator: seeded by (seed, epoch, batch)."""
-        return torch.Generator(device=self.device).manual_seed(
-            (self.sampler.seed * 1_000_003 + self.sampler.epoch) * 1_000_003 + batch)
+        return batch_generator(self.sampler.seed, self.sampler.epoch, batch, self.device)
 
     def draws(self, batch: int) -> Draws:
         """Everything global batch `batch` of this epoch draws, for all its `global_batch` positions, from its

@@ -148,10 +148,14 @@ class ShardStream(IterableDataset):
         errors = []
         for ext, data in images:  # a sample with several images: the first that decodes
             try:
-                return decode.decode_rgb(data, f"{where}.{ext}"), label, ""
+                return self._decode(data, f"{where}.{ext}"), label, ""
             except decode.IMAGE_ERRORS as e:
                 errors.append(f"{where}.{ext} ({type(e).__name__}: {e})")
         return None, label, "; ".join(errors)
+
+    def _decode(self, data: bytes, name: str):
+        """An image member's bytes as the transform takes them: decoded by decode.py (PIL RGB)."""
+        return decode.decode_rgb(data, name)
 
     def _transform(self, image, seed: int | None) -> torch.Tensor:
         if seed is None:
@@ -236,12 +240,13 @@ class StreamLoader:
 
 
 def build_stream_loaders(index: ShardIndex, cfg, train_tf: Callable, eval_tf: Callable, device: torch.device,
-                         rank: int, world_size: int, labels: bool, loader_options: dict):
+                         rank: int, world_size: int, labels: bool, loader_options: dict, decoding=None):
     """(train loader, val loader, train plan, train StreamUnreadable) for this process of `world_size`.
 
     `loader_options`: the DataLoader keywords the other data sets use (worker_init_fn, context, pinning);
-    the worker count and persistence are this module's. Raises DataError when data.batch_size exceeds the
-    training samples."""
+    the worker count and persistence are this module's. `decoding` (data.decode=gpu: gpu_batches.DeviceDecoding):
+    the streams hand over encoded images, decoded and augmented on the device. Raises DataError when
+    data.batch_size exceeds the training samples."""
     d = cfg.data
     if index.train.samples < d.batch_size:
         raise DataError(f"data.batch_size ({d.batch_size}) is larger than the training shards ({index.train.samples} "
@@ -250,11 +255,13 @@ def build_stream_loaders(index: ShardIndex, cfg, train_tf: Callable, eval_tf: Ca
     slots = max(1, count)
     common = dict(classes=len(index.classes), seed=cfg.seed, rank=rank, world_size=world_size, workers=slots,
                   buffer=d.shuffle_buffer, labels=labels)
-    train = ShardStream(index.train, transform=train_tf, train=True, batch=d.batch_size, **common)
-    val = ShardStream(index.val, transform=eval_tf, train=False, batch=1, **common)
+    stream = ShardStream if decoding is None else decoding.stream
+    train = stream(index.train, transform=train_tf, train=True, batch=d.batch_size, **common)
+    val = stream(index.val, transform=eval_tf, train=False, batch=1, **common)
     # Each DataLoader draws its base seed from its own generator, not the global RNG, which drop path, dropout
     # and MixUp draw from: an iterator started by a resume must leave their draws as the uninterrupted run's.
-    options = {**loader_options, "persistent_workers": False, "prefetch_factor": 4 if count else None}
+    options = {**loader_options, "persistent_workers": False, "prefetch_factor": 4 if count else None,
+               **({} if decoding is None else {"collate_fn": decoding.collate})}
     share, eval_batch = d.batch_size // world_size, max(1, (d.eval_batch_size or d.batch_size) // world_size)
     train_loader = DataLoader(train, batch_size=share, generator=torch.Generator(), **options)
     val_loader = DataLoader(val, batch_size=eval_batch, generator=torch.Generator(), **options)
@@ -262,5 +269,8 @@ def build_stream_loaders(index: ShardIndex, cfg, train_tf: Callable, eval_tf: Ca
     own = [s for s in val.slots() if s.rank == rank]
     val_batches = sum(-(-len(s) // eval_batch) for s in own)
     unreadable = StreamUnreadable("train", d.bad_images, d.max_bad_fraction, index.train.samples)
-    return (StreamLoader(train_loader, unreadable, plan.batches_left),
-            StreamLoader(val_loader, None, lambda: val_batches), plan, unreadable)
+    train_loader = StreamLoader(train_loader, unreadable, plan.batches_left)
+    val_loader = StreamLoader(val_loader, None, lambda: val_batches)
+    if decoding is not None:
+        train_loader, val_loader = decoding.train(train_loader, plan, unreadable), decoding.val(val_loader, None)
+    return train_loader, val_loader, plan, unreadable

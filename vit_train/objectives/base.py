@@ -60,12 +60,24 @@ class Loss:
       counts the training top-1, or None for a loss without class predictions (the loop then logs none).
     - Anything that is trained belongs in the model itself (so that the optimiser, DDP, the EMA and the
       checkpoints see it); what the loss needs besides (a frozen teacher) is built with it and kept on it.
+    - With trainer.compile_scope=step the call is traced into one graph with the rest of the step
+      (train/compiled_step.py): no host read (`.item()`, a Python branch on a tensor's value), and state kept
+      across calls in tensors updated in place, not in Python numbers or new tensors bound to attributes.
+      Random draws from a generator of its own (MAE's masks) are made outside the graph by `draws`, whose
+      keyword arguments the call then receives; a loss dynamo cannot trace whole runs in the eager step, said
+      in one line.
     The methods below keep what must survive a restart for exact resume; by default there is nothing.
     """
 
     def __call__(self, module: nn.Module, images: torch.Tensor,
                  targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         raise NotImplementedError
+
+    def draws(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Random inputs for the call on micro-batch `images` drawn from generators of the loss's own, as keyword
+        arguments of `__call__` (MAE: {"noise": (B, patches)}); the loop calls it just before the call, and a
+        compiled step outside its graph. By default none: the call draws from torch's default generator, if at all."""
+        return {}
 
     def state_dict(self) -> dict[str, Any] | None:
         """State for exact resume (a mask sampler's counter, a teacher's SHA-256) as plain data, kept in the

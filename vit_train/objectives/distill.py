@@ -123,6 +123,9 @@ def loss_terms(cls_logits: torch.Tensor, dist_logits: torch.Tensor, teacher_logi
     return base(cls_logits, targets), teacher_term
 
 
+TERMS = ("loss_label", "loss_teacher", "teacher_agreement", "images")  # what `terms` sums
+
+
 class DistillationLoss(Loss):
     """objective=distill's loss: (module, images, targets) -> (loss, logits for the training top-1)."""
 
@@ -131,7 +134,10 @@ class DistillationLoss(Loss):
         self.teacher, self.cfg, self.two_heads = teacher, cfg, two_heads
         self.base = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         self.checkpoint_info = info  # plain data: what the checkpoint records of the teacher
-        self.sums: dict[str, torch.Tensor] = {}  # the logged terms since the last `terms()`, kept on the device
+        # the logged terms' image-weighted sums since the last `terms()`, on the device, updated in place (a compiled
+        # step traces the call: train/compiled_step.py)
+        device = next(teacher.parameters()).device
+        self.sums = {key: torch.zeros((), device=device) for key in TERMS}
 
     def __call__(self, module: nn.Module, images: torch.Tensor,
                  targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,26 +160,29 @@ class DistillationLoss(Loss):
                  "teacher_agreement": (logits.detach().argmax(1) == teacher_logits.argmax(1)).sum().float(),
                  "images": torch.tensor(float(n), device=logits.device)}
         for key, value in batch.items():
-            self.sums[key] = self.sums[key] + value if key in self.sums else value
+            self.sums[key].add_(value)
 
     def terms(self) -> dict[str, float]:
         """The loss's two terms (before their alpha weights; mean over the images since the last call) and
         the teacher agreement (% of those images whose prediction is the teacher's), for the train rows of
         metrics.jsonl and TensorBoard; this process's images (rank 0 logs). Starts a new window."""
-        sums, self.sums = self.sums, {}
-        if not sums:
+        values = {k: v.item() for k, v in self.sums.items()}
+        for v in self.sums.values():
+            v.zero_()
+        images = values.pop("images")
+        if not images:
             return {}
-        images = sums.pop("images").item()
-        return {k: (100 if k == "teacher_agreement" else 1) * v.item() / images for k, v in sums.items()}
+        return {k: (100 if k == "teacher_agreement" else 1) * v / images for k, v in values.items()}
 
     def window_state(self) -> dict[str, float]:
         """The logged terms' sums since the last `terms()` as plain data (the checkpoint's train_window "terms")."""
-        return {k: v.item() for k, v in self.sums.items()}
+        values = {k: v.item() for k, v in self.sums.items()}
+        return values if values["images"] else {}
 
     def load_window(self, saved: dict[str, float]) -> None:
         """Continue the sums `window_state` kept (float32, as summed), so the next train row is the uninterrupted run's."""
-        device = next(self.teacher.parameters()).device
-        self.sums = {k: torch.tensor(v, dtype=torch.float32, device=device) for k, v in saved.items()}
+        for key, value in saved.items():
+            self.sums[key].fill_(value)
 
     def state_dict(self) -> dict[str, Any]:
         """What the checkpoint keeps (under "objective"): the teacher's path, SHA-256 and network, never its weights."""

@@ -43,8 +43,15 @@ class MaskedReconstruction(Loss):
         self.num_patches = (cfg.model.img_size // cfg.model.patch_size) ** 2
         self.masks = MaskSampler(cfg.seed, rank)
 
-    def __call__(self, model: nn.Module, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, None]:
-        noise = self.masks.noise(len(images), self.num_patches, images.device)
+    def draws(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """{"noise": (B, patches)}: the masks' noise for micro-batch `images`, from the run's mask sampler."""
+        return {"noise": self.masks.noise(len(images), self.num_patches, images.device)}
+
+    def __call__(self, model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
+                 noise: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
+        """`noise` (B, patches) from `draws`; drawn here when not given."""
+        if noise is None:
+            noise = self.draws(images)["noise"]
         pred, mask = model(images, noise)
         return reconstruction_loss(pred, images, mask, self.patch_size, self.norm_pix_loss), None
 

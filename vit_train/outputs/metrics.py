@@ -235,11 +235,13 @@ def write_results(run_dir: Path, results: dict[str, Any]) -> None:
 
 def results_summary(status: str, state, objective: str, scores: dict[str, Any], metrics: dict[str, float],
                     wall_seconds: float, run_dir: Path, all_attempts: float | None = None,
-                    error: str | None = None) -> dict[str, Any]:
+                    error: str | None = None, compile_seconds: float | None = None) -> dict[str, Any]:
     """results.json: how the run ended and its numbers. `state` is the run's TrainState; `objective` its
     objective's name and `scores` that objective's own numbers (its `results_of`: best and final scores, null
     before an evaluation); `metrics` the last evaluation's. `wall_seconds` is this attempt's, `all_attempts`
-    adds the earlier attempts' (each up to its last checkpoint); `error` says why a `failed` run stopped."""
+    adds the earlier attempts' (each up to its last checkpoint); `error` says why a `failed` run stopped;
+    `compile_seconds` what trainer.compile spent compiling in this attempt (None: nothing was compiled), which
+    images_per_s leaves out."""
     return {
         "status": status, "run_id": state.run_id,  # made at the run's start, kept across resumes
         "objective": objective, **scores,
@@ -252,5 +254,6 @@ def results_summary(status: str, state, objective: str, scores: dict[str, Any], 
         "images_per_s": state.images_seen / state.train_seconds if state.train_seconds else None,
         "wall_seconds": wall_seconds,
         "wall_seconds_all_attempts": wall_seconds if all_attempts is None else all_attempts,
+        "compile_seconds": compile_seconds,
         "error": error, "run_dir": str(run_dir),
     }

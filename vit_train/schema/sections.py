@@ -137,8 +137,10 @@ class TrainerConfig(Section):
     max_steps: Optional[int] = None  # cap on optimiser steps; the schedule then ends at the cap
     accum_steps: int = 1  # micro-batches per optimiser step (data.batch_size is split into them)
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on capable GPUs, else fp32
-    compile: bool = False  # torch.compile the model
+    compile: bool = False  # torch.compile (compile_scope says what): the first step compiles, timed apart (docs/speed.md)
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    compile_scope: Literal["model", "step"] = "model"  # model: its forward and backward; step: the whole training step as one graph
+    compile_backend: str = "inductor"  # torch.compile's backend (timm's --torchcompile): inductor, aot_eager, eager
     peak_tflops: Optional[float] = None  # the device's peak, for MFU; null = from a table of known GPUs
     device: Literal["auto", "cuda", "cpu"] = "auto"  # auto: cuda when available
     cpu_threads: Optional[int] = None  # torch intra-op threads; null = this process's CPU share (docs/speed.md)
@@ -168,9 +170,13 @@ class TrainerConfig(Section):
                 f"trainer.ema_decay must be in (0, 1), got {self.ema_decay}")
         require(not (self.strategy == "fsdp" and self.precision == "fp16"), "trainer.strategy=fsdp does not take "
                 "trainer.precision=fp16 (its GradScaler cannot see sharded gradients); use bf16 or fp32")
+        require(not (self.compile and self.compile_scope == "step" and self.precision == "fp16"),
+                "trainer.compile_scope=step does not take trainer.precision=fp16 (its GradScaler reads the host every "
+                "step); use bf16 or fp32, or trainer.compile_scope=model")
 
     def ignored(self, cfg: Any) -> list[tuple[str, str, str]]:
-        return [("compile_mode", "trainer.compile=false", "trainer.compile=true")] * (not self.compile) + \
+        return [(key, "trainer.compile=false", "trainer.compile=true")
+                for key in ("compile_mode", "compile_scope", "compile_backend") if not self.compile] + \
             [("fsdp_reshard_after_forward", f"trainer.strategy={self.strategy}", "trainer.strategy=fsdp")] * \
             (self.strategy != "fsdp")
 

@@ -13,9 +13,10 @@ import torch
 
 from vit_train.data.first_batches import FirstBatches
 from vit_train.runtime import distributed
-from vit_train.runtime.preemption import StopRequest
+from vit_train.runtime.preemption import CompileInterrupted, StopRequest
 from vit_train.train import sharding
 from vit_train.train.batches import UntilStop
+from vit_train.train.compiling import StaticBatch
 
 if TYPE_CHECKING:
     from vit_train.train.run import Run
@@ -26,15 +27,35 @@ log = logging.getLogger("vit_train")
 def evaluate(run: Run, stop: StopRequest | None = None) -> dict[str, float] | None:
     """Evaluates the model (and its EMA) on the val set as the run's objective scores it; best.pt follows
     whichever of the two scores better in the objective's direction (the raw model wins a tie).
-    Returns None, having logged and recorded nothing, when `stop` cut it short (`cut_short`)."""
+    Returns None, having logged and recorded nothing, when `stop` cut it short (`cut_short`), or ended the
+    first pass of a compiled model while it compiled. That pass's seconds go to `run.compile_seconds["eval"]`."""
+    state = run.state
+    during = contextlib.nullcontext() if stop is None else stop.during(f"the evaluation of step {state.step}")
+    compiling = isinstance(run.eval_model, StaticBatch) and run.eval_model.seconds is None  # its first pass compiles
+    if compiling and stop is not None:  # a stop signal ends it at once: it is left for the resumed run
+        during = stop.interruptible(f"compiling the evaluation of step {state.step}")
+    try:
+        metrics = _evaluate(run, stop, during)
+    except CompileInterrupted:
+        stop.agree(stop.received or 0)
+        log.warning("%s ended the evaluation of step %d while it compiled: it is left for the resumed run, which "
+                    "does it first", stop.name, state.step)
+        return None
+    if compiling and metrics is not None:
+        run.compile_seconds["eval"] = sum(m.seconds or 0.0 for m in (run.eval_model, run.eval_ema)
+                                          if isinstance(m, StaticBatch))
+    return metrics
+
+
+def _evaluate(run: Run, stop: StopRequest | None, during) -> dict[str, float] | None:
+    """`evaluate` under `during` (what a stop signal does meanwhile)."""
     state, objective = run.state, run.cfg.objective
     progress, metric, limit = run.cfg.trainer.progress and run.ctx.is_main, objective.metric, run.cfg.trainer.limit_val_batches
-    during = contextlib.nullcontext() if stop is None else stop.during(f"the evaluation of step {state.step}")
     distributed.broadcast_buffers(run.model, run.ema)  # every process evaluates the model rank 0 saves (BatchNorm)
     with run.window.paused(), sharding.gathered(run.cfg, run.model, run.ema), during:  # FSDP: no collective per val batch
         val = FirstBatches(run.data.val_loader, limit)  # trainer.limit_val_batches: a partial validation, said so
         passes = UntilStop(val, stop)
-        metrics = objective.evaluate(run.eval_fn, passes, run.device, run.amp_dtype, run.cfg, progress,
+        metrics = objective.evaluate(run.eval_model, passes, run.device, run.amp_dtype, run.cfg, progress,
                                      confusion=bool(run.cfg.trainer.viz_every))  # every rank: the sum is a collective
         if cut_short(run, passes, stop):
             return None
@@ -43,7 +64,7 @@ def evaluate(run: Run, stop: StopRequest | None = None) -> dict[str, float] | No
         scores, ema_metrics = {"model": metrics[metric]}, None
         if run.ema is not None:
             passes = UntilStop(FirstBatches(run.data.val_loader, limit), stop)
-            ema_metrics = objective.evaluate(run.ema.module, passes, run.device, run.amp_dtype, run.cfg, progress)
+            ema_metrics = objective.evaluate(run.eval_ema, passes, run.device, run.amp_dtype, run.cfg, progress)
             if cut_short(run, passes, stop):
                 return None
             if val.partial:

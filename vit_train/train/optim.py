@@ -52,15 +52,18 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | Non
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device,
-                    lr: float | None = None) -> torch.optim.Optimizer:
+                    lr: float | None = None, capturable: bool = False) -> torch.optim.Optimizer:
     """AdamW or SGD over `param_groups`; `lr` is the peak rate (Config.lr), by default cfg.lr; each
-    group starts at lr x its lr_scale (the schedule keeps that factor)."""
+    group starts at lr x its lr_scale (the schedule keeps that factor). `capturable`: for a compiled step
+    (train/compiled_step.py), AdamW's multi-tensor form with its step counts on the device, not the fused one."""
     groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
     lr = cfg.lr if lr is None else lr
     for group in groups:
         group["lr"] = lr * group["lr_scale"]
     if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=True)
+        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=True, foreach=capturable or None)
+    if capturable:
+        return torch.optim.AdamW(groups, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, foreach=True, capturable=True)
     fused = device.type == "cuda"  # one kernel for the whole update on GPUs
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused)
 

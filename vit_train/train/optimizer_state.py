@@ -80,7 +80,7 @@ def state_keys(optimizer: torch.optim.Optimizer) -> set[str]:
     """The per-parameter state keys `optimizer` keeps: those one step of a copy of it (the same class and
     hyperparameters) makes for a 1-element parameter, so any torch optimiser is judged by its own rule."""
     accepted = set(inspect.signature(type(optimizer).__init__).parameters)
-    settings = {k: v for k, v in optimizer.defaults.items() if k in accepted and k not in ("fused", "foreach")}
+    settings = {k: v for k, v in optimizer.defaults.items() if k in accepted and k not in ("fused", "foreach", "capturable")}
     probe = torch.zeros(1, requires_grad=True)
     probe.grad = torch.zeros(1)
     copy = type(optimizer)([probe], **settings, foreach=False)

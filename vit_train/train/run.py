@@ -32,6 +32,8 @@ from vit_train.runtime.cpu import set_cpu_threads
 from vit_train.runtime.device import autocast_dtype, pick_device
 from vit_train.runtime.progress import EpochProgress
 from vit_train.train import sharding
+from vit_train.train.compiled_step import CompiledStep
+from vit_train.train.compiling import compile_scope, evaluators
 from vit_train.train.optim import build_optimizer, build_scheduler
 from vit_train.train.resume import check_data_position
 from vit_train.train.skips import SkippedSteps, skips_on_device
@@ -55,7 +57,11 @@ class Run:
     amp_dtype: torch.dtype | None  # autocast dtype; None = fp32
     data: Data
     model: nn.Module  # the plain model: its weights are saved, averaged and evaluated
-    step_fn: nn.Module  # what the step calls: the model, or DDP / torch.compile around it
+    step_fn: nn.Module  # what the eager step calls: the model, or DDP / torch.compile around it
+    compiled: CompiledStep | None  # trainer.compile_scope=step: the whole step as one graph (else, or failing, eager)
+    eval_model: nn.Module  # what evaluates the model: the plain model, or compiled at one batch shape
+    eval_ema: nn.Module | None  # what evaluates the EMA's weights
+    compile_seconds: dict[str, float]  # trainer.compile: seconds compiling the "step" and the "eval" (this attempt)
     loss: Loss  # the objective's (cfg.objective.build_loss)
     mix: BatchMix | None
     ema: AveragedModel | None
@@ -71,11 +77,6 @@ class Run:
     total_steps: int
     started: float  # time.time() when this attempt began (before its checkpoint was found)
     earlier_seconds: float  # wall time of earlier attempts, up to their last checkpoint
-
-    @property
-    def eval_fn(self) -> nn.Module:
-        """What evaluation calls: with several processes each evaluates its share with the plain model."""
-        return self.model if self.ctx.enabled else self.step_fn
 
 
 def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: dict | None = None,
@@ -125,7 +126,8 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
         sharding.shard(model, ema, cfg, amp_dtype)
     elif t.strategy == "fsdp":
         log.info("trainer.strategy=fsdp with one process: nothing to shard, the model trains whole")
-    optimizer = build_optimizer(model, cfg.optim, device, lr=cfg.lr)  # on the shards when sharded
+    scope = compile_scope(t, device, ctx.world_size, amp_dtype == torch.float16, sharding.is_sharded(model), ctx.is_main)
+    optimizer = build_optimizer(model, cfg.optim, device, lr=cfg.lr, capturable=scope == "step")  # on the shards when sharded
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     state = TrainState(run_id=new_run_id())  # os.urandom: no RNG of the run moves
     if ckpt:
@@ -141,7 +143,6 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
                                 lr=cfg.lr)
     # DistributedDataParallel with several processes (FSDP's model is its own wrapper), else the model itself
     ddp = model if sharding.is_sharded(model) else distributed.wrap(model)
-    compiled = t.compile and not sharding.is_sharded(model)  # FSDP: its blocks were compiled before sharding
     loss = objective.build_loss(cfg, model, classes, data.class_names, ctx.rank)
     loss.load_state_dict((ckpt or {}).get("objective"))
     terms = ((ckpt or {}).get("train_window") or {}).get("terms")
@@ -150,6 +151,14 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
     mix = BatchMix(cfg.aug, classes, cfg.seed) if BatchMix.wanted(cfg.aug) else None
     window = TrainWindow(device, objective.flops_per_image(cfg, classes), peak_tflops(device, amp_dtype, t.peak_tflops))
     window.load_state_dict(ckpt.get("train_window") if ckpt else None)
+    skips = SkippedSteps(state, device, skips_on_device(optimizer, scaler), t.max_bad_steps)
+    compile_seconds: dict[str, float] = {}
+    step_fn = torch.compile(ddp, mode=t.compile_mode, backend=t.compile_backend) if scope == "model" else ddp
+    compiled = CompiledStep(model, loss, optimizer, ema, window, skips, t.accum_steps, cfg.optim.clip_grad, amp_dtype,
+                            device, scheduler.lr_lambdas[0], t.ema_decay, t.compile_mode, t.compile_backend,
+                            compile_seconds) if scope == "step" else None
+    eval_model, eval_ema = evaluators(scope, t, model, step_fn, ema, cfg.data.eval_batch_size or cfg.data.batch_size,
+                                      device, ctx.enabled)
     # last: from here train.log has a handler, which train() removes however the run ends
     logger = RunLogger(run_dir, resume_step=state.step if ckpt else None, early=early) if ctx.is_main else NullLogger()
     try:
@@ -159,9 +168,9 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
         logger.close()
         raise
     return Run(cfg=cfg, run_dir=run_dir, overrides=list(overrides), ctx=ctx, device=device, amp_dtype=amp_dtype,
-               data=data, model=model, step_fn=torch.compile(ddp, mode=t.compile_mode) if compiled else ddp,
-               loss=loss, mix=mix, ema=ema, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-               skips=SkippedSteps(state, device, skips_on_device(optimizer, scaler), t.max_bad_steps),
+               data=data, model=model, step_fn=step_fn, compiled=compiled, eval_model=eval_model, eval_ema=eval_ema,
+               compile_seconds=compile_seconds, loss=loss, mix=mix, ema=ema, optimizer=optimizer, scheduler=scheduler,
+               scaler=scaler, skips=skips,
                logger=logger, visuals=visuals, window=window, progress=EpochProgress(t.progress and ctx.is_main),
                state=state, total_steps=total_steps, started=time.time() if started is None else started,
                earlier_seconds=state.wall_seconds)

@@ -26,9 +26,10 @@ class SkippedSteps:
         self.run = torch.full((), state.bad_in_a_row, dtype=torch.long, device=device)  # non-finite steps in a row
 
     def add(self, finite: torch.Tensor) -> None:
+        """Count one step, finite or not, in place (the same in a compiled step: train/compiled_step.py)."""
         bad = (~finite).long()
-        self.skipped += bad
-        self.run = (self.run + 1) * bad
+        self.skipped.add_(bad)
+        self.run.add_(1).mul_(bad)
 
     def settle(self, state: TrainState) -> int:
         """Move the counts into `state` (a host sync); returns the steps skipped since the last settle."""
@@ -39,3 +40,8 @@ class SkippedSteps:
             log.warning("up to step %d: %d non-finite steps skipped (%d in a row now, the run stops at %d)",
                         state.step, skipped, state.bad_in_a_row, self.max_bad_steps)
         return skipped
+
+    def reset(self, state: TrainState) -> None:
+        """Counts as `state` has them, dropping what was counted since the last settle (a step abandoned midway)."""
+        self.skipped.zero_()
+        self.run.fill_(state.bad_in_a_row)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,7 +35,26 @@ def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> None:
 
     `images` (B, 3, H, W) and `targets` (B,) class indices or (B, classes) probabilities, on the
     device; `run.state.step` is already this step's number. The loss is the run's objective's (`run.loss`).
+    With trainer.compile_scope=step the compiled step takes it (train/compiled_step.py), unless it could not
+    be compiled. The first step of a compiled run compiles: its seconds are kept apart (`compile_seconds`).
     """
+    if run.compiled is not None and run.compiled(images, targets, run.state.step):
+        run.scheduler.step()
+        return
+    if run.cfg.trainer.compile and run.compile_seconds.get("step") is None:  # the compiled model's first step
+        with run.window.paused():
+            started = time.perf_counter()
+            eager_step(run, images, targets)
+            if images.is_cuda:
+                torch.cuda.synchronize(images.device)
+            run.compile_seconds["step"] = time.perf_counter() - started
+        run.window.images -= len(images) * run.ctx.world_size  # out of images/s with its time
+        return
+    eager_step(run, images, targets)
+
+
+def eager_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> None:
+    """`train_step` as PyTorch runs it op by op (or through the compiled model: trainer.compile_scope=model)."""
     optimizer, scaler, t = run.optimizer, run.scaler, run.cfg.trainer
     optimizer.zero_grad(set_to_none=True)
     total = torch.zeros((), device=images.device)
@@ -44,7 +64,7 @@ def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> None:
     for i, (x, y) in enumerate(chunks):
         with distributed.no_sync(run.step_fn, last=i == len(chunks) - 1):  # one gradient all-reduce (FSDP: reduce-scatter) per step
             with torch.autocast(images.device.type, dtype=run.amp_dtype, enabled=run.amp_dtype is not None):
-                loss, logits = run.loss(run.step_fn, x, y)
+                loss, logits = run.loss(run.step_fn, x, y, **run.loss.draws(x))
                 # each micro-batch weighs as its images: a short last batch (batch size changed mid-epoch)
                 # may split unevenly, or into fewer than accum_steps micro-batches
                 loss = loss / t.accum_steps if len(x) * t.accum_steps == len(images) else loss * (len(x) / len(images))

@@ -58,7 +58,8 @@ class TrainWindow:
         self.finite_steps = torch.zeros((), device=device, dtype=torch.long)  # steps, images not skipped
         self.finite_images = torch.zeros((), device=device, dtype=torch.long)
         self.has_top1 = False
-        self.grad_norm: torch.Tensor | None = None
+        self.grad_norm = torch.full((), math.nan, device=device)  # the last finite step's (else the window's first)
+        self.has_grad_norm = torch.zeros((), dtype=torch.bool, device=device)  # whether a step came since the read
         self.images = 0
         self.seconds = 0.0
         self._started: float | None = None
@@ -91,13 +92,26 @@ class TrainWindow:
         predictions), counted without a host sync; a skipped (non-finite) step's values are left out,
         since its loss would make the window's mean NaN."""
         self.images += images
-        self.loss += torch.where(finite, loss, 0.0)
         if hits is not None:
             self.has_top1 = True
-            self.hits += torch.where(finite, hits, 0)
-        self.grad_norm = grad_norm if self.grad_norm is None else torch.where(finite, grad_norm, self.grad_norm)
-        self.finite_steps += finite.long()
-        self.finite_images += finite.long() * images
+        self.add_(loss, grad_norm, hits, images, finite)
+
+    def add_(self, loss: torch.Tensor, grad_norm: torch.Tensor, hits: torch.Tensor | None, images: int,
+             finite: torch.Tensor) -> None:
+        """`add`'s device sums alone, each updated in place (inside a compiled step: train/compiled_step.py, which
+        counts the images and `has_top1` on the host)."""
+        self.loss.add_(torch.where(finite, loss, 0.0))
+        if hits is not None:
+            self.hits.add_(torch.where(finite, hits, 0))
+        # the window's first step's norm, then each finite step's: a window of skipped steps logs the first's
+        self.grad_norm.copy_(torch.where(finite | ~self.has_grad_norm, grad_norm, self.grad_norm))
+        self.has_grad_norm.fill_(True)
+        self.finite_steps.add_(finite.long())
+        self.finite_images.add_(finite.long() * images)
+
+    def sums(self) -> list[torch.Tensor]:
+        """The device tensors `add_` updates in place."""
+        return [self.loss, self.hits, self.finite_steps, self.finite_images, self.grad_norm, self.has_grad_norm]
 
     def read(self) -> tuple[dict[str, float], int, float]:
         """(mean loss, top-1 %, last gradient norm and images/s; images; seconds) since the last read.
@@ -108,8 +122,9 @@ class TrainWindow:
         steps, counted = int(self.finite_steps.item()), int(self.finite_images.item())
         values = {"loss": self.loss.item() / steps if steps else math.nan,
                   "top1": 100 * self.hits.item() / counted if counted else math.nan,
-                  "grad_norm": float(self.grad_norm) if self.grad_norm is not None else math.nan,
-                  "images_per_s": self.images / max(self.seconds, 1e-9),
+                  "grad_norm": float(self.grad_norm) if self.has_grad_norm else math.nan,
+                  # none: the window's only steps compiled (their time is compile time, not training)
+                  "images_per_s": self.images / max(self.seconds, 1e-9) if self.images else math.nan,
                   "data_wait": self.waited / max(self.seconds, 1e-9)}  # share of the step time spent waiting for data
         if not self.has_top1:
             del values["top1"]
@@ -122,7 +137,8 @@ class TrainWindow:
         self.hits.zero_()
         self.finite_steps.zero_()
         self.finite_images.zero_()
-        self.grad_norm = None
+        self.grad_norm.fill_(math.nan)
+        self.has_grad_norm.fill_(False)
         self.images = 0
         self.seconds = self.waited = 0.0
         self.start()
@@ -134,7 +150,7 @@ class TrainWindow:
         over the steps since the checkpoint. Under "timing", what depends on the clock (seconds trained and
         waited in the window, whether the data-bound warning was given): images/s stays a rate over the
         window's training time, the interrupted attempt's included."""
-        grad_norm = self.grad_norm
+        grad_norm = self.grad_norm if self.has_grad_norm else None
         return {"loss": self.loss.item(), "hits": int(self.hits.item()), "finite_steps": int(self.finite_steps.item()),
                 "finite_images": int(self.finite_images.item()), "has_top1": self.has_top1,
                 "grad_norm": None if grad_norm is None else grad_norm.item(),
@@ -152,8 +168,9 @@ class TrainWindow:
         self.finite_steps.fill_(saved["finite_steps"])
         self.finite_images.fill_(saved["finite_images"])
         self.has_top1 = bool(saved["has_top1"])
-        self.grad_norm = None if saved["grad_norm"] is None else torch.tensor(
-            saved["grad_norm"], dtype=getattr(torch, saved["grad_norm_dtype"]), device=self.loss.device)
+        if saved["grad_norm"] is not None:  # float32, as summed (older checkpoints name the dtype: always float32)
+            self.grad_norm.fill_(saved["grad_norm"])
+            self.has_grad_norm.fill_(True)
         self.images, self.logs = int(saved["images"]), int(saved["logs"])
         timing = saved.get("timing", {})
         self.seconds, self.waited = float(timing.get("seconds", 0.0)), float(timing.get("waited", 0.0))

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -24,18 +25,18 @@ from vit_train.config import Config
 from vit_train.errors import RunStopped, UserError
 from vit_train.objectives.score import shown
 from vit_train.outputs import rundir
-from vit_train.outputs.checkpoint import save_run_checkpoint, short_of_space
+from vit_train.outputs.checkpoint import run_checkpoints, save_run_checkpoint, short_of_space
 from vit_train.outputs.metrics import output_error, results_summary, write_results
 from vit_train.runtime import distributed
 from vit_train.runtime.logs import EarlyRecords
-from vit_train.runtime.preemption import StopRequest
+from vit_train.runtime.preemption import CompileInterrupted, StopRequest
 from vit_train.train import sharding
 from vit_train.train.batches import batches
 from vit_train.train.evaluation import evaluate
 from vit_train.train.resume import (check_compatible, complete_interrupted_save, find_start, how_to_train_longer,
                                     resume_auto_found_nothing)
 from vit_train.train.run import Run, build_run, describe
-from vit_train.train.state import checkpoint_state
+from vit_train.train.state import TrainState, checkpoint_state
 from vit_train.train.step import diverged_message, step_seed, train_step
 from vit_train.train.throughput import log_train
 
@@ -109,11 +110,19 @@ def loop(run: Run) -> dict[str, Any]:
             log.info("evaluating step %d first: a stop signal came before its evaluation was done", state.step)
             evaluate_and_save(run, stop)
         for images, targets in batches(run, stop):
+            compiling = run.cfg.trainer.compile and "step" not in run.compile_seconds  # the first step compiles
+            before = dataclasses.replace(state) if compiling else None
             if state.advance(run.data.train_sampler):  # the step is counted here, once
                 run.data.epoch_done(state.epoch)
             if run.ctx.enabled:  # dropout, drop path, MAE's masks: each process its own draws, a function of the step
                 torch.manual_seed(step_seed(run.cfg.seed, state.step, run.ctx.rank))
-            train_step(run, images, targets)
+            try:
+                with stop.interruptible("compiling the training step") if compiling else contextlib.nullcontext():
+                    train_step(run, images, targets)
+            except CompileInterrupted:
+                stopped_compiling(run, stop, before)
+            if compiling and "step" in run.compile_seconds:
+                said_compiled(run, "step")
             if due(state.step, t.log_every) or state.step == run.total_steps:
                 run.skips.settle(state)
                 log_train(run.logger, run.progress, run.window, state, run.scheduler.get_last_lr()[0], run.scaler,
@@ -156,7 +165,10 @@ def evaluate_and_save(run: Run, stop: StopRequest) -> None:
     that has ended the val loader's workers (one sent to the whole process group) abandons it: nothing
     of it is logged or kept, the stop's checkpoint holds the step, and the resumed run evaluates that
     step first (`eval_pending`). A signal that leaves the loader working lets it finish."""
+    compiling = "eval" not in run.compile_seconds
     if evaluate(run, stop) is not None:
+        if compiling and "eval" in run.compile_seconds:
+            said_compiled(run, "eval")
         save(run, best=run.state.best_step == run.state.step)
 
 
@@ -183,7 +195,8 @@ def results(run: Run, status: str, error: str | None = None) -> dict[str, Any]:
     seconds = time.time() - run.started
     return results_summary(status, state, objective.name, objective.results_of(state.best_of(objective.metric),
                                                                                state.metrics),
-                           state.metrics, seconds, run.run_dir, all_attempts=run.earlier_seconds + seconds, error=error)
+                           state.metrics, seconds, run.run_dir, all_attempts=run.earlier_seconds + seconds, error=error,
+                           compile_seconds=sum(run.compile_seconds.values()) if run.compile_seconds else None)
 
 
 def finish(run: Run, status: str) -> dict[str, Any]:
@@ -203,6 +216,30 @@ def finish(run: Run, status: str) -> dict[str, Any]:
     log.info("%s: %s, %d steps (%d skipped), %.0f images/s, %.0f s; outputs in %s", status, best, state.step,
              state.skipped_steps, summary["images_per_s"] or 0, summary["wall_seconds"], run.run_dir)
     return summary
+
+
+def said_compiled(run: Run, what: str) -> None:
+    """The seconds trainer.compile spent on `what` ("step": the first training step; "eval": the first evaluation)
+    in the log and metrics.jsonl (split "compile"), once per attempt; images/s and MFU leave them out."""
+    seconds = run.compile_seconds[what]
+    run.logger.scalars("compile", run.state.step, {f"{what}_seconds": seconds})
+    log.info("compiled the %s in %.1f s (%s)", "training step" if what == "step" else "evaluation", seconds,
+             "left out of images/s and MFU" if what == "step" else "its first pass, compilation included")
+
+
+def stopped_compiling(run: Run, stop: StopRequest, before: TrainState) -> None:
+    """A stop signal ended the first step's compilation (StopRequest.interruptible): the run stops where the last
+    checkpoint (or the start) left it. Nothing trained since (the step being compiled may be half applied in
+    memory, so nothing is saved); results.json says `interrupted`. Raises RunStopped."""
+    for field in dataclasses.fields(TrainState):
+        setattr(run.state, field.name, getattr(before, field.name))
+    run.skips.reset(run.state)
+    finish(run, "interrupted")
+    kept = run_checkpoints(run.run_dir)
+    command = "torchrun <the same options> -m vit_train" if run.ctx.enabled else "vit-train"
+    then = (f"{kept[0]} holds step {run.state.step}; continue with: {command} resume={run.run_dir}" if kept else
+            "nothing was trained; start it again with the same command")
+    raise RunStopped(f"stopped by {stop.name} while compiling the training step: {then}", stop.exit_code)
 
 
 def record_failure(run: Run, error: Exception) -> None:

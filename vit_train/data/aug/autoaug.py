@@ -26,6 +26,6 @@ class AutoAug(Basic):
     def policy(self, small_images: bool) -> list[v2.Transform]:
         return [v2.AutoAugment(v2.AutoAugmentPolicy(self.policy_name(small_images)))]
 
-    def device_plan(self, batch_size: int, height: int, width: int, generator: torch.Generator) -> device_ops.Plan:
-        # the device pipeline holds small images (CIFAR, shapes) only
-        return device_ops.auto_augment_plan(batch_size, height, width, self.policy_name(True), generator)
+    def device_plan(self, batch_size: int, height: int, width: int, generator: torch.Generator,
+                    small_images: bool = True) -> device_ops.Plan:
+        return device_ops.auto_augment_plan(batch_size, height, width, self.policy_name(small_images), generator)

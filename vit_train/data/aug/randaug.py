@@ -31,5 +31,6 @@ class RandAug(Basic):
     def policy(self, small_images: bool) -> list[v2.Transform]:
         return [v2.RandAugment(num_ops=self.randaug_n, magnitude=self.randaug_m)]
 
-    def device_plan(self, batch_size: int, height: int, width: int, generator: torch.Generator) -> device_ops.Plan:
+    def device_plan(self, batch_size: int, height: int, width: int, generator: torch.Generator,
+                    small_images: bool = True) -> device_ops.Plan:
         return device_ops.rand_augment_plan(batch_size, height, width, self.randaug_n, self.randaug_m, generator)

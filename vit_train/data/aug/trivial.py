@@ -21,5 +21,6 @@ class Trivial(Basic):
     def policy(self, small_images: bool) -> list[v2.Transform]:
         return [v2.TrivialAugmentWide()]
 
-    def device_plan(self, batch_size: int, height: int, width: int, generator: torch.Generator) -> device_ops.Plan:
+    def device_plan(self, batch_size: int, height: int, width: int, generator: torch.Generator,
+                    small_images: bool = True) -> device_ops.Plan:
         return device_ops.trivial_augment_wide_plan(batch_size, height, width, generator)

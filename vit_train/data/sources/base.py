@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
+from vit_train.data.gpu_batches import check_decode, device_decoding
 from vit_train.data.loaders import Data, random_access_data
 from vit_train.data.preprocess import spec
 from vit_train.schema.sections import DataConfig
@@ -88,7 +89,7 @@ class EncodedImages(DataSource):
     encoded: ClassVar[bool] = True
     input_size: ClassVar[tuple[int, int]] = (224, 16)
     stats: ClassVar[tuple] = IMAGENET_STATS
-    loading_keys: ClassVar[tuple[str, ...]] = ("bad_images", "max_bad_fraction")
+    loading_keys: ClassVar[tuple[str, ...]] = ("bad_images", "max_bad_fraction", "decode")
     root_hint: ClassVar[str] = "a folder of images; add data.root=/path/to/images"  # what data.root must be
 
     batch_size: int = 256
@@ -98,11 +99,20 @@ class EncodedImages(DataSource):
     root: str | None = None
     bad_images: Literal["skip", "error"] = "skip"  # replace an unreadable image, or stop
     max_bad_fraction: float = 0.01  # skip: stop once more than this fraction of a split is unreadable
+    # where JPEGs are decoded: cpu = in the loader workers; gpu = a batch at a time on the training device (nvJPEG),
+    # then cropped and augmented there; auto = cpu until a measurement shows gpu faster (docs/data.md)
+    decode: Literal["auto", "cpu", "gpu"] = "auto"
 
     def location(self) -> str | None:
         return self.root
+
+    def build(self, cfg: Any, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
+        """This process's loaders; with data.decode=gpu the images are decoded on `device` (gpu_batches.py)."""
+        decoding = device_decoding(cfg, device, rank)
+        return random_access_data(cfg, self.splits(cfg.model.img_size, labels), device, rank, world_size, decoding)
 
     def check(self, cfg: Any) -> None:
         super().check(cfg)
         require(bool(self.root), f"data={self.name} needs data.root, {self.root_hint}")
         fraction("data.max_bad_fraction", self.max_bad_fraction)
+        check_decode(cfg)

@@ -12,6 +12,7 @@ from typing import Any, Optional
 import torch
 from torchvision.transforms import v2
 
+from vit_train.data.gpu_batches import device_decoding
 from vit_train.data.loaders import Data, loader_options, loader_workers, pipeline, small_images
 from vit_train.data.shard_index import load_index, train_fingerprint
 from vit_train.data.shard_stream import build_stream_loaders
@@ -50,8 +51,9 @@ class WebDataset(EncodedImages):
         index = load_index(self.root, self.train_shards, self.val_shards)
         train_tf, eval_tf = build_transforms(cfg.aug, cfg.model.img_size, self.stats, None)
         options = loader_options(self.num_workers, device)
+        decoding = device_decoding(cfg, device, rank)  # data.decode=gpu: decoded on the device (gpu_batches.py)
         train, val, plan, unreadable = build_stream_loaders(index, cfg, train_tf, eval_tf, device, rank, world_size,
-                                                            labels, options)
+                                                            labels, options, decoding)
         sizes = [tuple(index.image_size[::-1])] if index.image_size else []  # [H, W] when every image has one size
         small = small_images(sizes, cfg.model.img_size, cfg.model.patch_size, "every image, as index.json records")
         stored = stored_too_small(index, train_side(train_tf, cfg.model.img_size, cfg.aug.name),
@@ -64,7 +66,8 @@ class WebDataset(EncodedImages):
                 f"is left out, changes every epoch) or use a data.batch_size that divides {index.train.samples}") \
             if left and len(index.train.shards) == 1 else None
         return Data(train, val, plan, list(index.classes), index.train.samples // self.batch_size, self.stats,
-                    unreadable, tuple(line for line in (small, stored, tail) if line))
+                    unreadable, tuple(line for line in (small, stored, tail) if line),
+                    None if decoding is None else train.decoder)
 
     def stream_layout(self, world_size: int) -> dict[str, Any]:
         """The world size and loader worker count (data.num_workers resolved) the epoch's stream plan is cut for
