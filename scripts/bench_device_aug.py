@@ -1,4 +1,4 @@
-"""Speed of the batched per-image policies (vit_train/data/device_ops.py) against torchvision's per-image v2
+"""Speed of the batched per-image policies (vit_train/data/device/ops.py) against torchvision's per-image v2
 transforms with the same policy, on the same images, in one process: AutoAugment (CIFAR-10 policy),
 RandAugment(2, 9) and TrivialAugmentWide on a batch of uint8 images (default 256 of 32x32, random).
 
@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 from torchvision.transforms import v2
 
-from vit_train.data import device_ops
+from vit_train.data.device import ops as device_ops
 
 
 def clock(step: Callable[[], object], device: torch.device) -> float:

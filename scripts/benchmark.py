@@ -39,7 +39,7 @@ from omegaconf import OmegaConf
 from vit_train.config import Config
 from vit_train.data.aug.basic import Basic
 from vit_train.schema.sections import ModelConfig
-from vit_train.data.on_device import DeviceTrainPipeline
+from vit_train.data.device.pipeline import DeviceTrainPipeline
 from vit_train.data.datasets import TensorImages, TransformedDataset
 from vit_train.data.sampler import EpochSampler
 from vit_train.data.transforms import build_transforms

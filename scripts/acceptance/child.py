@@ -50,7 +50,7 @@ def part(args: argparse.Namespace) -> int:
 def launch(args: argparse.Namespace) -> None:
     import torch
 
-    from vit_train.data.on_device import DeviceTrainPipeline
+    from vit_train.data.device.pipeline import DeviceTrainPipeline
 
     batches = DeviceTrainPipeline.__iter__
     fetched = [0]

@@ -5,7 +5,7 @@ are) read at 224 with DeiT's augmentation (aug=deit), as vit-train builds the lo
 (workers read bytes; nvJPEG decodes each batch; crop, flip, RandAugment, normalisation and erasing on the GPU) and
 of decode=cpu (16 workers decode and augment), beside ViT-S/16's compiled training rate (the throughput part's;
 the report divides). Where decode=gpu's time goes: the workers' bytes alone, then with decoding, then whole.
-nvJPEG's pixels against the CPU decoder's (decode.py) on photos and on every subsampling, progressive, grey
+nvJPEG's pixels against the CPU decoder's (data/decoding/image.py) on photos and on every subsampling, progressive, grey
 and EXIF-rotated files: the tolerance. The fallbacks counted on a folder holding CMYK, progressive, PNG-named-.jpg
 and truncated files. Every figure is written when measured: a part stopped at the end of its box keeps them.
 """
@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from vit_train.config import Config
-from vit_train.data import decode as cpu_decoder
-from vit_train.data.gpu_decode import CHECK_MEAN_DIFF, BatchDecoder, collate, encode
+from vit_train.data.decoding import image as cpu_decoder
+from vit_train.data.decoding.batched import CHECK_MEAN_DIFF, BatchDecoder, collate, encode
 
 from .record import Recorder
 

@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "vit_train"
 GROUPS = ("data", "objective")  # aug's names are plain words (none, basic) that mean other things too
 # (module, name): why that module may hold that string
 OTHER_MEANING = {("extras.py", "webdataset"): "the webdataset package, which `require` names",
-                 ("data/shard_index.py", "webdataset"): "the webdataset package, which `require` names",
+                 ("data/shards/index.py", "webdataset"): "the webdataset package, which `require` names",
                  ("data/aug/autoaug.py", "cifar10"): "AutoAugment's CIFAR-10 policy (torchvision's name)"}
 
 

@@ -4,7 +4,7 @@ when they are regular files; a FIFO, socket, device, folder or link loop there i
 waited on (a FIFO opened for reading blocks until a writer comes: a run would hang before its first step).
 Calls that could block run in a thread with a deadline, and every FIFO gets a writer at the end, so a
 regression fails rather than hangs (the pattern of test_special_doors.py). Also: vit-shards probes a kept
-image's format through decode.py (one decode, the same checks), and decode_rgb's errors name the image."""
+image's format through data/decoding/image.py (one decode, the same checks), and decode_rgb's errors name the image."""
 
 import io
 import os
@@ -17,9 +17,9 @@ from PIL import Image
 
 from helpers.shards import png, write_shards
 from helpers.special_files import DEADLINE, KINDS, fifos, make_special, within  # noqa: F401 (fifos: a fixture)
-from vit_train.data import decode
-from vit_train.data.decode import decode_rgb, decode_with_format
-from vit_train.data.shard_index import Missing, load_index, read_samples
+from vit_train.data.decoding import image as decode
+from vit_train.data.decoding.image import decode_rgb, decode_with_format
+from vit_train.data.shards.index import Missing, load_index, read_samples
 from vit_train.errors import DataError
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs and sockets are POSIX")
@@ -140,7 +140,7 @@ def test_an_image_path_cell_naming_a_fifo_is_an_unreadable_image(tmp_path, fifos
     assert within(DEADLINE, images.describe_unreadable, 0) == f"NotRegularFile: {tmp_path}/x.png is a FIFO, not a regular file"
 
 
-# ---- vit-shards and decode.py
+# ---- vit-shards and data/decoding/image.py
 
 def test_vit_shards_reads_a_folder_image_swapped_for_a_fifo_as_unreadable(tmp_path, fifos):
     from vit_train.tools.shards import _encode_one
@@ -170,7 +170,7 @@ def test_vit_shards_probes_a_kept_image_through_the_decoder_once(tmp_path, monke
     monkeypatch.setattr(Image, "open", lambda fp, *a, **k: opened.append(fp) or real(fp, *a, **k))
     ext, data, size = encoded(Folder(), 0, "source")
     assert (ext, data, size) == ("jpg", path.read_bytes(), (8, 8))
-    assert len(opened) == 1  # decode.py's one open: its pixel limit and checks, not a second bare Image.open
+    assert len(opened) == 1  # data/decoding/image.py's one open: its pixel limit and checks, not a second bare Image.open
 
 
 def test_vit_shards_refuses_an_image_over_the_strict_pixel_limit(tmp_path, monkeypatch):

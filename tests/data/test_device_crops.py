@@ -1,4 +1,4 @@
-"""data.decode=gpu's crop on the device (vit_train/data/device_crops.py) against torchvision's per-image
+"""data.decode=gpu's crop on the device (vit_train/data/device/crops.py) against torchvision's per-image
 transforms: RandomResizedCrop's window by torchvision's own rule (its make_params fed the same uniforms), the
 crop, resize and flip equal to torchvision's kernels on tensors bit for bit, and within 1 level of the loader
 path's (PIL's resize) with the same window; each aug option's crop read from its own transform."""
@@ -16,7 +16,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from helpers.configs import aug
 from helpers.jpegs import photo
-from vit_train.data.device_crops import (Geometry, central_window, crop, crop_uniforms, crop_windows,
+from vit_train.data.device.crops import (Geometry, central_window, crop, crop_uniforms, crop_windows,
                                         resized_crops)
 from vit_train.data.preprocess import CROP_FRACTION
 from vit_train.errors import ConfigError
@@ -129,7 +129,7 @@ def test_a_transform_starting_otherwise_is_refused_in_one_line():
 
 def test_autoaugments_device_plan_for_files_draws_imagenets_policy():
     """AutoAugment's loader transform for image files uses ImageNet's policy, for small images CIFAR-10's."""
-    from vit_train.data.device_ops import auto_augment_plan
+    from vit_train.data.device.ops import auto_augment_plan
 
     option = aug("autoaug")
     files = option.device_plan(64, 32, 32, torch.Generator().manual_seed(0), small_images=False)

@@ -1,4 +1,4 @@
-"""Batched per-image augmentation (data/device_ops.py) against torchvision, image by image.
+"""Batched per-image augmentation (data/device/ops.py) against torchvision, image by image.
 
 The oracle is torchvision's own mapping from (operation, signed magnitude) to its v2.functional call,
 `_apply_image_or_video_transform` (transforms/v2/_auto_augment.py), on one image at a time: every operation
@@ -17,7 +17,7 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from vit_train.data import device_ops as D
+from vit_train.data.device import ops as D
 
 SIZES = [(16, 16), (32, 32), (24, 16)]  # (H, W); non-square: rotations by 90 degrees take the grid path
 TV_SPACES = {  # torchvision's (space, magnitude bins) per policy

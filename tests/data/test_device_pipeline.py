@@ -1,4 +1,4 @@
-"""Every aug option on the on-device pipeline (data/on_device.py), on CPU tensors.
+"""Every aug option on the on-device pipeline (data/device/pipeline.py), on CPU tensors.
 
 Each image of a device batch is what the loader path's transforms make of it with the same draws: the padded
 crop and flip, the option's policy as torchvision's own operations with the plan's parameters
@@ -24,9 +24,9 @@ from torchvision.transforms.v2 import functional as TF
 
 from helpers.configs import aug as aug_option
 from helpers.configs import build_data, tiny_config
-from vit_train.data import device_ops as D
+from vit_train.data.device import ops as D
 from vit_train.data.loaders import pipeline
-from vit_train.data.on_device import DeviceTrainPipeline, erasing_plan
+from vit_train.data.device.pipeline import DeviceTrainPipeline, erasing_plan
 from vit_train.data.sampler import EpochSampler
 from vit_train.data.sources.shapes import SHAPES_STATS, generate_shapes
 from vit_train.data.transforms import device_augmentation

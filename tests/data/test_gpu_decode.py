@@ -1,5 +1,5 @@
 """data.decode=gpu's decoding, on the CPU (the same batched code path with device=cpu): which decoder takes each
-kind of file, the pixels against the CPU loader's (decode.py `open_rgb`), the counts and the one log line, and
+kind of file, the pixels against the CPU loader's (data/decoding/image.py `open_rgb`), the counts and the one log line, and
 images that a decoder refuses. With device=cpu the batched decoder is torchvision's libjpeg-turbo, the library
 Pillow decodes with: the pixels are equal, not close (`test_batched_decode_equals_open_rgb_bit_for_bit`)."""
 
@@ -14,10 +14,10 @@ import torch
 from PIL import Image
 
 from helpers.jpegs import jpeg, kinds, photo, write_kinds
-from vit_train.data import decode, gpu_decode
-from vit_train.data.decode import IMAGE_ERRORS, ResizeBombError, read_uint8
-from vit_train.data.gpu_decode import BatchDecoder, RawImages, collate, encode, upright
-from vit_train.data.jpeg_check import BATCHED, DECODER_ERROR, KINDS, jpeg_kind, route
+from vit_train.data.decoding import batched, image as decode
+from vit_train.data.decoding.image import IMAGE_ERRORS, ResizeBombError, read_uint8
+from vit_train.data.decoding.batched import BatchDecoder, RawImages, collate, encode, upright
+from vit_train.data.decoding.jpeg_check import BATCHED, DECODER_ERROR, KINDS, jpeg_kind, route
 
 CPU = torch.device("cpu")
 
@@ -48,7 +48,7 @@ def test_batched_decode_equals_open_rgb_bit_for_bit(tmp_path, size):
 
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_each_exif_orientation_turns_as_pillow_does(tmp_path, orientation):
-    """nvJPEG never reads EXIF (sglang#33464, DALI#2660): the batched path turns the pixels as decode.py does."""
+    """nvJPEG never reads EXIF (sglang#33464, DALI#2660): the batched path turns the pixels as data/decoding/image.py does."""
     path = tmp_path / "phone.jpg"
     path.write_bytes(jpeg(photo(20, 33), exif=gpu_decode_exif(orientation)))
     assert route(path.read_bytes(), "phone.jpg").orientation == orientation
@@ -143,14 +143,14 @@ def test_one_stream_the_batched_decoder_refuses_does_not_lose_the_batch(tmp_path
     for i, path in enumerate(paths):
         path.write_bytes(jpeg(photo(10 + i, 12, seed=i)))
     refused = paths[2].read_bytes()
-    real = gpu_decode.batched_decode
+    real = batched.batched_decode
 
     def picky(data, device):
         if any(d.numel() == len(refused) and bytes(d.numpy()) == refused for d in data):
             raise RuntimeError("Error while decoding JPEG images: nvjpeg status 6")
         return real(data, device)
 
-    monkeypatch.setattr(gpu_decode, "batched_decode", picky)
+    monkeypatch.setattr(batched, "batched_decode", picky)
     images, decoder = decoded(paths)
     assert all(torch.equal(image, read_uint8(p)) for image, p in zip(images, paths))
     assert decoder.counts == {"JPEG": 3, DECODER_ERROR: 1}
@@ -160,7 +160,7 @@ def test_an_image_neither_decoder_reads_is_none(tmp_path, monkeypatch):
     path = tmp_path / "x.jpg"
     path.write_bytes(jpeg(photo(10, 12)))
     item = encode(path.read_bytes(), str(path), 0)
-    monkeypatch.setattr(gpu_decode, "batched_decode", lambda data, device: (_ for _ in ()).throw(RuntimeError("x")))
+    monkeypatch.setattr(batched, "batched_decode", lambda data, device: (_ for _ in ()).throw(RuntimeError("x")))
     monkeypatch.setattr(decode, "decode_rgb", lambda data, name: (_ for _ in ()).throw(OSError("broken data stream")))
     decoder = BatchDecoder(CPU, "train")
     assert decoder(collate([(item, 0, -1)])[0]) == [None]
@@ -172,12 +172,12 @@ def test_wrong_pixels_from_the_batched_decoder_are_named_in_one_line(tmp_path, m
     paths = [tmp_path / f"{i}.jpg" for i in range(3)]
     for i, path in enumerate(paths):
         path.write_bytes(jpeg(photo(16, 16, seed=i)))
-    real = gpu_decode.batched_decode
+    real = batched.batched_decode
 
     def first_black(data, device):
         return [x if i else torch.zeros_like(x) for i, x in enumerate(real(data, device))]
 
-    monkeypatch.setattr(gpu_decode, "batched_decode", first_black)
+    monkeypatch.setattr(batched, "batched_decode", first_black)
     caplog.set_level(logging.INFO, logger="vit_train")
     _, decoder = decoded(paths, check=True)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

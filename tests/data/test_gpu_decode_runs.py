@@ -18,9 +18,9 @@ from helpers.shards import write_shards
 from helpers.runs import vit_train
 from vit_train.cli import train as _cli  # noqa: F401 (the schema's Hydra nodes, as the command line has them)
 from vit_train.cli.arguments import check_override_keys
-from vit_train.data import decode, gpu_decode
+from vit_train.data.decoding import batched, image as decode
 from vit_train.data.aug.basic import Basic
-from vit_train.data.gpu_batches import DecodedTrain, check_decode
+from vit_train.data.device.files import DecodedTrain, check_decode
 from vit_train.errors import ConfigError, DataError
 from vit_train.train.trainer import train
 
@@ -112,9 +112,9 @@ def test_an_image_neither_decoder_reads_follows_bad_images(tmp_path, monkeypatch
     loaders = build_data(config({**data, "bad_images": policy, "max_bad_fraction": 0.1}, name="none"), CPU)
     loaders.train_sampler.set_epoch(0)
     cursed = (tmp_path / "folder" / "train" / "green" / "3.jpg").read_bytes()
-    real_batched, real_cpu = gpu_decode.batched_decode, decode._decode
+    real_batched, real_cpu = batched.batched_decode, decode._decode
 
-    def batched(data, device):
+    def refusing(data, device):
         if any(bytes(d.numpy()) == cursed for d in data):
             raise RuntimeError("Error while decoding JPEG images")
         return real_batched(data, device)
@@ -125,7 +125,7 @@ def test_an_image_neither_decoder_reads_follows_bad_images(tmp_path, monkeypatch
             raise OSError("broken data stream when reading image file")
         return real_cpu(decode._NamedBytes(data, name), name, resized)
 
-    monkeypatch.setattr(gpu_decode, "batched_decode", batched)
+    monkeypatch.setattr(batched, "batched_decode", refusing)
     monkeypatch.setattr(decode, "_decode", cpu)
     caplog.set_level(logging.WARNING, logger="vit_train")
     if policy == "error":
@@ -141,7 +141,7 @@ def test_an_image_neither_decoder_reads_follows_bad_images(tmp_path, monkeypatch
 def test_decode_is_a_key_of_the_data_sets_of_image_files_only():
     for other in ("cifar10", "shapes"):
         with pytest.raises(ConfigError, match=rf"^data.decode is a key of data=hf, imagefolder and webdataset, not of "
-                                              rf"data={other} .*; pick data=hf or drop data.decode$") as info:
+                                              rf"data={other} .*; pick one of data=hf, imagefolder, webdataset or drop data.decode$") as info:
             check_override_keys([f"data={other}", "data.decode=gpu"])
         assert "\n" not in str(info.value)
 

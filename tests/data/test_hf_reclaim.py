@@ -1,4 +1,4 @@
-"""data=hf's Arrow copy of parquet files (vit_train/data/hf_files.py): a killed run's copy is removed by the
+"""data=hf's Arrow copy of parquet files (vit_train/data/sources/hf_files.py): a killed run's copy is removed by the
 next data=hf run, in one line naming it and its size; a copy whose owner still runs is never removed,
 whatever its pid says; a folder with no owner record (an older vit-train's copy) only when it is clearly
 one, old, and no process here has a file of it open or mapped."""
@@ -22,8 +22,8 @@ pytest.importorskip("datasets")
 
 from helpers.hf_sets import hf_parquet  # noqa: E402
 from helpers.runs import vit_train  # noqa: E402
-from vit_train.data import hf_files  # noqa: E402
-from vit_train.data.hf_files import reclaim_copies  # noqa: E402
+from vit_train.data.sources import hf_files as hf_files  # noqa: E402
+from vit_train.data.sources.hf_files import reclaim_copies  # noqa: E402
 from vit_train.data.sources.hf import load_hf_splits  # noqa: E402
 
 TESTS = Path(__file__).parents[1]

@@ -1,6 +1,6 @@
 """Resize bombs (a user report): an image within the image-bomb pixel limit whose resize to the model's input would
 not be (an extreme aspect ratio: 20000x3 with its shorter side resized to 256 is 1706666x256 pixels) ended vit-train
-with a MemoryError. It is an image bomb like the others: refused before decoding (decode.py, once preprocess.py's
+with a MemoryError. It is an image bomb like the others: refused before decoding (data/decoding/image.py, once preprocess.py's
 transforms are built or unpickled in a loader worker) and handed to the unreadable-image policy through every door:
 training on image folders, WebDataset shards and Hugging Face datasets (skip: replaced and said; error and val: one
 line), vit-eval and vit-predict (one line, exit 2). The pixel limit is lowered to LIMIT so that the images stay tiny
@@ -19,13 +19,13 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-import vit_train.data.decode as decode
+import vit_train.data.decoding.image as decode
 from helpers.configs import TINY_MODEL, aug, tiny_config
 from helpers.images import write_image_folder
 from helpers.shards import write_shards
 from vit_train.cli.commands import eval_main, predict_main
 from vit_train.data.datasets import TransformedDataset
-from vit_train.data.decode import decode_rgb, decode_with_format, open_rgb
+from vit_train.data.decoding.image import decode_rgb, decode_with_format, open_rgb
 from vit_train.data.preprocess import eval_transform, spec
 from vit_train.data.sources.imagefolder import UnlabelledImages
 from vit_train.data.transforms import build_transforms
@@ -38,7 +38,7 @@ CLASSES = ("c0", "c1")  # as helpers/shards.py names its classes: one checkpoint
 
 
 def why(width: int = 1, height: int = 6000, side: int = 18) -> str:
-    """decode.py's words for a width x height image resized to a shorter side of `side` (a 16-pixel model: 18)."""
+    """data/decoding/image.py's words for a width x height image resized to a shorter side of `side` (a 16-pixel model: 18)."""
     new = (side, side * height // width) if width <= height else (side * width // height, side)
     return (f"ResizeBombError: {width}x{height} pixels, resized to the model's input (shorter side {side}), would be "
             f"{new[0]}x{new[1]} = {new[0] * new[1]} pixels, over the limit of {LIMIT} (an image bomb); crop it to a "
@@ -53,7 +53,7 @@ def png(size=(1, 6000), colour=(90, 20, 200)) -> bytes:
 
 @pytest.fixture(autouse=True)
 def lowered_limit(monkeypatch):
-    """LIMIT, and no resize check left over from an earlier test's transforms (decode.py's is per process)."""
+    """LIMIT, and no resize check left over from an earlier test's transforms (data/decoding/image.py's is per process)."""
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", LIMIT)
     monkeypatch.setattr(decode, "_resize_side", None, raising=False)
 
@@ -148,7 +148,7 @@ def test_training_replaces_a_resize_bomb_under_skip_and_says_it(tmp_path, caplog
     said = [r.getMessage() for r in caplog.records if "replaced" in r.getMessage()]
     what = "sample" if door == "webdataset" else "image"
     assert said == [f"unreadable train {what} replaced: {name} ({why()})",
-                    f"epoch 1: 1 unreadable train {what}s replaced (1 distinct so far)"]
+                    f"epoch 1: 1 unreadable train {what} replaced (1 distinct so far)"]
 
 
 @pytest.mark.parametrize("split", ["train", "val"])

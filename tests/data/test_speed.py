@@ -174,3 +174,53 @@ def test_cpu_threads_come_from_the_setting_the_environment_or_the_cpu_share(monk
     quota.write_text("max 100000\n")
     assert usable_cpus(quota) == 8
     assert usable_cpus(tmp_path / "absent") == 8
+
+
+class Clock:
+    """A clock the test moves by hand (TrainWindow reads time.perf_counter)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.mark.parametrize("data, device, advice", [
+    ({"name": "shapes"}, "cpu", "raise data.num_workers, or on a GPU use data.pipeline=device"),
+    ({"name": "shapes", "pipeline": "loader"}, "cuda",
+     "use data.pipeline=device (the images augmented on the GPU), or raise data.num_workers"),
+    ({"name": "imagefolder", "root": "x"}, "cuda",
+     "raise data.num_workers, or try data.decode=gpu (docs/data.md), or pre-resize the images (vit-shards short_side=N)"),
+    ({"name": "imagefolder", "root": "x", "decode": "gpu"}, "cpu",
+     "data.decode=gpu on the CPU decodes in the training process itself: data.decode=cpu decodes in data.num_workers "
+     "loader workers"),
+])
+def test_a_data_bound_run_is_warned_once_from_its_second_window_with_its_data_sets_advice(monkeypatch, caplog, data,
+                                                                                         device, advice):
+    """Above 20% of the step time waiting for data, from the second logged window (the first warms up), once; the
+    advice fits the data set and device: a GPU decode on the CPU is not told to raise workers it does not use."""
+    import time
+
+    import torch
+
+    from helpers.configs import tiny_config
+    from vit_train.outputs.metrics import NullLogger
+    from vit_train.train.state import TrainState
+    from vit_train.train.throughput import TrainWindow, log_train
+
+    clock = Clock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    window = TrainWindow(torch.device("cpu"))
+    window.advice = tiny_config(data=data).data.data_bound_advice(torch.device(device))
+    state, scaler = TrainState(), torch.amp.GradScaler("cpu", enabled=False)
+    bar = type("Bar", (), {"set_postfix": lambda self, **kw: None})()
+    for waited in (0.5, 0.3, 0.1, 0.9):  # a window of one 1-second step each, `waited` of it waiting
+        window.start()
+        window.wait(waited)
+        window.add(torch.tensor(1.0), torch.tensor(1.0), None, 8, torch.tensor(True))
+        clock.now += 1.0
+        with caplog.at_level("WARNING", logger="vit_train"):
+            log_train(NullLogger(), bar, window, state, 1e-3, scaler)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"the run is data-bound: 30% of the step time waits for data; {advice}"]

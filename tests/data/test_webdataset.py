@@ -23,11 +23,11 @@ from torch.utils.data import DataLoader
 from helpers.configs import tiny_config
 from helpers.shard_streams import ids_of, read_back, run_config, stream
 from helpers.shards import png, write_shards
-from vit_train.data import decode
-from vit_train.data.shard_index import load_index
-from vit_train.data.stream_order import (buffered_order, locate, resumed_slot, sample_seeds, shard_order,
+from vit_train.data.decoding import image as decode
+from vit_train.data.shards.index import load_index
+from vit_train.data.shards.order import (buffered_order, locate, resumed_slot, sample_seeds, shard_order,
                                          slot_batches, slot_seed, stream_starts, train_slots, val_slots)
-from vit_train.data.shard_stream import ShardStream, StreamUnreadable
+from vit_train.data.shards.stream import ShardStream, StreamUnreadable
 from vit_train.errors import ConfigError, DataError
 from vit_train.train.trainer import train
 

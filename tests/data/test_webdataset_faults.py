@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader
 
 from helpers.shard_streams import read_back, stream
 from helpers.shards import png, write_shards
-from vit_train.data.shard_index import load_index
-from vit_train.data.shard_stream import StreamUnreadable
+from vit_train.data.shards.index import load_index
+from vit_train.data.shards.stream import StreamUnreadable
 from vit_train.errors import DataError
 
 

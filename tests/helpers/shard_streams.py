@@ -10,8 +10,8 @@ from torch.utils.data import DataLoader
 
 from helpers.configs import tiny_config
 from helpers.shards import sample_id
-from vit_train.data.shard_index import load_index
-from vit_train.data.shard_stream import ShardStream
+from vit_train.data.shards.index import load_index
+from vit_train.data.shards.stream import ShardStream
 
 
 def ids_of(image) -> torch.Tensor:

@@ -86,8 +86,8 @@ def test_the_reported_command_composes_with_its_values():
 @pytest.mark.parametrize("args, line", [
     (["data=shapes", "data.bad_images=error"], "data.bad_images is a key of data=hf, imagefolder and webdataset, "
                                                 "not of data=shapes (its keys: batch_size, eval_batch_size, num_workers, "
-                                                "pipeline, repeated_aug, train_size, val_size, seed); pick data=hf or drop "
-                                                "data.bad_images"),
+                                                "pipeline, repeated_aug, train_size, val_size, seed); pick one of data=hf, imagefolder, "
+                                                "webdataset or drop data.bad_images"),
     (["data=cifar10", "data.train_size=500"], "data.train_size is a key of data=shapes, not of data=cifar10"),
     (["aug=basic", "aug.randaug_m=12"], "aug.randaug_m is a key of aug=deit and randaug, not of aug=basic"),
     (["aug=none", "aug.hflip=0.4"], "aug.hflip is a key of aug=autoaug, basic, deit, randaug and trivial, not of aug=none"),

@@ -12,7 +12,7 @@ from PIL import Image
 
 from helpers.configs import tiny_config
 from vit_train.cli import commands
-from vit_train.data import decode
+from vit_train.data.decoding import image as decode
 from vit_train.errors import DataError
 from vit_train.tools.predict import image_files
 from vit_train.train.trainer import train

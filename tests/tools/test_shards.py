@@ -20,7 +20,7 @@ from helpers.images import write_cifar10, write_image_folder
 from helpers.ugly_folder import write_ugly_folder
 from vit_train.cli.commands import shards_main
 from vit_train.config import Config
-from vit_train.data.decode import decode_rgb, open_rgb
+from vit_train.data.decoding.image import decode_rgb, open_rgb
 from vit_train.data.sources.shapes import generate_shapes
 from vit_train.tools import shards
 from vit_train.tools.shards import write_shards

@@ -20,7 +20,7 @@ from PIL import Image
 from helpers.configs import build_data, tiny_config
 from helpers.shards import write_shards as write_raw_shards
 from vit_train.config import Config
-from vit_train.data.decode import decode_rgb
+from vit_train.data.decoding.image import decode_rgb
 from vit_train.errors import DataError
 from vit_train.tools.shards import write_shards
 
@@ -221,7 +221,7 @@ def test_a_phone_cameras_mpo_jpeg_stays_a_jpeg(tmp_path, short_side, stored):
 @pytest.mark.parametrize("side", [0, -3, 1.5, "256", True])
 def test_an_index_with_a_bad_short_side_is_refused_in_one_line(tmp_path, side):
     pytest.importorskip("webdataset")
-    from vit_train.data.shard_index import load_index
+    from vit_train.data.shards.index import load_index
 
     root = _index_with_sides(tmp_path, side, None)
     with pytest.raises(DataError, match=r"splits.train.short_side is .*, not a number of pixels") as e:

@@ -298,8 +298,10 @@ def test_a_stop_while_the_first_step_compiles_ends_the_run_at_once_with_nothing_
     assert time.monotonic() - started < 10
     assert stopped.exit_code == 128 + signum
     name = signal.Signals(signum).name
+    # nothing was saved, so the line repeats what this attempt changed from the checkpoint's config
     assert str(stopped) == (f"stopped by {name} while compiling the training step: {tmp_path / 'checkpoints' / 'last.pt'}"
-                            f" holds step 8; continue with: vit-train resume={tmp_path}")
+                            f" holds step 8; continue with: vit-train resume={tmp_path} trainer.compile=true "
+                            f"trainer.compile_backend=vit_test_signalling trainer.compile_scope=step trainer.epochs=2")
     assert (tmp_path / "checkpoints" / "last.pt").read_bytes() == before
     results = read_results(tmp_path)
     assert results["status"] == "interrupted" and results["steps"] == 8 and results["epochs"] == 1.0

@@ -18,7 +18,7 @@ from helpers.files import logged, model_weights, read_results
 from helpers.runs import torchrun, vit_train
 from helpers.configs import aug as aug_option
 from vit_train.data.sources.shapes import SHAPES_STATS
-from vit_train.data.on_device import DeviceTrainPipeline
+from vit_train.data.device.pipeline import DeviceTrainPipeline
 from vit_train.data.sampler import EpochSampler
 from vit_train.data.sources.shapes import generate_shapes
 from vit_train.errors import ConfigError

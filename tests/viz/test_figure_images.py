@@ -10,7 +10,7 @@ import torch
 from helpers.configs import build_data, composed
 from helpers.images import write_image_folder
 from vit_train.config import Config
-from vit_train.data.on_device import DeviceEvalPipeline
+from vit_train.data.device.pipeline import DeviceEvalPipeline
 from vit_train.viz.figures import across_classes, figure_images, first_images
 
 COLOURS = {"ant": (250, 0, 0), "bee": (0, 250, 0), "cat": (0, 0, 250), "dog": (250, 250, 0)}

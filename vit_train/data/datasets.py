@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import Dataset
 
 from vit_train.errors import DataError
-from vit_train.data.decode import UnreadableImage, describe_unreadable
+from vit_train.data.decoding.image import UnreadableImage, describe_unreadable
 
 
 MAX_REPLACEMENTS = 16  # unreadable images in a row before loading gives up

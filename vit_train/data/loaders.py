@@ -18,11 +18,11 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from vit_train.data.datasets import TransformedDataset
-from vit_train.data.on_device import DeviceEvalPipeline, DeviceTrainPipeline
-from vit_train.data.regular import open_regular
+from vit_train.data.device.pipeline import DeviceEvalPipeline, DeviceTrainPipeline
+from vit_train.data.decoding.regular import open_regular
 from vit_train.data.sampler import EpochSampler, ShardSampler
 from vit_train.data.transforms import build_transforms, device_augmentation
-from vit_train.data.unreadable import CheckedLoader, UnreadableImages
+from vit_train.data.decoding.unreadable import CheckedLoader, UnreadableImages
 from vit_train.errors import ConfigError, DataError
 from vit_train.schema.typed import options
 
@@ -42,7 +42,7 @@ class Data:
     stats: tuple = ((0.0,) * 3, (1.0,) * 3)  # (mean, std) the images were normalised with
     train_unreadable: UnreadableImages | None = None  # image folders only
     start_warnings: tuple[str, ...] = ()  # lines a training run warns with at its start (`small_images`, ...)
-    decoder: Any = None  # data.decode=gpu: the training batches' decoder (gpu_decode.BatchDecoder), its counts
+    decoder: Any = None  # data.decode=gpu: the training batches' decoder (batched.BatchDecoder), its counts
 
     def epoch_done(self, epoch: int) -> None:
         """Report the unreadable training images replaced, and with data.decode=gpu those decoded on the CPU, in
@@ -116,7 +116,7 @@ def random_access_data(cfg: Any, splits: tuple, device: torch.device, rank: int 
                        decoding: Any = None) -> Data:
     """Loaders for this process over a random-access data set's `splits` (DataSource.splits): each process gets
     its share of every global batch (EpochSampler) and of the val set, through the loader or, for uint8 arrays
-    on a GPU, the on-device pipeline (`pipeline`). `decoding` (data.decode=gpu: gpu_batches.DeviceDecoding): the
+    on a GPU, the on-device pipeline (`pipeline`). `decoding` (data.decode=gpu: files.DeviceDecoding): the
     workers hand over encoded images, decoded and augmented on the device."""
     train_base, val_base, class_names, native = splits
     d, stats = cfg.data, cfg.data.stats

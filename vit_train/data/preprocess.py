@@ -9,7 +9,7 @@ then crop); data sets of fixed-size arrays (CIFAR, shapes) are evaluated at full
 
 The resize is the one step whose output is not bounded by the input's pixel count: an image of an extreme
 aspect ratio (20000x3) within the image-bomb limit would become a giant one (256 x 1.7 M pixels). Every
-transform built here (`Preprocessing`) therefore makes decode.py refuse, as an image bomb, an image whose
+transform built here (`Preprocessing`) therefore makes decoding/image.py refuse, as an image bomb, an image whose
 resize would exceed the limit (`decode.check_resizes`), in the process that builds it and in each loader
 worker that unpickles it. RandomResizedCrop (training's augmentation) crops first and is bounded.
 """
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torchvision.transforms import v2
 
-from vit_train.data import decode
+from vit_train.data.decoding import image as decode
 
 CROP_FRACTION = 0.875  # the centre crop's share of the resized side (ImageNet evaluation, since AlexNet)
 
@@ -35,8 +35,8 @@ def spec(size: int, full_frame: bool, stats: tuple) -> dict[str, Any]:
 
 
 class Preprocessing(v2.Compose):
-    """v2.Compose of the transforms of images decoded by decode.py, which resize them (at most) to a shorter
-    side of `resize` pixels: built, or unpickled in a loader worker (spawn, forkserver), it sets decode.py's
+    """v2.Compose of the transforms of images decoded by decoding/image.py, which resize them (at most) to a shorter
+    side of `resize` pixels: built, or unpickled in a loader worker (spawn, forkserver), it sets decoding/image.py's
     resize check (`decode.check_resizes`), so that an image whose resize would exceed the pixel limit is refused
     when decoded, as an image bomb, and goes to the unreadable-image policy instead of exhausting memory."""
 

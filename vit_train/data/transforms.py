@@ -15,14 +15,14 @@ from vit_train.schema.sections import AugConfig
 from vit_train.schema.typed import overridden
 
 if TYPE_CHECKING:
-    from vit_train.data.device_ops import Plan
+    from vit_train.data.device.ops import Plan
 
 
 @dataclass
 class Augmentation(AugConfig):
     """An augmentation option. `train_transform` gives its per-sample transforms up to normalised floats;
     random erasing (aug.random_erasing) follows whatever the option. `on_device`: the on-device pipeline
-    (data/on_device.py) does it too, with `device_crop`'s padding and flip probability and `device_plan`'s
+    (data/device/pipeline.py) does it too, with `device_crop`'s padding and flip probability and `device_plan`'s
     policy (random erasing it always does)."""
 
     on_device: ClassVar[bool] = False
@@ -43,7 +43,7 @@ class Augmentation(AugConfig):
     def device_plan(self, batch_size: int, height: int, width: int, generator: torch.Generator,
                     small_images: bool = True) -> Plan | None:
         """The device pipeline's draws of the option's policy (the loader path's, after the crop and flip, on
-        uint8 pixels) for a batch of (height, width) images, from `generator` (data/device_ops.py); None: no
+        uint8 pixels) for a batch of (height, width) images, from `generator` (data/device/ops.py); None: no
         policy (nothing is drawn). `small_images`: the policy of small-image sets (CIFAR, shapes), else that of
         image files (data.decode=gpu), as `train_transform` picks it by its `native_size`."""
         return None
@@ -75,7 +75,7 @@ def build_transforms(aug: Augmentation, img_size: int, stats: tuple, native_size
 
 
 def device_augmentation(aug: Augmentation) -> str | None:
-    """None when the on-device pipeline (data/on_device.py) does all of `aug`'s per-image work, else why not.
+    """None when the on-device pipeline (data/device/pipeline.py) does all of `aug`'s per-image work, else why not.
     Every option of data/aug/ it does, random erasing included; a transform it does not know it does not do:
     an option sets `on_device` where it defines `train_transform` (or, on Basic, `policy` with its
     `device_plan`), so a subclass that changes the transform, the policy or the device's draws and keeps its

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from vit_train.data.regular import not_regular
+from vit_train.data.decoding.regular import not_regular
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.models.architecture import (architecture, differences, differing, head_classes, identity,
                                            positions_exempt, revealed)

@@ -19,7 +19,7 @@ import torch
 import torchvision
 
 from vit_train import __version__
-from vit_train.data.regular import not_regular
+from vit_train.data.decoding.regular import not_regular
 from vit_train.errors import CheckpointError
 from vit_train.outputs.identity import class_difference
 from vit_train.outputs.integrity import archive_damage, checkpoint_size, load_failure, mount_point, tensor_digest, write_failure

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from vit_train.data.regular import not_regular
+from vit_train.data.decoding.regular import not_regular
 from vit_train.errors import UserError
 
 log = logging.getLogger("vit_train")

@@ -66,6 +66,10 @@ class LineProgress:
             self.print_line()
         self.closed = True
 
+    def restart_clock(self, after: int = 0) -> None:
+        """Rates from now on, the next `after` steps left out too (a step that compiled)."""
+        self.start_n, self.started = self.n + after, self.clock()
+
 
 def interactive(stream: IO[str] | None = None) -> bool:
     """Whether `stream` (stderr) is shown live: a terminal, or a Jupyter notebook's output (where
@@ -114,6 +118,14 @@ class EpochProgress:
 
     def close(self) -> None:
         self.bar.close()
+
+    def restart_clock(self, after: int = 0) -> None:
+        """The bar's rate (s/step) from now on, the next `after` steps left out too: a step that compiled is not
+        a training step's time (its images/s leaves it out too)."""
+        if isinstance(self.bar, LineProgress):
+            self.bar.restart_clock(after)
+        elif not getattr(self.bar, "disable", True):  # tqdm: rate = (n - initial) / (now - start_t)
+            self.bar.initial, self.bar.start_t = self.bar.n + after, self.bar._time()
 
 
 def progress_items(iterable: Iterable, total: int, desc: str, enabled: bool, unit: str = "image") -> Iterator:

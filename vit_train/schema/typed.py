@@ -175,9 +175,9 @@ def not_this_option(group: str, name: str, leaf: str) -> str | None:
         return None
     mine = ", ".join(k for k in section_keys(options(group)[name]) if k != "name")
     which = f"{group}=" + (owners[0] if len(owners) == 1 else f"{', '.join(owners[:-1])} and {owners[-1]}")
+    pick = f"{group}={owners[0]}" if len(owners) == 1 else f"one of {group}={', '.join(owners)}"
     return (f"{group}.{leaf} is a key of {which}, not of {group}={name} "
-            f"({f'its keys: {mine}' if mine else 'it has no keys but name'}); pick {group}={owners[0]} or drop "
-            f"{group}.{leaf}")
+            f"({f'its keys: {mine}' if mine else 'it has no keys but name'}); pick {pick} or drop {group}.{leaf}")
 
 
 def build(cls: type, data: Any, prefix: str, valid: list[str]) -> Any:

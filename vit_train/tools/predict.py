@@ -16,8 +16,8 @@ from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from vit_train.config import Config
-from vit_train.data.decode import IMAGE_ERRORS, ResizeBombError, open_rgb
-from vit_train.data.listing import file_kind, list_images, path_is_image, say_skipped
+from vit_train.data.decoding.image import IMAGE_ERRORS, ResizeBombError, open_rgb
+from vit_train.data.decoding.listing import file_kind, list_images, path_is_image, say_skipped
 from vit_train.data.preprocess import eval_transform
 from vit_train.errors import ConfigError, DataError
 from vit_train.models.vit import VisionTransformer
@@ -27,7 +27,7 @@ GLOB_CHARACTERS = "*?["
 
 
 def read_image(path: str | Path) -> Image.Image:
-    """`path` as an RGB image, decoded as the training loader decodes it (data/decode.py); one whose resize
+    """`path` as an RGB image, decoded as the training loader decodes it (data/decoding/image.py); one whose resize
     to the model's input would exceed the pixel limit is refused (ResizeBombError: the transform is built first)."""
     try:
         return open_rgb(path)
@@ -94,7 +94,7 @@ def _pattern_images(pattern: Path) -> list[str]:
 
 
 def _folder_images(folder: Path, entry: str | None = None) -> list[str]:
-    """The image files directly in `folder`, sorted (regular files only: listing.py); with `entry`
+    """The image files directly in `folder`, sorted (regular files only: data/decoding/listing.py); with `entry`
     (a folder named as such), none is an error."""
     found, skipped = list_images(folder, recursive=False)
     say_skipped(folder, skipped)

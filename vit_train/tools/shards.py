@@ -25,9 +25,9 @@ from torchvision.transforms import v2
 from vit_train.config import Config
 from vit_train.errors import ConfigError, DataError, OutputError
 from vit_train.data.loaders import worker_context
-from vit_train.data.decode import IMAGE_ERRORS, decode_with_format
+from vit_train.data.decoding.image import IMAGE_ERRORS, decode_with_format
 from vit_train.data.sources.hf import describe_error
-from vit_train.data.regular import open_regular
+from vit_train.data.decoding.regular import open_regular
 from vit_train.tools import shard_out
 
 log = logging.getLogger("vit_train")

@@ -6,7 +6,7 @@ trained on), the progress (a bar on a terminal, lines in a log: progress.py), Mi
 batch's figure, the narrow handling of a loader that a stop signal ended, and the stop agreement
 between processes. It reads the run's position and never writes it: the loop counts each step
 (`TrainState.advance`). `UntilStop` is the same narrow handling for an evaluation's loader.
-Unreadable images are dealt with inside the loader (data/unreadable.py).
+Unreadable images are dealt with inside the loader (data/decoding/unreadable.py).
 """
 
 from __future__ import annotations

@@ -109,6 +109,8 @@ def compile_scope(t: Any, device: torch.device, world_size: int, fp16: bool, sha
     if t.compile_backend not in backends:
         raise ConfigError(f"trainer.compile_backend={t.compile_backend} is not a torch.compile backend here; choose "
                           f"one of {', '.join(b for b in backends if 'TESTING' not in b)}")
+    if device.type != "cuda":  # Inductor's C++ build on a CPU machine: torch's line about CUDA_HOME means nothing here
+        logging.getLogger("torch.utils.cpp_extension").addFilter(no_cuda_home_line)
     note = cuda_graphs_note(t.compile_mode, device)
     if note and speaks:
         log.warning("%s", note)
@@ -122,6 +124,12 @@ def compile_scope(t: Any, device: torch.device, world_size: int, fp16: bool, sha
                             reason)
             return "model"
     return t.compile_scope
+
+
+def no_cuda_home_line(record: logging.LogRecord) -> bool:
+    """False for torch's warning, on a machine without CUDA, that it takes CUDA_HOME to build C++ (Inductor's CPU
+    kernels need no CUDA): a logging filter (adding it again changes nothing)."""
+    return "No CUDA runtime is found" not in record.getMessage()
 
 
 def evaluators(scope: str | None, t: Any, model: nn.Module, step_fn: nn.Module, ema: Any, eval_batch: int,

@@ -32,6 +32,8 @@ def evaluate(run: Run, stop: StopRequest | None = None) -> dict[str, float] | No
     state = run.state
     during = contextlib.nullcontext() if stop is None else stop.during(f"the evaluation of step {state.step}")
     compiling = isinstance(run.eval_model, StaticBatch) and run.eval_model.seconds is None  # its first pass compiles
+    if compiling and run.ctx.is_main:
+        log.info("compiling the evaluation (the model at one batch shape)")
     if compiling and stop is not None:  # a stop signal ends it at once: it is left for the resumed run
         during = stop.interruptible(f"compiling the evaluation of step {state.step}")
     try:

@@ -140,7 +140,7 @@ def check_compatible(ckpt: dict, cfg: Config, path: Any = "<the checkpoint>") ->
     if refused:
         what = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in refused)
         reasons = "; ".join(dict.fromkeys(why[k] for k, _, _ in refused))
-        keep = " ".join(f"{k.partition('.')[0]}={a}" if _group_choice(k, cfg) else f"{k}={_cli(a)}" for k, a, _ in refused)
+        keep = " ".join(f"{k.partition('.')[0]}={a}" if _group_choice(k, cfg) else f"{k}={cli_value(a)}" for k, a, _ in refused)
         raise CheckpointError(f"cannot resume {path} with a changed config ({what}): {reasons}; resume with the saved "
                               f"settings (drop the override, or give {keep}), {_instead(refused, path, cfg)} "
                               f"(see docs/resuming.md)")
@@ -169,7 +169,7 @@ def _group_choice(key: str, cfg: Config) -> bool:
     return cfg.resume == "auto" and leaf == "name" and group in OPTION_GROUPS
 
 
-def _cli(value: Any) -> str:
+def cli_value(value: Any) -> str:
     """A value as a command-line override writes it."""
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 

@@ -35,7 +35,8 @@ from vit_train.train import sharding
 from vit_train.train.compiled_step import CompiledStep
 from vit_train.train.compiling import compile_scope, evaluators
 from vit_train.train.optim import build_optimizer, build_scheduler
-from vit_train.train.resume import check_data_position
+from vit_train.schema.legacy import upgrade_saved
+from vit_train.train.resume import check_data_position, cli_value, config_changes
 from vit_train.train.skips import SkippedSteps, skips_on_device
 from vit_train.train.state import TrainState, build_ema, restore, restore_weights
 from vit_train.train.throughput import TrainWindow, peak_tflops
@@ -62,6 +63,7 @@ class Run:
     eval_model: nn.Module  # what evaluates the model: the plain model, or compiled at one batch shape
     eval_ema: nn.Module | None  # what evaluates the EMA's weights
     compile_seconds: dict[str, float]  # trainer.compile: seconds compiling the "step" and the "eval" (this attempt)
+    resumed_with: list[str]  # a resumed run: its config's changes from the checkpoint's, as key=value overrides
     loss: Loss  # the objective's (cfg.objective.build_loss)
     mix: BatchMix | None
     ema: AveragedModel | None
@@ -151,6 +153,7 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
     mix = BatchMix(cfg.aug, classes, cfg.seed) if BatchMix.wanted(cfg.aug) else None
     window = TrainWindow(device, objective.flops_per_image(cfg, classes), peak_tflops(device, amp_dtype, t.peak_tflops))
     window.load_state_dict(ckpt.get("train_window") if ckpt else None)
+    window.advice = cfg.data.data_bound_advice(device)
     skips = SkippedSteps(state, device, skips_on_device(optimizer, scaler), t.max_bad_steps)
     compile_seconds: dict[str, float] = {}
     step_fn = torch.compile(ddp, mode=t.compile_mode, backend=t.compile_backend) if scope == "model" else ddp
@@ -169,11 +172,19 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
         raise
     return Run(cfg=cfg, run_dir=run_dir, overrides=list(overrides), ctx=ctx, device=device, amp_dtype=amp_dtype,
                data=data, model=model, step_fn=step_fn, compiled=compiled, eval_model=eval_model, eval_ema=eval_ema,
-               compile_seconds=compile_seconds, loss=loss, mix=mix, ema=ema, optimizer=optimizer, scheduler=scheduler,
+               compile_seconds=compile_seconds, resumed_with=resumed_with(cfg, ckpt), loss=loss, mix=mix, ema=ema, optimizer=optimizer, scheduler=scheduler,
                scaler=scaler, skips=skips,
                logger=logger, visuals=visuals, window=window, progress=EpochProgress(t.progress and ctx.is_main),
                state=state, total_steps=total_steps, started=time.time() if started is None else started,
                earlier_seconds=state.wall_seconds)
+
+
+def resumed_with(cfg: Config, ckpt: dict | None) -> list[str]:
+    """The overrides that give `cfg` from the checkpoint's config (`resume` aside), as the command line writes them:
+    what a stop that saves nothing must repeat to continue this attempt."""
+    if not ckpt:
+        return []
+    return [f"{key}={cli_value(value)}" for key, _, value in config_changes(upgrade_saved(ckpt["config"]), cfg.to_dict())]
 
 
 def describe(run: Run) -> None:

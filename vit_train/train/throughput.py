@@ -63,6 +63,7 @@ class TrainWindow:
         self.images = 0
         self.seconds = 0.0
         self._started: float | None = None
+        self.advice = "raise data.num_workers"  # what the data-bound warning says to do (the data set's advice)
 
     def start(self) -> None:
         self._started = time.perf_counter()
@@ -195,5 +196,5 @@ def log_train(logger: RunLogger | NullLogger, bar, window: TrainWindow, state, l
     window.logs += 1
     if values["data_wait"] > DATA_BOUND and window.logs > 1 and not window.warned:  # the first window warms up
         window.warned = True
-        log.warning("the run is data-bound: %.0f%% of the step time waits for data. Raise data.num_workers, or on "
-                    "a GPU use data.pipeline=device (shapes/CIFAR)", 100 * values["data_wait"])
+        log.warning("the run is data-bound: %.0f%% of the step time waits for data; %s", 100 * values["data_wait"],
+                    window.advice)

@@ -116,13 +116,19 @@ def loop(run: Run) -> dict[str, Any]:
                 run.data.epoch_done(state.epoch)
             if run.ctx.enabled:  # dropout, drop path, MAE's masks: each process its own draws, a function of the step
                 torch.manual_seed(step_seed(run.cfg.seed, state.step, run.ctx.rank))
+            started = time.perf_counter()
+            if compiling:
+                log.info("compiling the training step (torch.compile: a minute or more the first time, seconds from "
+                         "Inductor's cache)")
             try:
                 with stop.interruptible("compiling the training step") if compiling else contextlib.nullcontext():
                     train_step(run, images, targets)
             except CompileInterrupted:
+                run.compile_seconds["step"] = time.perf_counter() - started  # compiled so far: results.json says it
                 stopped_compiling(run, stop, before)
             if compiling and "step" in run.compile_seconds:
                 said_compiled(run, "step")
+                run.progress.restart_clock(after=1)  # the bar's s/step leaves the compiling step out, as images/s
             if due(state.step, t.log_every) or state.step == run.total_steps:
                 run.skips.settle(state)
                 log_train(run.logger, run.progress, run.window, state, run.scheduler.get_last_lr()[0], run.scaler,
@@ -237,7 +243,8 @@ def stopped_compiling(run: Run, stop: StopRequest, before: TrainState) -> None:
     finish(run, "interrupted")
     kept = run_checkpoints(run.run_dir)
     command = "torchrun <the same options> -m vit_train" if run.ctx.enabled else "vit-train"
-    then = (f"{kept[0]} holds step {run.state.step}; continue with: {command} resume={run.run_dir}" if kept else
+    again = "".join(f" {change}" for change in run.resumed_with)  # nothing saved them: the line repeats them
+    then = (f"{kept[0]} holds step {run.state.step}; continue with: {command} resume={run.run_dir}{again}" if kept else
             "nothing was trained; start it again with the same command")
     raise RunStopped(f"stopped by {stop.name} while compiling the training step: {then}", stop.exit_code)
 

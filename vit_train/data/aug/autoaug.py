@@ -9,7 +9,7 @@ from typing import Literal, Optional
 import torch
 from torchvision.transforms import v2
 
-from vit_train.data import device_ops
+from vit_train.data.device import ops as device_ops
 from vit_train.data.aug.basic import Basic
 
 

@@ -1,7 +1,7 @@
 """aug=basic, the default: a random crop and a horizontal flip. Small images (CIFAR, shapes): a random
 crop of the padded image; image files: RandomResizedCrop(scale=(scale_min, 1)). The options with an
 automatic policy (randaug, autoaug, trivial, deit) add it after the crop and flip: `policy` on the loader
-path, `device_plan` (data/device_ops.py) on the device pipeline."""
+path, `device_plan` (data/device/ops.py) on the device pipeline."""
 
 from __future__ import annotations
 

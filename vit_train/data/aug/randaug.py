@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torchvision.transforms import v2
 
-from vit_train.data import device_ops
+from vit_train.data.device import ops as device_ops
 from vit_train.data.aug.basic import Basic
 from vit_train.schema.typed import require
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torchvision.transforms import v2
 
-from vit_train.data import device_ops
+from vit_train.data.device import ops as device_ops
 from vit_train.data.aug.basic import Basic
 
 

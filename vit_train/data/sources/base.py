@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from vit_train.data.gpu_batches import check_decode, device_decoding
+from vit_train.data.device.files import check_decode, device_decoding
 from vit_train.data.loaders import Data, random_access_data
 from vit_train.data.preprocess import spec
 from vit_train.schema.sections import DataConfig
@@ -52,6 +52,12 @@ class DataSource(DataConfig):
     def eval_spec(self, img_size: int) -> dict[str, Any]:
         """The evaluation preprocessing (data/preprocess.py) for a model of input side `img_size`."""
         return spec(img_size, not self.encoded, self.stats)
+
+    def data_bound_advice(self, device: torch.device) -> str:
+        """What the warning of a data-bound run (train/throughput.py) tells a user of this data set to do."""
+        if self.pipeline != "loader" or device.type != "cuda":
+            return "raise data.num_workers" + (", or on a GPU use data.pipeline=device" if device.type != "cuda" else "")
+        return "use data.pipeline=device (the images augmented on the GPU), or raise data.num_workers"
 
     def location(self) -> str | None:
         """Where its images are read from (data.root), for vit-eval's record; None for generated images."""
@@ -107,9 +113,17 @@ class EncodedImages(DataSource):
         return self.root
 
     def build(self, cfg: Any, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
-        """This process's loaders; with data.decode=gpu the images are decoded on `device` (gpu_batches.py)."""
+        """This process's loaders; with data.decode=gpu the images are decoded on `device` (device/files.py)."""
         decoding = device_decoding(cfg, device, rank)
         return random_access_data(cfg, self.splits(cfg.model.img_size, labels), device, rank, world_size, decoding)
+
+    def data_bound_advice(self, device: torch.device) -> str:
+        """Image files: the loader workers decode them, or with data.decode=gpu the training process does."""
+        if self.decode == "gpu" and device.type != "cuda":
+            return ("data.decode=gpu on the CPU decodes in the training process itself: data.decode=cpu decodes in "
+                    "data.num_workers loader workers")
+        return "raise data.num_workers" + (", or try data.decode=gpu (docs/data.md)" if self.decode != "gpu" else "") + \
+            ", or pre-resize the images (vit-shards short_side=N)"
 
     def check(self, cfg: Any) -> None:
         super().check(cfg)

@@ -19,7 +19,7 @@ import torch
 from torchvision.datasets.utils import download_and_extract_archive
 
 from vit_train.data.datasets import TensorImages
-from vit_train.data.regular import NotRegularFile, not_regular, open_regular
+from vit_train.data.decoding.regular import NotRegularFile, not_regular, open_regular
 from vit_train.data.sources.base import DataSource
 from vit_train.errors import DataError
 

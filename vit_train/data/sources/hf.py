@@ -1,7 +1,7 @@
 """Hugging Face datasets on local disk (data=hf): a `save_to_disk` folder or a folder of parquet files.
 
 Each split is a map-style base data set like an image folder's: items (PIL RGB image, label), the
-image decoded from its encoded bytes by decode.py (the same decoder, the same unreadable-image policy),
+image decoded from its encoded bytes by decoding/image.py (the same decoder, the same unreadable-image policy),
 so the EpochSampler gives it the same order, resume and world-size independence as image folders.
 Nothing is downloaded: the `datasets` library runs offline, and parquet files are converted to Arrow
 in a temporary folder owned by the process (hf_files.process_copy_folder: one a process, shared by a sweep's
@@ -21,10 +21,10 @@ import torch
 
 from vit_train.errors import DataError
 from vit_train.extras import require
-from vit_train.data.decode import IMAGE_ERRORS, UnreadableImage, decode_rgb
+from vit_train.data.decoding.image import IMAGE_ERRORS, UnreadableImage, decode_rgb
 from vit_train.data.sources.base import UNLABELLED_CLASS, EncodedImages
-from vit_train.data.hf_files import check_regular, load_from_disk, parquet_files, process_copy_folder, reclaim_copies
-from vit_train.data.regular import open_regular
+from vit_train.data.sources.hf_files import check_regular, load_from_disk, parquet_files, process_copy_folder, reclaim_copies
+from vit_train.data.decoding.regular import open_regular
 
 log = logging.getLogger("vit_train")
 
@@ -100,7 +100,7 @@ class HFImages:
 
 
 def describe_error(error: Exception) -> str:
-    """"Type: message" of an image error (decode.py's messages name the image, never a BytesIO object)."""
+    """"Type: message" of an image error (decoding/image.py's messages name the image, never a BytesIO object)."""
     return f"{type(error).__name__}: {error}"
 
 
@@ -252,7 +252,7 @@ def _images(ds, image_key: str, label_key: str | None, classes: int, where: str,
                         f"({len(bad)} such rows; an unlabelled split has -1); use a labelled split")
     ds = ds.select_columns([image_key])
     if isinstance(ds.features[image_key], Image):
-        ds = ds.cast_column(image_key, Image(decode=False))  # the bytes, decoded by decode.py
+        ds = ds.cast_column(image_key, Image(decode=False))  # the bytes, decoded by decoding/image.py
     elif getattr(ds.features[image_key], "dtype", "") not in ("string", "large_string"):
         raise DataError(f"the image column {image_key!r} of {where} holds {ds.features[image_key]}, not images or "
                         f"file paths; set data.image_key to the image column")

@@ -12,8 +12,8 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from vit_train.errors import DataError
-from vit_train.data.decode import IMAGE_ERRORS, UnreadableImage, open_rgb
-from vit_train.data.listing import list_images, path_is_image, say_skipped
+from vit_train.data.decoding.image import IMAGE_ERRORS, UnreadableImage, open_rgb
+from vit_train.data.decoding.listing import list_images, path_is_image, say_skipped
 from vit_train.data.sources.base import UNLABELLED_CLASS, EncodedImages
 
 log = logging.getLogger("vit_train")
@@ -23,7 +23,7 @@ log = logging.getLogger("vit_train")
 @dataclass
 class ImageFolders(EncodedImages):
     """data=imagefolder: root/train/<class>/* and root/val/<class>/*, classes named by train/; images of any
-    mode and size, converted to RGB (decode.py). Read without labels (objective=mae), any folder of images."""
+    mode and size, converted to RGB (decoding/image.py). Read without labels (objective=mae), any folder of images."""
 
     root_hint = "a folder holding train/<class>/* and val/<class>/*; add data.root=/path/to/images"
 
@@ -40,7 +40,7 @@ class ImageFolders(EncodedImages):
 
 class _FixedClassFolder(ImageFolder):
     """An ImageFolder whose classes are given (the train split's, NFC-normalised) and mapped onto this
-    split's own folder names; its files are listed by listing.py (regular files only, each folder
+    split's own folder names; its files are listed by decoding/listing.py (regular files only, each folder
     once, names starting with '.' skipped at every depth)."""
 
     def __init__(self, root: Path, classes: list[str], folders: dict[str, str], allow_empty: bool):

@@ -1,5 +1,5 @@
-"""data=webdataset: tar shards read as streams (data/shard_stream.py), in an order that is a pure function of
-the run (data/stream_order.py), resumed exactly in the middle of an epoch without decoding what was already
+"""data=webdataset: tar shards read as streams (data/shards/stream.py), in an order that is a pure function of
+the run (data/shards/order.py), resumed exactly in the middle of an epoch without decoding what was already
 trained on. This module is the option: its keys, its loaders, and what a resume in the middle of an epoch
 may not change (the stream's layout, kept in the checkpoint).
 """
@@ -12,10 +12,10 @@ from typing import Any, Optional
 import torch
 from torchvision.transforms import v2
 
-from vit_train.data.gpu_batches import device_decoding
+from vit_train.data.device.files import device_decoding
 from vit_train.data.loaders import Data, loader_options, loader_workers, pipeline, small_images
-from vit_train.data.shard_index import load_index, train_fingerprint
-from vit_train.data.shard_stream import build_stream_loaders
+from vit_train.data.shards.index import load_index, train_fingerprint
+from vit_train.data.shards.stream import build_stream_loaders
 from vit_train.data.sources.base import EncodedImages
 from vit_train.data.transforms import build_transforms
 from vit_train.errors import ConfigError
@@ -51,7 +51,7 @@ class WebDataset(EncodedImages):
         index = load_index(self.root, self.train_shards, self.val_shards)
         train_tf, eval_tf = build_transforms(cfg.aug, cfg.model.img_size, self.stats, None)
         options = loader_options(self.num_workers, device)
-        decoding = device_decoding(cfg, device, rank)  # data.decode=gpu: decoded on the device (gpu_batches.py)
+        decoding = device_decoding(cfg, device, rank)  # data.decode=gpu: decoded on the device (device/files.py)
         train, val, plan, unreadable = build_stream_loaders(index, cfg, train_tf, eval_tf, device, rank, world_size,
                                                             labels, options, decoding)
         sizes = [tuple(index.image_size[::-1])] if index.image_size else []  # [H, W] when every image has one size
@@ -71,7 +71,7 @@ class WebDataset(EncodedImages):
 
     def stream_layout(self, world_size: int) -> dict[str, Any]:
         """The world size and loader worker count (data.num_workers resolved) the epoch's stream plan is cut for
-        (data/stream_order.py), and the fingerprint of the index's training shards and classes (train_index,
+        (data/shards/order.py), and the fingerprint of the index's training shards and classes (train_index,
         when the index can be read)."""
         layout = {"world_size": world_size, "loader_workers": max(1, loader_workers(self.num_workers))}
         fingerprint = train_fingerprint(self.root)

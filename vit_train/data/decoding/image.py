@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-from vit_train.data.regular import open_regular
+from vit_train.data.decoding.regular import open_regular
 
 ORIENTATION = 0x0112  # the EXIF tag; 1 = upright
 SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
@@ -105,7 +105,7 @@ def open_rgb(path: str | Path) -> Image.Image:
     An image over Image.MAX_IMAGE_PIXELS (89.5 M pixels by default), which Pillow would decode after
     a warning up to twice that, raises Image.DecompressionBombError like a larger one (a small file
     can claim a huge size and exhaust memory in every loader worker). Only a regular file is read: a
-    FIFO, device, socket or folder raises data/regular.py's NotRegularFile (an OSError) without
+    FIFO, device, socket or folder raises data/decoding/regular.py's NotRegularFile (an OSError) without
     blocking. Raises one of IMAGE_ERRORS for a missing or unreadable file (FileNotFoundError first).
     """
     with open_regular(Path(path).expanduser()) as file:

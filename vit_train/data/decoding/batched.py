@@ -1,7 +1,7 @@
 """data.decode=gpu: loader workers hand over encoded images, the training process decodes a batch at a time.
 
-In a loader worker, `encode` reads an image's header (jpeg_check.py): a JPEG the batched decoder takes is handed
-over as its bytes; anything else (a fallback) is decoded there by the one CPU decoder (decode.py) and handed
+In a loader worker, `encode` reads an image's header (decoding/jpeg_check.py): a JPEG the batched decoder takes is handed
+over as its bytes; anything else (a fallback) is decoded there by the one CPU decoder (decoding/image.py) and handed
 over as pixels. `collate` packs a batch into one buffer (one transfer between processes). In the training
 process `BatchDecoder` decodes the batch's JPEGs in one call of torchvision.io.decode_jpeg on the training device
 (nvJPEG on a GPU; libjpeg-turbo on the CPU, the library Pillow decodes with) and turns them upright as EXIF says;
@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from vit_train.data import decode
-from vit_train.data.decode import IMAGE_ERRORS, UnreadableImage
-from vit_train.data.jpeg_check import BATCHED, DECODER_ERROR, KINDS, route
-from vit_train.data.regular import open_regular
+from vit_train.data.decoding import image as decode
+from vit_train.data.decoding.image import IMAGE_ERRORS, UnreadableImage
+from vit_train.data.decoding.jpeg_check import BATCHED, DECODER_ERROR, KINDS, route
+from vit_train.data.decoding.regular import open_regular
 
 log = logging.getLogger("vit_train")
 

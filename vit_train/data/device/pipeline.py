@@ -5,7 +5,7 @@ A CPU DataLoader cannot feed a GPU with a small ViT on 32x32 images; this can. T
 the loader path's (the same EpochSampler permutation, with the same per-process shares), and every
 `aug` option's per-image work is done here as its loader path does it, in the same order: the padded
 random crop and horizontal flip (`device_crop`), the option's policy on the uint8 pixels (AutoAugment,
-RandAugment, TrivialAugmentWide: data/device_ops.py, torchvision's operations per image), scaling and
+RandAugment, TrivialAugmentWide: data/device/ops.py, torchvision's operations per image), scaling and
 normalisation, then random erasing (aug.random_erasing) on the normalised image with per-pixel noise.
 
 The draws are a function of (seed, epoch, global batch, position in the global batch): each global
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 
-from vit_train.data.device_ops import Plan, apply_plan
+from vit_train.data.device.ops import Plan, apply_plan
 from vit_train.data.transforms import Augmentation
 from vit_train.data.sampler import EpochSampler
 

@@ -1,9 +1,9 @@
 """Which encoded images the batched JPEG decoder may take (data.decode=gpu), read from the header alone.
 
 The batched decoder (torchvision.io.decode_jpeg: nvJPEG on a GPU, libjpeg-turbo on the CPU) takes a file only
-where it decodes it as the one CPU decoder (decode.py `open_rgb`) does, up to the decoders' own rounding: an
+where it decodes it as the one CPU decoder (decoding/image.py `open_rgb`) does, up to the decoders' own rounding: an
 8-bit Huffman-coded JPEG, baseline or progressive, grey or YCbCr in a chroma subsampling nvJPEG knows, with its
-end-of-image marker. Everything else is a fallback, decoded on the CPU by decode.py in the loader worker:
+end-of-image marker. Everything else is a fallback, decoded on the CPU by decoding/image.py in the loader worker:
 
 - another format under any name (a PNG, WebP or GIF saved as .jpg: the content decides, never the name);
 - CMYK and YCCK JPEGs (4 components; nvJPEG refuses them), and RGB-coded ones (an Adobe marker saying "no
@@ -15,7 +15,7 @@ end-of-image marker. Everything else is a fallback, decoded on the CPU by decode
 - markers this check cannot follow, and an EXIF block Pillow cannot read (the CPU decoder decides).
 
 EXIF orientation is read here (as `decode.to_rgb` reads it) and applied after the batched decode
-(gpu_decode.py `upright`). A header that Pillow refuses, an image bomb and a resize bomb raise one of
+(decoding/batched.py `upright`). A header that Pillow refuses, an image bomb and a resize bomb raise one of
 decode.IMAGE_ERRORS here, as decoding would: an unreadable image.
 """
 
@@ -23,13 +23,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vit_train.data import decode
+from vit_train.data.decoding import image as decode
 
 BATCHED = ("JPEG", "progressive JPEG")  # kinds the batched decoder takes (progressive: nvJPEG decodes it alone)
 FALLBACKS = ("PNG", "WebP", "GIF", "another format", "CMYK/YCCK JPEG", "RGB-coded JPEG",
              "chroma subsampling nvJPEG lacks", "12-bit, arithmetic, lossless or extended JPEG",
              "no end-of-image marker (truncated)", "markers out of order", "unreadable EXIF")
-DECODER_ERROR = "refused by the batched decoder"  # found in the training process (gpu_decode.py), not here
+DECODER_ERROR = "refused by the batched decoder"  # found in the training process (decoding/batched.py), not here
 KINDS = BATCHED + FALLBACKS + (DECODER_ERROR,)  # a kind's number is its place here
 FORMATS = {"PNG": "PNG", "WEBP": "WebP", "GIF": "GIF"}
 

@@ -3,17 +3,17 @@
 `device_decoding` resolves data.decode for a run: `cpu` and `auto` keep the loader path (`auto` is `cpu` until
 scripts/gpu_acceptance.py's decode part shows the device faster: docs/data.md); `gpu` gives a `DeviceDecoding`,
 which a data set of encoded images hands to its loaders' builder (loaders.py `random_access_data`,
-shard_stream.py `build_stream_loaders`): the splits are read as encoded images (gpu_decode.RawImages, or the
-shards' RawShardStream), packed per batch (gpu_decode.collate), and each batch the loader gives is decoded on the
-device (gpu_decode.BatchDecoder) and then transformed there:
+shards/stream.py `build_stream_loaders`): the splits are read as encoded images (batched.RawImages, or the
+shards' RawShardStream), packed per batch (batched.collate), and each batch the loader gives is decoded on the
+device (batched.BatchDecoder) and then transformed there:
 
-- training (`DecodedTrain`): the option's crop (device_crops.py: RandomResizedCrop and flip, or aug=none's resize
-  and centre crop), its policy on the uint8 pixels (device_ops.py: AutoAugment, RandAugment, TrivialAugmentWide,
+- training (`DecodedTrain`): the option's crop (device/crops.py: RandomResizedCrop and flip, or aug=none's resize
+  and centre crop), its policy on the uint8 pixels (device/ops.py: AutoAugment, RandAugment, TrivialAugmentWide,
   with the policy torchvision's transform uses for image files), scaling and normalisation, random erasing: the
-  loader path's per-image work in its order, as on_device.py does it for small images;
+  loader path's per-image work in its order, as device/pipeline.py does it for small images;
 - evaluation (`DecodedEval`): the one evaluation preprocessing (preprocess.py), image by image.
 
-The draws are those of on_device.py: each global batch has a generator seeded by (seed, epoch, global batch)
+The draws are those of device/pipeline.py: each global batch has a generator seeded by (seed, epoch, global batch)
 (`on_device.batch_generator`), which draws for all its positions (crop uniforms, flips, the policy's plan,
 erasing, in that order) and each process takes its share, so a run resumed mid-epoch sees the same batches and
 the result does not depend on data.num_workers. Batches are (images, labels) on the device, (B, 3, S, S)
@@ -32,14 +32,14 @@ import torchvision
 from PIL import Image
 
 from vit_train.data.datasets import TransformedDataset
-from vit_train.data.device_crops import Geometry, crop, crop_uniforms
-from vit_train.data.device_ops import Plan, apply_plan
-from vit_train.data import decode
-from vit_train.data.gpu_decode import BatchDecoder, Encoded, RawImages, as_is, batched_decode, collate, encode
-from vit_train.data.on_device import Erasing, Prepare, batch_generator, erase, erasing_plan, plan_part
-from vit_train.data.shard_stream import ShardStream
+from vit_train.data.device.crops import Geometry, crop, crop_uniforms
+from vit_train.data.device.ops import Plan, apply_plan
+from vit_train.data.decoding import image as decode
+from vit_train.data.decoding.batched import BatchDecoder, Encoded, RawImages, as_is, batched_decode, collate, encode
+from vit_train.data.device.pipeline import Erasing, Prepare, batch_generator, erase, erasing_plan, plan_part
+from vit_train.data.shards.stream import ShardStream
 from vit_train.data.transforms import build_transforms, device_augmentation
-from vit_train.data.unreadable import UnreadableImages
+from vit_train.data.decoding.unreadable import UnreadableImages
 from vit_train.errors import ConfigError, DataError
 
 log = logging.getLogger("vit_train")
@@ -48,6 +48,9 @@ log = logging.getLogger("vit_train")
 def device_decoding(cfg: Any, device: torch.device, rank: int = 0) -> Optional["DeviceDecoding"]:
     """data.decode resolved for a run on `device`: a DeviceDecoding for `gpu`, None (the loader path) for `cpu` and
     for `auto`, which picks `cpu` until a measurement shows the device faster (docs/data.md)."""
+    if cfg.data.decode == "auto" and rank == 0:
+        log.info("data.decode=auto: JPEGs are decoded by the loader workers on the CPU (data.decode=gpu decodes them on "
+                 "the device: not yet measured faster, docs/data.md)")
     return DeviceDecoding(cfg, device, rank) if cfg.data.decode == "gpu" else None
 
 
@@ -64,9 +67,9 @@ class DeviceDecoding:
         self.resize = self.eval_tf.resize  # the resize-bomb check's side, in every loader worker
         probe(device)
         if device.type != "cuda" and rank == 0:
-            log.warning("data.decode=gpu on %s: each batch is decoded in the training process by torchvision's CPU "
-                        "decoder, one image after another, not in parallel by the loader workers; without a GPU "
-                        "data.decode=cpu (or auto) is faster", device)
+            log.warning("data.decode=gpu on %s: each batch is decoded in this process by torchvision's CPU decoder, "
+                        "one image after another, not in parallel by loader workers; without a GPU data.decode=cpu (or "
+                        "auto) is faster", device)
 
     def raw(self, base: Any, bad_images: str = "skip") -> TransformedDataset:
         """A random-access split as a data set of (Encoded, label, unreadable) items (replacements as the loader
@@ -76,7 +79,7 @@ class DeviceDecoding:
     collate = staticmethod(collate)
 
     def stream(self, split: Any, **keys: Any) -> "RawShardStream":
-        """A split of shards (shard_stream.ShardStream's arguments) read as (Encoded, label, problem) items."""
+        """A split of shards (stream.ShardStream's arguments) read as (Encoded, label, problem) items."""
         return RawShardStream(split, resize=self.resize, **{**keys, "transform": as_is})
 
     def train(self, loader: Any, sampler: Any, unreadable: Any) -> "DecodedTrain":
@@ -102,7 +105,7 @@ def check_decode(cfg: Any) -> Geometry | None:
 
 
 class RawShardStream(ShardStream):
-    """A split of shards whose image members are handed over encoded (gpu_decode.encode), not decoded; `resize`:
+    """A split of shards whose image members are handed over encoded (batched.encode), not decoded; `resize`:
     the resize-bomb check's side in a loader worker started by spawn (as RawImages)."""
 
     def __init__(self, split: Any, resize: int | None, **keys: Any):

@@ -1,5 +1,5 @@
 """Reading tar shards as streams (data=webdataset's loaders, data/sources/webdataset.py), in an order that is a
-pure function of the run (stream_order.py), resumed exactly in the middle of an epoch without decoding what was
+pure function of the run (shards/order.py), resumed exactly in the middle of an epoch without decoding what was
 already trained on: each (process, worker) reads its slot of the epoch's plan.
 
 `build_stream_loaders` gives the train and val loaders and the train plan, which offers what train/batches.py
@@ -18,10 +18,10 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from vit_train.errors import DataError
-from vit_train.data import decode
+from vit_train.data.decoding import image as decode
 from vit_train.data.sampler import EpochSampler
-from vit_train.data.shard_index import IMAGE_EXTS, Missing, ShardIndex, Split, label_of, read_samples
-from vit_train.data.stream_order import (Slot, buffered_order, locate, resumed_slot, sample_seeds, shard_order,
+from vit_train.data.shards.index import IMAGE_EXTS, Missing, ShardIndex, Split, label_of, read_samples
+from vit_train.data.shards.order import (Slot, buffered_order, locate, resumed_slot, sample_seeds, shard_order,
                                          slot_seed, stream_starts, train_slots, val_slots)
 
 log = logging.getLogger("vit_train")
@@ -154,7 +154,7 @@ class ShardStream(IterableDataset):
         return None, label, "; ".join(errors)
 
     def _decode(self, data: bytes, name: str):
-        """An image member's bytes as the transform takes them: decoded by decode.py (PIL RGB)."""
+        """An image member's bytes as the transform takes them: decoded by decoding/image.py (PIL RGB)."""
         return decode.decode_rgb(data, name)
 
     def _transform(self, image, seed: int | None) -> torch.Tensor:
@@ -216,8 +216,8 @@ class StreamUnreadable:
 
     def report(self, epoch: int) -> None:
         if self.replaced:
-            log.warning("epoch %d: %d unreadable %s samples replaced (%d distinct so far)", epoch, self.replaced,
-                        self.split, len(self.seen))
+            log.warning("epoch %d: %d unreadable %s sample%s replaced (%d distinct so far)", epoch, self.replaced,
+                        self.split, "" if self.replaced == 1 else "s", len(self.seen))
             self.replaced = 0
 
 
@@ -244,7 +244,7 @@ def build_stream_loaders(index: ShardIndex, cfg, train_tf: Callable, eval_tf: Ca
     """(train loader, val loader, train plan, train StreamUnreadable) for this process of `world_size`.
 
     `loader_options`: the DataLoader keywords the other data sets use (worker_init_fn, context, pinning);
-    the worker count and persistence are this module's. `decoding` (data.decode=gpu: gpu_batches.DeviceDecoding):
+    the worker count and persistence are this module's. `decoding` (data.decode=gpu: files.DeviceDecoding):
     the streams hand over encoded images, decoded and augmented on the device. Raises DataError when
     data.batch_size exceeds the training samples."""
     d = cfg.data

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from vit_train.errors import DataError
-from vit_train.data.regular import not_regular, open_regular
+from vit_train.data.decoding.regular import not_regular, open_regular
 
 log = logging.getLogger("vit_train")
 

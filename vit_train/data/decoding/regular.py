@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from vit_train.data.listing import file_kind
+from vit_train.data.decoding.listing import file_kind
 
 try:
     import fcntl

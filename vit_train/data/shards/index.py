@@ -22,7 +22,7 @@ from typing import Iterator
 
 from vit_train.errors import DataError
 from vit_train.extras import require
-from vit_train.data.regular import not_regular, open_regular
+from vit_train.data.decoding.regular import not_regular, open_regular
 
 INDEX = "index.json"
 FORMAT, VERSION = "vit-train webdataset", 1

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from vit_train.errors import DataError
-from vit_train.data.decode import describe_unreadable
+from vit_train.data.decoding.image import describe_unreadable
 
 log = logging.getLogger("vit_train")
 
@@ -50,8 +50,8 @@ class UnreadableImages:
 
     def report(self, epoch: int) -> None:
         if self.replaced:
-            log.warning("epoch %d: %d unreadable %s images replaced (%d distinct so far)", epoch, self.replaced,
-                        self.split, len(self.seen))
+            log.warning("epoch %d: %d unreadable %s image%s replaced (%d distinct so far)", epoch, self.replaced,
+                        self.split, "" if self.replaced == 1 else "s", len(self.seen))
             self.replaced = 0
 
 
