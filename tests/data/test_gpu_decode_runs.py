@@ -171,3 +171,28 @@ def test_auto_is_the_loader_path_until_measured(tmp_path):
     for value in ("auto", "cpu"):
         loaders = build_data(config({**data, "decode": value}), CPU)
         assert not isinstance(loaders.train_loader, DecodedTrain) and loaders.decoder is None
+
+
+def test_a_batch_of_images_no_decoder_reads_takes_the_next_readable_image_of_the_split(tmp_path, caplog):
+    """A JPEG whose header the workers' check passes but that neither decoder reads (a scan naming a component the
+    frame lacks), alone in its batch (batch size 1): data.bad_images=skip replaces it by the split's next readable
+    image after it, as the loader path replaces one, and the epoch goes on; the same image whatever the workers."""
+    data = source("imagefolder", tmp_path)
+    good = bytearray((tmp_path / "folder" / "train" / "red" / "0.jpg").read_bytes())
+    good[good.find(b"\xff\xda") + 5] = 9  # SOS: the first component selector names no component of the frame
+    bad = tmp_path / "folder" / "train" / "red" / "00_bad.jpg"  # listed first of its class
+    bad.write_bytes(bytes(good))
+    cfg = tiny_config(data={**data, "decode": "gpu", "batch_size": 1, "num_workers": 0, "max_bad_fraction": 0.1},
+                      aug={"name": "none"})
+    loaders = build_data(cfg, CPU)
+    loaders.train_sampler.set_epoch(0)
+    caplog.set_level(logging.WARNING, logger="vit_train")
+    seen = [(images[0], int(labels[0])) for images, labels in loaders.train_loader]
+    assert len(seen) == 49  # the epoch goes on
+    replaced = [r.getMessage() for r in caplog.records if r.getMessage().startswith("unreadable train image")]
+    assert len(replaced) == 1 and "00_bad.jpg" in replaced[0] and len(loaders.train_unreadable.seen) == 1
+    twins = [(i, j) for i in range(len(seen)) for j in range(i) if torch.equal(seen[i][0], seen[j][0])]
+    assert len(twins) == 1  # the next readable image (red's 0.jpg) stands in for it: it appears twice, as red
+    (i, j), = twins
+    red = loaders.class_names.index("red")
+    assert seen[i][1] == seen[j][1] == red

@@ -29,19 +29,23 @@ SETTINGS = {"n": 1, "signum": 0, "count": 0}
 AOT_EAGER = aot_autograd(fw_compiler=boxed_nop)  # what backend="aot_eager" is
 
 
-def _nth() -> bool:
+def _nth(gm) -> bool:
+    """Whether this compilation is the armed one; vit-train's probe of a backend (one addition: compiling.py
+    `compile_scope`) is not counted."""
+    if sum(node.op == "call_function" for node in gm.graph.nodes) <= 1:
+        return False
     SETTINGS["count"] += 1
     return SETTINGS["count"] == SETTINGS["n"]
 
 
 def failing(gm, example_inputs):
-    if _nth():
+    if _nth(gm):
         raise RuntimeError("this compiler failed on purpose (tests/helpers/compile_backends.py)")
     return AOT_EAGER(gm, example_inputs)
 
 
 def signalling(gm, example_inputs):
-    if _nth():
+    if _nth(gm):
         print("compiling", flush=True)
         if SETTINGS["signum"]:
             os.kill(os.getpid(), SETTINGS["signum"])

@@ -71,6 +71,8 @@ def test_yaml_keys_are_exactly_schema_keys():
     ({"model": {"depth": 2.5}}, "model.depth must be an integer, got 2.5"),
     ({"trainer": {"compile": "yes"}}, "trainer.compile must be true or false"),
     ({"trainer": {"compile_scope": "loop"}}, "trainer.compile_scope must be one of model, step; got 'loop'"),
+    ({"optim": {"name": "sgd", "momentum": 0.0}}, "optim.momentum must be > 0 for optim=sgd (Nesterov momentum), got "
+                                                  "0.0; e.g. 0.9"),
     ({"trainer": {"compile": True, "compile_scope": "step", "precision": "fp16"}},
      "trainer.compile_scope=step does not take trainer.precision=fp16 (its GradScaler reads the host every step); "
      "use bf16 or fp32, or trainer.compile_scope=model"),

@@ -174,9 +174,38 @@ def test_a_compiler_that_fails_leaves_one_warning_and_the_eager_step(tmp_path, c
     said = [r.getMessage() for r in caplog.records if "could not be compiled" in r.getMessage()]
     assert len(said) == 1 and "this compiler failed on purpose" in said[0] and "the eager step runs" in said[0]
     assert results["status"] == "completed" and results["steps"] == 4
+    assert not [r for r in caplog.records if "compiled the training step in" in r.getMessage()]  # not "compiled"
+    assert results["compile_seconds"] > 0 and all(r["images_per_s"] for r in train_rows(tmp_path / "failed")[1:])
     train(tiny_config(trainer={"max_steps": 4, "log_every": 1}), tmp_path / "eager")
     for a, b in zip(train_rows(tmp_path / "eager"), train_rows(tmp_path / "failed"), strict=True):
         assert abs(a["loss"] - b["loss"]) <= LOSS_ATOL
+
+
+def test_a_backend_that_cannot_compile_here_is_one_line_before_any_work(tmp_path, monkeypatch):
+    """A backend torch lists but cannot run (tvm without apache-tvm, reported as a Hydra traceback at the first
+    evaluation): tried on one addition when the run is built, refused in one line."""
+    import vit_train.train.compiling as compiling
+    from vit_train.errors import ConfigError
+
+    def broken(gm, example_inputs):
+        raise ImportError("Please install apache-tvm")
+
+    monkeypatch.setattr(torch._dynamo, "list_backends", lambda exclude_tags=(): ["inductor", "vit_test_broken"])
+    monkeypatch.setattr(compiling.torch, "compile", lambda fn, backend=None, **kw: torch._dynamo.optimize(broken)(fn))
+    with pytest.raises(ConfigError, match=r"^trainer.compile_backend=vit_test_broken cannot compile here \(.*Please "
+                                          r"install apache-tvm\); install what it needs or give another backend"):
+        train(step_config("vit_test_broken", trainer={"max_steps": 1}), tmp_path)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_an_evaluation_that_cannot_be_compiled_runs_eagerly_said_once(tmp_path, counters, caplog):
+    backends.arm(2)  # the step's compilation, then the evaluation's fails
+    with caplog.at_level(logging.WARNING, logger="vit_train"):
+        results = train(step_config("vit_test_failing", trainer={"max_steps": 8, "eval_every": 4}), tmp_path)
+    said = [r.getMessage() for r in caplog.records if "could not be compiled" in r.getMessage()]
+    assert said == ["the evaluation could not be compiled (RuntimeError: this compiler failed on purpose "
+                    "(tests/helpers/compile_backends.py)); it runs eagerly"]
+    assert results["status"] == "completed" and len([r for r in rows(tmp_path) if r["split"] == "val"]) == 2
 
 
 def test_a_torch_that_cannot_trace_the_backward_compiles_the_model_instead(tmp_path, counters, caplog, monkeypatch):
@@ -429,3 +458,37 @@ def test_with_two_processes_the_model_is_compiled_instead_said_once(tmp_path):
     assert said.count("trainer.compile_scope=step: with 2 processes the gradients are all-reduced by DDP/FSDP outside "
                       "any graph; the model is compiled instead (trainer.compile_scope=model)") == 1
     assert read_results(tmp_path / "run")["compile_seconds"] > 0
+
+
+def test_a_resumed_epochs_short_last_batch_takes_one_eager_step_not_a_second_graph(tmp_path, counters):
+    """data.batch_size changed at a mid-epoch resume (32 -> 24, from step 3's checkpoint of 8-step epochs): the epoch's
+    rest ends in a batch of 8, which the eager step takes; the graph is compiled once, and its compile time alone is
+    left out of images/s (a second compilation counted as training made the run's images/s a tenth of itself)."""
+    sections = {"trainer": {"epochs": 2, "log_every": 1, "ckpt_every": 3, "keep_last": 10}}
+    train(step_config(**sections), tmp_path / "first")
+    torch._dynamo.reset()
+    counters.clear()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        results = train(step_config(**sections, data={"batch_size": 24},
+                                    resume=str(tmp_path / "first" / "checkpoints" / "step_00000003.pt")),
+                        tmp_path / "first")
+    assert results["status"] == "completed" and counters["stats"]["unique_graphs"] == 2  # the step, the evaluation
+    sizes = [r for r in rows(tmp_path / "first") if r["split"] == "train" and r["step"] > 3]
+    assert all(r["images_per_s"] is None or r["images_per_s"] > 0 for r in sizes)
+
+
+@pytest.mark.parametrize("scope", ["eager", "step"])
+def test_max_bad_steps_stops_the_compiled_step_where_it_stops_the_eager_one(tmp_path, counters, scope):
+    """optim.lr=1e9: the first step is finite, every later one not. trainer.max_bad_steps=3 stops at step 4 with exit 3
+    (the count read every step on the CPU), the compiled step as the eager one; last.pt is step 3's (two skipped steps
+    left the weights as step 1 made them), no checkpoint after it (the compiled step once ran on to step 9 and wrote
+    step 8's, its count read at logs only)."""
+    sections = {"optim": {"lr": 1e9}, "trainer": {"epochs": 2, "max_bad_steps": 3, "ckpt_every": 3, "log_every": 50,
+                                                  "keep_last": 10}}
+    cfg = step_config(**sections) if scope == "step" else tiny_config(**sections)
+    with pytest.raises(RunStopped) as stopped:
+        train(cfg, tmp_path)
+    results = read_results(tmp_path)
+    assert stopped.value.exit_code == 3 and results["status"] == "diverged"
+    assert (results["steps"], results["skipped_steps"]) == (4, 3)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt")) == ["last.pt", "step_00000003.pt"]

@@ -109,6 +109,8 @@ class OptimConfig(Section):
                 f"0.75 for fine-tuning) or null for off, got {self.layer_decay}")
         require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
         require(len(self.betas) == 2, f"optim.betas must have two values, got {self.betas}")
+        require(self.name != "sgd" or self.momentum > 0, f"optim.momentum must be > 0 for optim=sgd (Nesterov "
+                f"momentum), got {self.momentum}; e.g. 0.9")
 
     def ignored(self, cfg: Any) -> list[tuple[str, str, str]]:
         choice = f"optim={self.name}"

@@ -31,14 +31,15 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 from torch.optim.adam import adam as adam_update  # torch's functional AdamW and SGD: what their step() calls
 from torch.optim.sgd import sgd as sgd_update
 
-from vit_train.train.compiling import compile_options, cuda_graph_skips, forget_compiled
+from vit_train.train.compiling import compile_options, compiler_error, cuda_graph_skips, forget_compiled
 from vit_train.train.skips import SkippedSteps
 from vit_train.train.throughput import TrainWindow
 
@@ -87,6 +88,7 @@ class CompiledStep:
         self.compiled = torch.compile(self._step, fullgraph=True, backend=backend,
                                       options=compile_options(mode, device) if backend == "inductor" else None)
         self.active, self.calls, self.mode = True, 0, mode
+        self.shape: torch.Size | None = None  # the global batch's shape the graph was compiled for
         self.seconds = {} if seconds is None else seconds  # the run's compile times: "step" set by the first call
 
     def state_tensors(self) -> list[torch.Tensor]:
@@ -101,8 +103,9 @@ class CompiledStep:
 
         The first call compiles: its seconds are `seconds["step"]`, kept out of the train window (images/s, MFU)
         with its images."""
-        if not self.active:
-            return False
+        if not self.active or (self.shape is not None and images.shape != self.shape):
+            return False  # another batch shape (a resumed epoch's short last batch): one eager step, not a new graph
+        self.shape = images.shape
         self.factor.fill_(self.schedule(step - 1))
         chunks = list(zip(images.chunk(self.accum_steps), targets.chunk(self.accum_steps)))
         drawn = [self.loss.draws(x) for x, _ in chunks]  # an objective's own generators, outside the graph
@@ -116,11 +119,11 @@ class CompiledStep:
                     self.window.has_top1 |= self.compiled(chunks, drawn, len(images))
                 except Exception as e:  # noqa: BLE001 - any compiler failure: the eager step runs instead
                     self.active = False
+                    self.seconds["step"] = time.perf_counter() - started  # spent trying: said apart, as compile time
                     for group in self.optimizer.param_groups:  # capturable AdamW runs eagerly on CUDA devices only
                         group["capturable"] = group.get("capturable", False) and self.device.type == "cuda"
-                    text = " ".join(str(e).split())[:300] or type(e).__name__
-                    log.warning("trainer.compile_scope=step: the training step could not be compiled (%s: %s); the "
-                                "eager step runs", type(e).__name__, text)
+                    log.warning("trainer.compile_scope=step: the training step could not be compiled (%s); the "
+                                "eager step runs", compiler_error(e))
                     return False
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
@@ -131,6 +134,20 @@ class CompiledStep:
             self.optimizer._opt_called = True  # what Optimizer.step's wrapper records: the scheduler's order check
         self.calls += 1
         return True
+
+    @contextmanager
+    def eager_optimizer(self) -> Iterator[None]:
+        """Inside, the optimiser takes an eager step (a batch of another shape): its capturable form runs eagerly on
+        CUDA only, so on the CPU it is its plain form for that step (the same arithmetic on CPU tensors)."""
+        groups = self.optimizer.param_groups
+        before = [g.get("capturable", False) for g in groups]
+        for group in groups:
+            group["capturable"] = group.get("capturable", False) and self.device.type == "cuda"
+        try:
+            yield
+        finally:
+            for group, capturable in zip(groups, before):
+                group["capturable"] = capturable
 
     def _step(self, chunks, drawn, batch: int) -> bool:
         """The graph: forward and backward over the micro-batches, clipping, the skip, the update, the EMA, the counts."""

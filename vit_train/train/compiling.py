@@ -12,6 +12,7 @@ one process under dynamo's limit of compiled entries per function.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -80,7 +81,15 @@ class StaticBatch(nn.Module):
         if rows < self.batch:
             x, args, kwargs = (padded(v, rows, self.batch) for v in (x, args, kwargs))
         started = time.perf_counter() if self.seconds is None else None
-        out = self.compiled(x, *args, **kwargs)
+        if started is None:
+            out = self.compiled(x, *args, **kwargs)
+        else:
+            try:
+                out = self.compiled(x, *args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - a compiler failure: this and later passes run the plain module
+                log.warning("the evaluation could not be compiled (%s); it runs eagerly", compiler_error(e))
+                self.compiled = getattr(self.compiled, "_orig_mod", self.compiled)
+                out = self.compiled(x, *args, **kwargs)
         out = torch.utils._pytree.tree_map(lambda t: t[:rows].clone() if isinstance(t, torch.Tensor) else t, out)
         if started is not None:
             if x.is_cuda:
@@ -109,6 +118,12 @@ def compile_scope(t: Any, device: torch.device, world_size: int, fp16: bool, sha
     if t.compile_backend not in backends:
         raise ConfigError(f"trainer.compile_backend={t.compile_backend} is not a torch.compile backend here; choose "
                           f"one of {', '.join(b for b in backends if 'TESTING' not in b)}")
+    if t.compile_backend not in TORCH_BACKENDS:  # listed is not runnable (tvm without apache-tvm): tried on an addition
+        try:
+            torch.compile(lambda x: x + 1, backend=t.compile_backend)(torch.zeros(1))
+        except Exception as e:  # noqa: BLE001 - whatever the backend raises: one line, before any work
+            raise ConfigError(f"trainer.compile_backend={t.compile_backend} cannot compile here ({compiler_error(e)}); "
+                              f"install what it needs or give another backend (inductor, aot_eager)") from None
     if device.type != "cuda":  # Inductor's C++ build on a CPU machine: torch's line about CUDA_HOME means nothing here
         logging.getLogger("torch.utils.cpp_extension").addFilter(no_cuda_home_line)
     note = cuda_graphs_note(t.compile_mode, device)
@@ -124,6 +139,18 @@ def compile_scope(t: Any, device: torch.device, world_size: int, fp16: bool, sha
                             reason)
             return "model"
     return t.compile_scope
+
+
+# torch.compile backends that need nothing beyond torch; others (tvm, openxla, ...) are tried before a run uses them
+TORCH_BACKENDS = ("inductor", "aot_eager", "eager", "aot_eager_decomp_partition", "aot_eager_default_partitioner")
+
+
+def compiler_error(error: BaseException) -> str:
+    """A compiler's failure in one line: its type and words, without dynamo's wrapping (`backend='x' raised:`) and its
+    advice on verbose logs."""
+    text = " ".join(str(error).split()).split(" Set TORCHDYNAMO_VERBOSE")[0]
+    inner = re.match(r"backend='[^']*' raised: (.*)", text)
+    return (inner.group(1) if inner else f"{type(error).__name__}: {text}" if text else type(error).__name__)[:300]
 
 
 def no_cuda_home_line(record: logging.LogRecord) -> bool:

@@ -154,7 +154,10 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
     window = TrainWindow(device, objective.flops_per_image(cfg, classes), peak_tflops(device, amp_dtype, t.peak_tflops))
     window.load_state_dict(ckpt.get("train_window") if ckpt else None)
     window.advice = cfg.data.data_bound_advice(device)
-    skips = SkippedSteps(state, device, skips_on_device(optimizer, scaler), t.max_bad_steps)
+    # counted on the device and read at logs and saves: a fused optimiser's, and the compiled step's on a GPU (whose
+    # graph skips the update itself); elsewhere read every step, as the eager step decides with it
+    on_device = skips_on_device(optimizer, scaler) or (scope == "step" and device.type == "cuda")
+    skips = SkippedSteps(state, device, on_device, t.max_bad_steps)
     compile_seconds: dict[str, float] = {}
     step_fn = torch.compile(ddp, mode=t.compile_mode, backend=t.compile_backend) if scope == "model" else ddp
     compiled = CompiledStep(model, loss, optimizer, ema, window, skips, t.accum_steps, cfg.optim.clip_grad, amp_dtype,

@@ -38,8 +38,14 @@ def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> None:
     With trainer.compile_scope=step the compiled step takes it (train/compiled_step.py), unless it could not
     be compiled. The first step of a compiled run compiles: its seconds are kept apart (`compile_seconds`).
     """
-    if run.compiled is not None and run.compiled(images, targets, run.state.step):
-        run.scheduler.step()
+    if run.compiled is not None:
+        if run.compiled(images, targets, run.state.step):
+            run.scheduler.step()
+            if not run.skips.on_device:  # counted in the graph; read now on the CPU, as the eager step does
+                run.skips.settle(run.state)
+        else:  # could not be compiled, or a batch of another shape
+            with run.compiled.eager_optimizer():
+                eager_step(run, images, targets)
         return
     if run.cfg.trainer.compile and run.compile_seconds.get("step") is None:  # the compiled model's first step
         with run.window.paused():

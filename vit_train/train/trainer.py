@@ -129,16 +129,20 @@ def loop(run: Run) -> dict[str, Any]:
             if compiling and "step" in run.compile_seconds:
                 said_compiled(run, "step")
                 run.progress.restart_clock(after=1)  # the bar's s/step leaves the compiling step out, as images/s
+            evaluating = state.step >= run.total_steps or eval_due(run)
+            saving = evaluating or state.batch_in_epoch == 0 or due(state.step, t.ckpt_every)
             if due(state.step, t.log_every) or state.step == run.total_steps:
                 run.skips.settle(state)
                 log_train(run.logger, run.progress, run.window, state, run.scheduler.get_last_lr()[0], run.scaler,
                           run.loss.terms())
+            elif saving:  # counts kept on the device: read before a checkpoint, which must not keep a diverged run
+                run.skips.settle(state)
             if state.bad_in_a_row >= t.max_bad_steps:
                 finish(run, "diverged")
                 raise RunStopped(diverged_message(state, run_dir), exit_code=3)
-            if state.step >= run.total_steps or eval_due(run):
+            if evaluating:
                 evaluate_and_save(run, stop)
-            elif state.batch_in_epoch == 0 or due(state.step, t.ckpt_every):
+            elif saving:
                 save(run)
         if not state.metrics and not stop:  # resumed a run that had already finished
             log.info("the run already reached its last step (%d); %s", run.total_steps, how_to_train_longer(t, run.total_steps))
@@ -229,6 +233,9 @@ def said_compiled(run: Run, what: str) -> None:
     in the log and metrics.jsonl (split "compile"), once per attempt; images/s and MFU leave them out."""
     seconds = run.compile_seconds[what]
     run.logger.scalars("compile", run.state.step, {f"{what}_seconds": seconds})
+    if what == "step" and run.compiled is not None and not run.compiled.active:  # the line above it said why
+        log.info("%.1f s went to compiling the training step, which failed; left out of images/s and MFU", seconds)
+        return
     log.info("compiled the %s in %.1f s (%s)", "training step" if what == "step" else "evaluation", seconds,
              "left out of images/s and MFU" if what == "step" else "its first pass, compilation included")
 

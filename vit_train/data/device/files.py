@@ -31,7 +31,7 @@ import torch
 import torchvision
 from PIL import Image
 
-from vit_train.data.datasets import TransformedDataset
+from vit_train.data.datasets import MAX_REPLACEMENTS, TransformedDataset
 from vit_train.data.device.crops import Geometry, crop, crop_uniforms
 from vit_train.data.device.ops import Plan, apply_plan
 from vit_train.data.decoding import image as decode
@@ -155,19 +155,36 @@ class _Decoded:
 
     def decoded(self, batch: Any, labels: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         """The batch's images decoded on the device, and the labels on the device. An image neither decoder reads
-        goes to the split's policy and, where it allows, is replaced by its batch's first readable image."""
+        goes to the split's policy and, where it allows, is replaced by its batch's first readable image; a batch
+        with none (a batch of one, or of damaged files only) by the next readable image of the split after the
+        first one's index (`next_readable`), as the loader path replaces an unreadable image."""
         images = self.decoder(batch)
         lost = [k for k, image in enumerate(images) if image is None]
         if lost:
             settle(self.unreadable, self.split, [batch.keys[k] for k in lost], [batch.names[k] for k in lost])
+            labels = labels.clone()
             good = next((k for k, image in enumerate(images) if image is not None), None)
             if good is None:
-                raise DataError(f"no image of a {self.split} batch can be read (first: {batch.names[0]}); check that "
-                                f"the data is in place and readable")
-            labels = labels.clone()
+                images[lost[0]], labels[lost[0]] = self.next_readable(batch)
+                good = lost.pop(0)
             for k in lost:
                 images[k], labels[k] = images[good], labels[good]
         return images, labels.to(self.device, non_blocking=True)
+
+    def next_readable(self, batch: Any) -> tuple[torch.Tensor, int]:
+        """(image, label) of the first image after the batch's first (by index, wrapping) that both the worker's check
+        and a decoder read; DataError for a stream (no index to go on from) or MAX_REPLACEMENTS unreadable in a row."""
+        dataset, key = self.loader.dataset, batch.keys[0]
+        if not isinstance(key, int) or not hasattr(dataset, "__getitem__"):
+            raise DataError(f"no image of a {self.split} batch can be read (first: {batch.names[0]}); check that the "
+                            f"data is in place and readable")
+        for offset in range(1, MAX_REPLACEMENTS + 1):
+            encoded, label, _ = dataset[(key + offset) % len(dataset)]
+            image = self.decoder(collate([(encoded, label, -1)])[0])[0]
+            if image is not None:
+                return image, int(label)
+        raise DataError(f"{MAX_REPLACEMENTS} unreadable {self.split} images in a row from {batch.names[0]}; check that "
+                        f"the data is in place and readable, then resume")
 
 
 @dataclass
