@@ -64,5 +64,12 @@ def _one_cpu_thread_unless_told():
     """Torch's threads pinned for the session (OMP_NUM_THREADS=1 unless the environment sets it): the
     default count depends on the CPUs other processes keep busy (runtime/cpu.py), and two runs a test
     compares bit for bit must use the same count; one thread also keeps tests from oversubscribing a
-    small shared machine, and subprocesses (sweep jobs) inherit it."""
+    small shared machine, and subprocesses (sweep jobs) inherit it. The count is set in this process too:
+    torch read the environment at import, and each pytest-xdist worker (one per CPU) is such a process."""
+    import torch
+
+    from vit_train.runtime.cpu import env_count
+
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if env_count("OMP_NUM_THREADS"):
+        torch.set_num_threads(env_count("OMP_NUM_THREADS"))

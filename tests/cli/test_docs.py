@@ -23,6 +23,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf, open_dict
 
+from helpers.cases import (ARCHITECTURE_FIELDS, FAST_KILL_MOMENTS, FLIPPED_PLACES, KILL_MOMENTS, VIT_LAYOUTS,
+                           VIT_OPTIONS)
 from vit_train.cli.train import check_override_keys
 from vit_train.config import Config, config_dir
 from vit_train.errors import ConfigError
@@ -203,18 +205,6 @@ def stated(page: str, pattern: str) -> list[int]:
     return [_number(n) for n in (found[0] if isinstance(found[0], tuple) else (found[0],))]
 
 
-def module_constant(path: str, name: str):
-    """The value of a module-level constant of `path` (a test file, not imported: no test imports another),
-    evaluated with builtins and itertools only."""
-    import ast
-    import itertools
-
-    for node in ast.parse((ROOT / path).read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
-            return eval(compile(ast.Expression(node.value), path, "eval"), {"itertools": itertools})
-    raise LookupError(f"{name} in {path}")
-
-
 def test_the_shapes_classes_counted_in_the_docs():
     from vit_train.data.sources.shapes import CLASS_NAMES
 
@@ -277,32 +267,21 @@ def test_the_keys_counted_in_docs_finetuning():
     after = text[text.index("more keys change how saved weights"):]
     sections = re.findall(r"^## .*`(?:vit-eval \.\.\. )?([\w.]+)", after, re.M)
     assert count == len(sections), sections  # one section a key, the last of the page
-    fields = module_constant("tests/objectives/test_weights_identity.py", "ARCHITECTURE")
-    named = {f[1].split("=")[0] for f in fields}  # (change, "model.field=... (here ...)", revealed)
+    named = {f[1].split("=")[0] for f in ARCHITECTURE_FIELDS}  # (change, "model.field=... (here ...)", revealed)
     assert stated("docs/finetuning.md", r"forced both ways, (\w+) architecture fields") == [len(named)]
 
 
 def test_the_cases_counted_in_docs_vit_options():
-    options = module_constant("tests/models/test_vit_options.py", "OPTIONS")
-    layouts = module_constant("tests/models/test_vit_options.py", "LAYOUTS")
     assert stated("docs/vit-options.md", r"over all (\d+) combinations of option, pool and position embedding") == \
-        [len(options) * len(layouts)]
+        [len(VIT_OPTIONS) * len(VIT_LAYOUTS)]
 
 
 def test_the_cases_counted_in_docs_reliability():
-    import ast
-
-    faults = module_constant("tests/train/test_faults.py", "FAULTS")
-    fast = module_constant("tests/train/test_faults.py", "FAST")
-    assert stated("docs/reliability.md", r"exact resume after kill -9 at (\d+) moments") == [len(faults)]
+    assert stated("docs/reliability.md", r"exact resume after kill -9 at (\d+) moments") == [len(KILL_MOMENTS)]
     assert stated("docs/reliability.md", r"(\d+) cases in the fast suite, (\d+) with `-m slow`") == \
-        [len(fast), len(faults) - len(fast)]
-    tree = ast.parse((ROOT / "tests/train/test_faults.py").read_text())
-    flips = next(f for f in tree.body
-                 if getattr(f, "name", "") == "test_every_flipped_region_of_a_checkpoint_is_refused_or_harmless")
-    (places,) = [n.iter.args[0].value for n in ast.walk(flips) if isinstance(n, ast.For)
-                 and isinstance(n.iter, ast.Call) and getattr(n.iter.func, "id", "") == "range"]
-    assert stated("docs/reliability.md", r"\((\d+) places from the first byte to the last: refused") == [places]
+        [len(FAST_KILL_MOMENTS), len(KILL_MOMENTS) - len(FAST_KILL_MOMENTS)]
+    assert set(FAST_KILL_MOMENTS) <= set(KILL_MOMENTS)
+    assert stated("docs/reliability.md", r"\((\d+) places from the first byte to the last: refused") == [FLIPPED_PLACES]
 
 
 def test_the_file_system_calls_of_the_saves_counted_in_docs_reliability(tmp_path):

@@ -10,12 +10,8 @@ epoch, a resumed training run. Random erasing's rate and rectangles: torchvision
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +20,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from helpers.configs import aug as aug_option
 from helpers.configs import build_data, tiny_config
+from helpers.kill_resume import stop_then_resume
 from vit_train.data.device import ops as D
 from vit_train.data.loaders import pipeline
 from vit_train.data.device.pipeline import DeviceTrainPipeline, erasing_plan
@@ -36,7 +33,6 @@ from vit_train.train.trainer import train
 CPU = torch.device("cpu")
 OPTIONS = ["none", "basic", "randaug", "autoaug", "trivial", "deit"]
 REFERENCE = v2.AutoAugment()
-HELPERS = Path(__file__).parents[1] / "helpers"
 
 
 def torchvision_plan(image: torch.Tensor, plan: D.Plan, i: int) -> torch.Tensor:
@@ -283,17 +279,8 @@ def test_a_deit_run_on_the_device_resumed_mid_epoch_equals_the_uninterrupted_run
 @pytest.mark.slow
 def test_a_deit_run_on_the_device_killed_mid_epoch_resumes_as_the_uninterrupted_run(tmp_path):
     """As test_resume_matrix.py's cells: kill -9 after the 11th train row (epoch 2, step 3 of 8), resume=auto."""
-    from helpers.files import assert_every_file_as_the_reference
-
     plain = {**DEIT, "data": {**DEIT["data"], "batch_size": 8, "train_size": 64, "val_size": 16},
              "trainer": {"epochs": 2, "log_every": 1, "ckpt_every": 5, "keep_last": 1}}
     reference = tmp_path / "reference"
     train(tiny_config(**plain), reference)
-    run_dir = tmp_path / "stopped"
-    spec = {"run_dir": str(run_dir), "sections": plain, "fault": "row", "n": 11, "signal": "KILL"}
-    done = subprocess.run([sys.executable, str(HELPERS / "killer.py"), json.dumps(spec)], capture_output=True,
-                          text=True, timeout=300)
-    assert "ended without the fault" not in done.stdout and done.returncode != 0, done.stderr[-2000:]
-    assert (run_dir / "checkpoints" / "last.pt").exists(), done.stderr[-2000:]
-    train(tiny_config(**plain, resume="auto"), run_dir)
-    assert_every_file_as_the_reference(run_dir, reference)
+    stop_then_resume(tmp_path / "stopped", plain, reference, "KILL")

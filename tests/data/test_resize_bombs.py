@@ -22,6 +22,7 @@ from torchvision.transforms import v2
 import vit_train.data.decoding.image as decode
 from helpers.configs import TINY_MODEL, aug, tiny_config
 from helpers.images import write_image_folder
+from helpers.in_process import run_main
 from helpers.shards import write_shards
 from vit_train.cli.commands import eval_main, predict_main
 from vit_train.data.datasets import TransformedDataset
@@ -195,26 +196,13 @@ def run_dir(tmp_path_factory):
     return root / "run"
 
 
-def command(main, monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    """vit-eval / vit-predict ARGS in this process: (exit status, stdout, stderr)."""
-    capsys.readouterr()  # what came before (datasets' progress bars)
-    monkeypatch.setattr(sys, "argv", ["x", *args])
-    try:
-        main()
-        status = 0
-    except SystemExit as e:
-        status = e.code
-    out, err = capsys.readouterr()
-    return status, out, err
-
-
 @pytest.mark.parametrize("door", DOORS)
 def test_vit_eval_stops_at_a_resize_bomb_in_one_line(run_dir, tmp_path, monkeypatch, capsys, door):
     door_config(door, tmp_path)  # skips a door whose extra is missing
     name = write_data(door, tmp_path / "data", ("val", 2))
-    status, out, err = command(eval_main, monkeypatch, capsys, f"ckpt={run_dir}", f"data={door}",
-                               f"data.root={tmp_path / 'data'}", "data.batch_size=4", f"out={tmp_path / 'eval'}",
-                               "attention.images=0")
+    status, out, err = run_main(eval_main, monkeypatch, capsys, f"ckpt={run_dir}", f"data={door}",
+                                f"data.root={tmp_path / 'data'}", "data.batch_size=4", f"out={tmp_path / 'eval'}",
+                                "attention.images=0")
     assert status == 2 and err.count("\n") == 1 and out == "", err
     assert err.startswith(f"vit-eval: error: val {'sample' if door == 'webdataset' else 'image'} {name} ") and (
         why() in err and "cannot be read" in err), err
@@ -225,9 +213,9 @@ def test_vit_predict_stops_at_a_resize_bomb_in_one_line(run_dir, tmp_path, monke
     photos.mkdir()
     Image.new("RGB", (40, 30)).save(photos / "a.png")
     (photos / "b.png").write_bytes(png())
-    status, out, err = command(predict_main, monkeypatch, capsys, f"ckpt={run_dir}", f"images=[{photos / 'a.png'}]")
+    status, out, err = run_main(predict_main, monkeypatch, capsys, f"ckpt={run_dir}", f"images=[{photos / 'a.png'}]")
     assert status == 0 and out.startswith(f"{photos / 'a.png'}: "), err  # an ordinary image: predicted
     for given in (photos / "b.png", photos):
-        status, out, err = command(predict_main, monkeypatch, capsys, f"ckpt={run_dir}", f"images=[{given}]")
+        status, out, err = run_main(predict_main, monkeypatch, capsys, f"ckpt={run_dir}", f"images=[{given}]")
         assert status == 2 and out == "" and err.splitlines() == [
             f"vit-predict: error: {photos / 'b.png'} cannot be read as an image ({why()})"], err

@@ -6,7 +6,6 @@ thread with a deadline, and every FIFO gets a writer at the end, so a regression
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers.images import write_cifar10, write_image, write_image_folder
-from helpers.special_files import DEADLINE, release, within
+from helpers.special_files import DEADLINE, make_socket, release, within
 from vit_train.data.sources.cifar import find_folder, load_cifar
 from vit_train.data.decoding.image import open_rgb
 from vit_train.data.decoding.image import UnreadableImage, describe_unreadable
@@ -35,9 +34,7 @@ def specials(tmp_path):
     folder = tmp_path / "specials"
     folder.mkdir()
     os.mkfifo(folder / "fifo.pt")
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(str(folder / "sock.pt"))
-    listener.close()
+    make_socket(folder / "sock.pt")
     (folder / "dev.pt").symlink_to("/dev/zero")  # endless: a read never ends
     (folder / "loop.pt").symlink_to(folder / "loop.pt")
     (folder / "dir.pt").mkdir()

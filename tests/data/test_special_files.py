@@ -4,7 +4,6 @@ hang (a FIFO blocks whoever opens it) and never a duplicate; vit-predict refuses
 
 import logging
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from helpers.configs import TINY_MODEL
 from helpers.images import write_image, write_image_folder
 from helpers.runs import command, vit_train
+from helpers.special_files import make_socket
 from vit_train.data.sources.imagefolder import load_image_folders, load_unlabelled_folders
 from vit_train.data.decoding.listing import list_images
 from vit_train.errors import DataError
@@ -23,9 +23,7 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs and soc
 def plant_specials(folder: Path) -> list[str]:
     """Special entries in `folder`, each named like an image, and the loop links; returns their names."""
     os.mkfifo(folder / "fifo.png")
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(str(folder / "sock.jpg"))
-    listener.close()  # the socket file stays
+    make_socket(folder / "sock.jpg")
     (folder / "broken.png").symlink_to(folder / "gone.png")
     (folder / "self.png").symlink_to(folder / "self.png")  # ELOOP on stat
     (folder / "loop").symlink_to("..")  # the class folder's parent: the split

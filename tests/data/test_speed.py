@@ -158,6 +158,7 @@ def test_cpu_threads_come_from_the_setting_the_environment_or_the_cpu_share(monk
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(cpu, "usable_cpus", lambda: 8)  # no cgroup quota, whatever this machine has
     monkeypatch.setattr(cpu, "busy_cpus", lambda cpus: 0.0)  # nothing else running (test_cpu_threads.py: busy)
     monkeypatch.setattr(cpu, "recent_load", lambda cpus: 0.0)
     assert cpu_threads() == (8, "8 CPUs / 1 process of this run")

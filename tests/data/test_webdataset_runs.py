@@ -16,6 +16,7 @@ import torch
 
 from helpers.configs import tiny_config
 from helpers.files import assert_same_run, read_results
+from helpers.kill_resume import stop_at
 from helpers.runs import torchrun, vit_train
 from helpers.shards import write_shards
 from vit_train.errors import CheckpointError, ConfigError
@@ -44,15 +45,13 @@ def reference(shards, tmp_path_factory):
     return run_dir
 
 
-def stop_at(run_dir: Path, shards: Path, signal: str, row: int) -> subprocess.CompletedProcess:
-    spec = {"run_dir": str(run_dir), "sections": sections(shards), "fault": "row", "n": row, "signal": signal}
-    return subprocess.run([sys.executable, str(HELPERS / "killer.py"), json.dumps(spec)], capture_output=True,
-                          text=True, timeout=300)
+def stopped_at(run_dir: Path, shards: Path, signal: str, row: int) -> subprocess.CompletedProcess:
+    return stop_at(run_dir, sections(shards), "row", row, signal)
 
 
 @pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_a_run_killed_mid_epoch_resumes_as_the_uninterrupted_run(shards, reference, tmp_path):
-    done = stop_at(tmp_path, shards, "KILL", 6)  # after step 6's row: epoch 2, step 2 of 4 (last.pt of step 5)
+    done = stopped_at(tmp_path, shards, "KILL", 6)  # after step 6's row: epoch 2, step 2 of 4 (last.pt of step 5)
     assert done.returncode == -9, done.stderr[-2000:]
     train(tiny_config(**sections(shards), resume="auto"), tmp_path)
     assert_same_run(tmp_path, reference)
@@ -61,7 +60,7 @@ def test_a_run_killed_mid_epoch_resumes_as_the_uninterrupted_run(shards, referen
 @pytest.mark.slow
 @pytest.mark.parametrize("row", [2, 7])
 def test_a_run_stopped_by_sigterm_mid_epoch_resumes_as_the_uninterrupted_run(shards, reference, tmp_path, row):
-    done = stop_at(tmp_path, shards, "TERM", row)
+    done = stopped_at(tmp_path, shards, "TERM", row)
     assert done.returncode != 0 and "ended without the fault" not in done.stdout, done.stderr[-2000:]
     train(tiny_config(**sections(shards), resume="auto"), tmp_path)
     assert_same_run(tmp_path, reference)

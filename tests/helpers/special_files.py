@@ -4,8 +4,11 @@ fixture (a writer for each FIFO, so a read a failing test left blocked ends)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import socket
+import tempfile
 import threading
 from pathlib import Path
 
@@ -21,15 +24,36 @@ def make_special(path: Path, kind: str) -> None:
     if kind == "a FIFO":
         os.mkfifo(path)
     elif kind == "a socket":
-        listener = socket.socket(socket.AF_UNIX)
-        listener.bind(str(path))
-        listener.close()
+        make_socket(path)
     elif kind == "a character device":
         path.symlink_to("/dev/zero")  # endless: a read never ends
     elif kind == "a link loop":
         path.symlink_to(path)
     else:
         path.mkdir()
+
+
+def make_socket(path: Path) -> None:
+    """A socket file at `path`, its listener closed (the file stays). An AF_UNIX address holds at most 107 bytes,
+    which a test's tmp_path can pass (pytest-xdist adds popen-gwN/): it is bound in a short temporary folder and
+    renamed into place (bound in place where the rename crosses file systems)."""
+    short = tempfile.mkdtemp(prefix="sock")
+    try:
+        listener = socket.socket(socket.AF_UNIX)
+        try:
+            listener.bind(os.path.join(short, "s"))
+        finally:
+            listener.close()
+        try:
+            os.rename(os.path.join(short, "s"), path)
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+            listener = socket.socket(socket.AF_UNIX)
+            listener.bind(str(path))
+            listener.close()
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
 
 
 def release(fifo: Path) -> None:

@@ -2,20 +2,16 @@
 outputs as timm's VisionTransformer / VisionTransformerDistilled with the same weights, with every
 pool and position embedding, and through attention maps, export and resume."""
 
-import itertools
-
 import pytest
 import torch
 
+from helpers.cases import VIT_LAYOUTS, VIT_OPTIONS
 from vit_train.models.vit import VisionTransformer
 from vit_train.models.probe import set_trainable
 from vit_train.train.trainer import train
 from vit_train.viz.attention import attention_rollout, pooled_attention
 
 SMALL = dict(img_size=32, patch_size=8, num_classes=10, embed_dim=32, depth=2, num_heads=2)
-OPTIONS = [dict(reg_tokens=4), dict(init_values=1e-5), dict(qk_norm=True),
-           dict(reg_tokens=2, init_values=0.1, qk_norm=True), dict(qkv_bias=False)]
-LAYOUTS = list(itertools.product(["cls", "mean"], ["learned", "sincos2d"]))
 
 
 def randomized(model: torch.nn.Module) -> torch.nn.Module:
@@ -33,8 +29,8 @@ def timm_twin(pool: str, **options):
     return timm.models.vision_transformer.VisionTransformer(**SMALL, **layout, **options).eval()
 
 
-@pytest.mark.parametrize("pool, pos_embed", LAYOUTS)
-@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "+".join(o))
+@pytest.mark.parametrize("pool, pos_embed", VIT_LAYOUTS)
+@pytest.mark.parametrize("options", VIT_OPTIONS, ids=lambda o: "+".join(o))
 def test_options_give_timms_outputs_with_the_same_weights(pool, pos_embed, options):
     model = randomized(VisionTransformer(**SMALL, pool=pool, pos_embed=pos_embed, **options))
     reference = timm_twin(pool, **options)
@@ -89,7 +85,7 @@ def test_distilled_mean_pool_model_reads_patches_for_the_head_and_the_dist_token
         torch.testing.assert_close(model(x), expected, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("pool, pos_embed", LAYOUTS)
+@pytest.mark.parametrize("pool, pos_embed", VIT_LAYOUTS)
 def test_the_class_token_shortcut_and_attention_maps_agree_with_the_full_forward(pool, pos_embed):
     model = randomized(VisionTransformer(**SMALL, pool=pool, pos_embed=pos_embed, reg_tokens=3, init_values=0.5,
                                          qk_norm=True, distilled=True))

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import functools
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from helpers.configs import tiny_config
+from helpers.in_process import run_main
 from vit_train.data.mix import BatchMix
 from vit_train.data.sources.shapes import generate_shapes
 from vit_train.errors import ConfigError
@@ -213,16 +212,18 @@ def test_an_older_checkpoints_best_top1_or_best_loss_becomes_the_one_best_score(
     assert (again["best_score"], again["best_metric"]) == (score, metric)  # written back as the one best score
 
 
-@pytest.mark.parametrize("overrides, says", [
+@pytest.mark.parametrize("overrides, says", [  # in this process (tests/helpers/in_process.py): both fast
     (["objective=mae", "model=resnet18"], "model.arch=resnet18 has none"),
-    pytest.param(["objective=mae", "model.trainable=head"], "pre-trains the encoder", marks=pytest.mark.slow),
+    (["objective=mae", "model.trainable=head"], "pre-trains the encoder"),
 ])
-def test_the_command_line_refuses_in_one_line_before_writing_anything(tmp_path, overrides, says):
-    done = subprocess.run([sys.executable, "-m", "vit_train", *overrides, "trainer.device=cpu",
-                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.count("\n") == 1 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+def test_the_command_line_refuses_in_one_line_before_writing_anything(tmp_path, overrides, says, monkeypatch, capsys):
+    from vit_train.cli.train import train_main
+
+    monkeypatch.chdir(tmp_path)
+    status, _, err = run_main(train_main, monkeypatch, capsys, *overrides, "trainer.device=cpu",
+                              f"hydra.run.dir={tmp_path / 'run'}", prog="vit-train")
+    assert status == 2, err
+    assert err.count("\n") == 1 and says in err and "Traceback" not in err, err
     assert not (tmp_path / "run").exists()
 
 

@@ -15,6 +15,7 @@ import shutil
 import pytest
 import torch
 
+from helpers.cases import ARCHITECTURE_FIELDS
 from helpers.configs import tiny_config
 from vit_train.config import Config
 from vit_train.objectives.distill import Distill
@@ -149,20 +150,8 @@ def test_every_door_takes_the_better_scoring_weights_and_says_so(runs, caplog, d
     assert "top-1 22.50%" in line and "8.00%" in line, line  # why: both scores
 
 
-ARCHITECTURE = [  # (the student's change, the field named, whether a plain file's shapes reveal it)
-    ({"num_heads": 4}, "model.num_heads=2 (here 4)", False),
-    ({"depth": 3}, "model.depth=2 (here 3)", True),
-    ({"embed_dim": 64, "num_heads": 2}, "model.embed_dim=32 (here 64)", True),
-    ({"patch_size": 8}, "model.patch_size=4 (here 8)", True),
-    ({"mlp_ratio": 4.0}, "model.mlp_ratio=2 (here 4)", True),
-    ({"pool": "mean"}, "model.pool=cls (here mean)", True),
-    ({"qkv_bias": False}, "model.qkv_bias=true (here false)", True),
-    ({"pos_embed": "sincos2d"}, "model.pos_embed=learned (here sincos2d)", True),  # learned values: not the table
-]
-
-
 @pytest.mark.parametrize("kind", ["checkpoint", "run-dir", "safetensors-model", "plain", "module._orig_mod."])
-@pytest.mark.parametrize("change, named, revealed", ARCHITECTURE, ids=[str(c[0]) for c in ARCHITECTURE])
+@pytest.mark.parametrize("change, named, revealed", ARCHITECTURE_FIELDS, ids=[str(c[0]) for c in ARCHITECTURE_FIELDS])
 def test_another_architecture_stops_pretrained_naming_the_field(runs, kind, change, named, revealed):
     """Another num_heads loaded as 'ignored: none' and computed another function; another depth loaded
     partially. A recorded architecture is compared field by field; a plain file on what its shapes show
@@ -348,15 +337,18 @@ def test_a_safetensors_export_carries_the_identity_of_the_weights_it_holds(runs)
 
 
 @pytest.mark.parametrize("prog", ["eval", "predict", "export"])
-def test_the_commands_refuse_a_plain_state_dict_in_one_line(runs, tmp_path, prog):
-    from helpers.runs import command
+def test_the_commands_refuse_a_plain_state_dict_in_one_line(runs, tmp_path, prog, monkeypatch, capsys):
+    """Through each command's entry point in this process (tests/helpers/in_process.py)."""
+    from helpers.in_process import run_main
+    from vit_train.cli import commands
 
     folder, ckpt = runs
     path, _ = written(folder, ckpt, "module._orig_mod.")
     extra = {"eval": [], "predict": ["images=[x.png]"], "export": [f"out={tmp_path / 'm.safetensors'}"]}[prog]
-    done = command(prog, f"ckpt={path}", *extra)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert "is a state dict without a vit-train config: it names no network to rebuild" in done.stderr
+    status, _, err = run_main(getattr(commands, f"{prog}_main"), monkeypatch, capsys, f"ckpt={path}", *extra,
+                              prog=f"vit-{prog}")
+    assert status == 2 and err.count("\n") == 1, err
+    assert "is a state dict without a vit-train config: it names no network to rebuild" in err
 
 
 def test_numbered_classes_sorted_as_text_by_one_run_and_as_numbers_by_the_other_are_caught(runs, tmp_path):

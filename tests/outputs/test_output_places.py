@@ -20,7 +20,9 @@ import pytest
 
 from helpers.configs import tiny_config
 from helpers.files import file_bytes
-from helpers.runs import command, vit_sweep_summary
+from helpers.in_process import run_main
+from helpers.runs import command
+from vit_train.cli import commands
 from vit_train.errors import OutputError
 from vit_train.outputs import places
 
@@ -123,15 +125,6 @@ def test_vit_export_to_a_fifo_is_one_line_and_never_blocks(checkpoint, tmp_path)
 
 # --- vit-export: a failed write leaves the earlier export as it was -----------------------------------
 
-def export_main(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    from vit_train.cli import commands
-
-    monkeypatch.setattr(sys, "argv", ["vit-export", *args])
-    with pytest.raises(SystemExit) as exited:
-        commands.export_main()
-    return exited.value.code, capsys.readouterr().err
-
-
 def test_a_safetensors_export_that_runs_out_of_space_keeps_the_earlier_export(checkpoint, tmp_path, monkeypatch,
                                                                              capsys):
     out = tmp_path / "m.safetensors"
@@ -143,7 +136,8 @@ def test_a_safetensors_export_that_runs_out_of_space_keeps_the_earlier_export(ch
         raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
     monkeypatch.setattr(safetensors.torch, "save_file", half_then_full)
-    code, err = export_main(monkeypatch, capsys, f"ckpt={checkpoint}", f"out={out}")
+    code, _, err = run_main(commands.export_main, monkeypatch, capsys, f"ckpt={checkpoint}", f"out={out}",
+                            prog="vit-export")
     assert code == 2 and "Traceback" not in err
     assert f"vit-export: error: could not write {out}: no space left on " in err
     assert file_bytes(tmp_path) == {Path("m.safetensors"): b"the earlier export"}
@@ -168,7 +162,8 @@ def test_an_onnx_export_that_fails_leaves_no_onnx_file_and_no_staging(checkpoint
     else:
         real = onnxruntime.InferenceSession.run
         monkeypatch.setattr(onnxruntime.InferenceSession, "run", lambda self, *a, **k: [real(self, *a, **k)[0] + 1])
-    code, err = export_main(monkeypatch, capsys, f"ckpt={checkpoint}", f"out={out}")
+    code, _, err = run_main(commands.export_main, monkeypatch, capsys, f"ckpt={checkpoint}", f"out={out}",
+                            prog="vit-export")
     assert code == 2 and "Traceback" not in err
     says = f"could not write {out}: no space left on" if fails == "save" else f"so {out} was not written"
     assert says in err, err
@@ -294,9 +289,14 @@ def test_a_sweep_summary_that_runs_out_of_space_is_one_line_and_leaves_no_half_f
     assert (sweep / fails).read_text() == f"the earlier {'csv' if fails == 'summary.csv' else 'table'}\n"
 
 
-def test_vit_sweep_summary_on_a_file_says_it_is_not_a_folder(tmp_path):
+def test_vit_sweep_summary_on_a_file_says_it_is_not_a_folder(tmp_path, monkeypatch, capsys):
+    from subprocess import CompletedProcess
+
+    from vit_train.sweeps.summary import main
+
     (tmp_path / "sweep").write_text("x")
-    done = vit_sweep_summary(str(tmp_path / "sweep"))
+    status, out, err = run_main(main, monkeypatch, capsys, str(tmp_path / "sweep"), prog="vit-sweep-summary")
+    done = CompletedProcess(["vit-sweep-summary"], status, out, err)  # as one_line_error reads a command's
     assert one_line_error(done, "vit-sweep-summary").endswith(f"sweep directory {tmp_path / 'sweep'} is not a folder")
 
 

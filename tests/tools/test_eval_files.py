@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from helpers.configs import tiny_config
-from vit_train.cli.commands import eval_main, eval_text
+from helpers.in_process import run_main
+from vit_train.cli.commands import eval_main, eval_text, export_main
 from vit_train.data.sources.shapes import Shapes
 from vit_train.objectives.classify import Classify
 from vit_train.tools.report import eval_dir, evaluate_checkpoint
@@ -19,9 +20,9 @@ pytest.importorskip("matplotlib")
 
 def vit_eval(monkeypatch, capsys, *args) -> str:
     """vit-eval ARGS in this process (a subprocess costs seconds of imports); its stdout."""
-    monkeypatch.setattr(sys, "argv", ["vit-eval", *args])
-    eval_main()
-    return capsys.readouterr().out
+    status, out, err = run_main(eval_main, monkeypatch, capsys, *args, prog="vit-eval")
+    assert status == 0, err
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -143,17 +144,16 @@ def test_an_out_folder_holding_another_tools_metrics_json_is_refused_and_left_al
     assert file_bytes(tmp_path) == before
 
 
-@pytest.mark.parametrize("out, says", [  # one fast, the others slow: to keep `pytest` near 5 minutes
-    pytest.param("folder", "is a folder; give a file name", marks=pytest.mark.slow),
-    pytest.param("m.safetensors", "does not end in .onnx, the format written", marks=pytest.mark.slow),
+@pytest.mark.parametrize("out, says", [  # in this process (tests/helpers/in_process.py): all three are fast
+    ("folder", "is a folder; give a file name"),
+    ("m.safetensors", "does not end in .onnx, the format written"),
     ("m.pt", "does not end in .onnx, the format written")])
-def test_vit_export_refuses_an_out_that_is_a_folder_or_names_another_format(tmp_path, out, says):
-    from helpers.runs import command
-
+def test_vit_export_refuses_an_out_that_is_a_folder_or_names_another_format(tmp_path, out, says, monkeypatch, capsys):
     (tmp_path / "folder").mkdir()
-    done = command("export", f"ckpt={tmp_path / 'none.pt'}", "format=onnx", f"out={tmp_path / out}")
-    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert says in done.stderr, done.stderr  # said before the checkpoint is read
+    status, _, err = run_main(export_main, monkeypatch, capsys, f"ckpt={tmp_path / 'none.pt'}", "format=onnx",
+                              f"out={tmp_path / out}", prog="vit-export")
+    assert status == 2 and err.count("\n") == 1, err
+    assert says in err, err  # said before the checkpoint is read
 
 
 def test_the_per_class_table_lines_up_with_wide_class_names():
@@ -170,18 +170,17 @@ def test_the_per_class_table_lines_up_with_wide_class_names():
     assert columns("猫") == 2 and columns("é") == 1 and columns("e\u0301") == 1
 
 
-@pytest.mark.parametrize("out, fmt", [  # one fast, the others slow: to keep `pytest` near 5 minutes
-    pytest.param("m.onnx", "onnx", marks=pytest.mark.slow),
-    pytest.param("m.safetensors", "safetensors", marks=pytest.mark.slow), ("m.bin", None)])
-def test_vit_export_takes_the_format_from_outs_extension_when_format_is_not_given(tmp_path, out, fmt):
-    from helpers.runs import command
-
-    done = command("export", f"ckpt={tmp_path / 'none.pt'}", f"out={tmp_path / out}")
-    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+@pytest.mark.parametrize("out, fmt", [  # in this process (tests/helpers/in_process.py): all three are fast
+    ("m.onnx", "onnx"), ("m.safetensors", "safetensors"), ("m.bin", None)])
+def test_vit_export_takes_the_format_from_outs_extension_when_format_is_not_given(tmp_path, out, fmt, monkeypatch,
+                                                                                  capsys):
+    status, _, err = run_main(export_main, monkeypatch, capsys, f"ckpt={tmp_path / 'none.pt'}", f"out={tmp_path / out}",
+                              prog="vit-export")
+    assert status == 2 and err.count("\n") == 1, err
     if fmt:  # the format fits: the next check, the missing checkpoint, speaks
-        assert "does not exist" in done.stderr, done.stderr
+        assert "does not exist" in err, err
     else:  # the default format, safetensors, does not fit .bin
-        assert "does not end in .safetensors, the format written (format=safetensors)" in done.stderr, done.stderr
+        assert "does not end in .safetensors, the format written (format=safetensors)" in err, err
 
 
 @pytest.mark.parametrize("json_flag", [False, True])

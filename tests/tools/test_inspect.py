@@ -12,6 +12,7 @@ from torchvision.transforms import v2
 
 from helpers.files import tb_events
 from helpers.images import write_image_folder
+from helpers.in_process import run_main
 from helpers.runs import command
 from vit_train.data.sources.shapes import SHAPES_STATS
 from vit_train.errors import CheckpointError
@@ -120,16 +121,18 @@ def test_vit_eval_and_export_take_a_run_directory(trained_run, tmp_path):
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "holds no checkpoints" in done.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    pytest.param([], "missing ckpt=...", marks=pytest.mark.slow),  # two fast, the others slow: `pytest` ~5 min
-    pytest.param(["ckpt=x.pt", "atention.images=3"], "unknown option 'atention.images'", marks=pytest.mark.slow),
+@pytest.mark.parametrize("args, message", [  # in this process (tests/helpers/in_process.py): all five are fast
+    ([], "missing ckpt=..."),
+    (["ckpt=x.pt", "atention.images=3"], "unknown option 'atention.images'"),
     (["ckpt=x.pt", "data.rot=/x"], "did you mean 'data.root'"),
     (["ckpt=x.pt", "data=mnist"], "no data option 'mnist'"),
-    pytest.param(["ckpt=missing.pt"], "ckpt=missing.pt does not exist", marks=pytest.mark.slow),
+    (["ckpt=missing.pt"], "ckpt=missing.pt does not exist"),
 ])
-def test_vit_eval_bad_arguments_are_one_line_and_exit_2(args, message):
-    done = command("eval", *args)
-    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+def test_vit_eval_bad_arguments_are_one_line_and_exit_2(args, message, monkeypatch, capsys):
+    from vit_train.cli.commands import eval_main
+
+    status, _, err = run_main(eval_main, monkeypatch, capsys, *args, prog="vit-eval")
+    assert status == 2 and message in err and "Traceback" not in err
 
 
 @pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores

@@ -4,13 +4,13 @@ And transparency: dropped as torchvision and timm drop it, and said in one line 
 
 import json
 import logging
-import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from helpers.configs import tiny_config
+from helpers.in_process import run_main
 from vit_train.cli import commands
 from vit_train.data.decoding import image as decode
 from vit_train.errors import DataError
@@ -36,18 +36,6 @@ def photos(tmp_path):
     return root
 
 
-def run(main, monkeypatch, capsys, *args):
-    """A command in this process: (exit status, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["prog", *args])
-    try:
-        main()
-        status = 0
-    except SystemExit as e:
-        status = e.code
-    out, err = capsys.readouterr()
-    return status, out, err
-
-
 def test_a_folder_gives_its_own_image_files_sorted_and_a_pattern_its_matches(photos):
     folder = str(photos)
     assert image_files([folder]) == [f"{folder}/a.JPG", f"{folder}/b.png"]  # no notes.txt, .hidden.png, sub/
@@ -69,12 +57,13 @@ def test_a_pattern_matching_no_image_or_a_folder_without_images_is_one_line(phot
 
 def test_vit_predict_on_a_folder_and_a_pattern_through_the_command(checkpoint, photos, monkeypatch, capsys):
     folder = str(photos)
-    status, out, err = run(commands.predict_main, monkeypatch, capsys, f"ckpt={checkpoint}",
-                           f"""'images=["{folder}","{folder.replace('[', '[[]')}/sub/*.png"]'""".strip("'"), "--json")
+    status, out, err = run_main(commands.predict_main, monkeypatch, capsys, f"ckpt={checkpoint}",
+                                f"""'images=["{folder}","{folder.replace('[', '[[]')}/sub/*.png"]'""".strip("'"),
+                                "--json")
     assert status == 0, err
     assert [r["file"] for r in json.loads(out)] == [f"{folder}/a.JPG", f"{folder}/b.png", f"{folder}/sub/c.png"]
-    status, out, err = run(commands.predict_main, monkeypatch, capsys, f"ckpt={checkpoint}",
-                           f"""images=["{photos.parent}/nothing/*.png"]""")
+    status, out, err = run_main(commands.predict_main, monkeypatch, capsys, f"ckpt={checkpoint}",
+                                f"""images=["{photos.parent}/nothing/*.png"]""")
     assert status == 2 and out == ""
     assert err.strip().count("\n") == 0 and "matches no image file" in err and "Traceback" not in err
 
@@ -126,8 +115,8 @@ def test_other_transparent_modes_are_said_too_and_opaque_ones_are_not(tmp_path, 
 def test_vit_predict_says_the_transparency_on_stderr(checkpoint, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(decode, "_said_transparency", False)
     _transparent_square((255, 255, 255)).save(tmp_path / "cut-out.png")
-    status, out, err = run(commands.predict_main, monkeypatch, capsys, f"ckpt={checkpoint}",
-                           f"images=[{tmp_path / 'cut-out.png'}]")
+    status, out, err = run_main(commands.predict_main, monkeypatch, capsys, f"ckpt={checkpoint}",
+                                f"images=[{tmp_path / 'cut-out.png'}]")
     assert status == 0, err
     assert out.startswith(f"{tmp_path / 'cut-out.png'}: ")
     assert [line for line in err.splitlines() if line.startswith("transparency: ")] != []

@@ -17,6 +17,7 @@ import pytest
 from PIL import Image
 
 from helpers.images import write_cifar10, write_image_folder
+from helpers.in_process import run_main
 from helpers.ugly_folder import write_ugly_folder
 from vit_train.cli.commands import shards_main
 from vit_train.config import Config
@@ -138,14 +139,7 @@ def test_the_same_source_gives_the_same_shard_bytes(tmp_path):
 
 
 def vit_shards(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["vit-shards", *args])
-    try:
-        shards_main()
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_main(shards_main, monkeypatch, capsys, *args, prog="vit-shards")
 
 
 def test_the_command_writes_and_refuses_an_out_that_holds_shards_unless_overwrite(tmp_path, monkeypatch, capsys):

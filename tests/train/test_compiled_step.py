@@ -23,6 +23,7 @@ import torch
 import helpers.compile_backends as backends
 from helpers.configs import tiny_config
 from helpers.files import COMPILE_SPLIT, assert_every_file_as_the_reference, read_results, rows
+from helpers.kill_resume import stop_then_resume
 from vit_train.errors import RunStopped
 from vit_train.train.trainer import train
 
@@ -375,23 +376,14 @@ RESUMED = {
 def test_a_compiled_run_stopped_mid_epoch_resumes_as_the_uninterrupted_run(tmp_path, counters, cell, signal_name):
     """kill -9 or SIGTERM after the 11th train row (epoch 2, between checkpoints every 5 steps), then resume=auto:
     every file a user reads as the uninterrupted compiled run's (tests/train/test_resume_matrix.py's oracle)."""
-    import subprocess
-    import sys
-
     sections = json.loads(json.dumps(RESUMED[cell]))
     sections["data"] = {"train_size": 64, "val_size": 16, "batch_size": 8, **sections.get("data", {})}
     sections["trainer"] = {"epochs": 2, "log_every": 1, "ckpt_every": 5, "keep_last": 1, "compile": True,
                            "compile_scope": "step", **sections.get("trainer", {})}
     reference = tmp_path / "reference"
     train(tiny_config(**sections), reference)
-    run_dir = tmp_path / "stopped"
-    spec = {"run_dir": str(run_dir), "sections": sections, "fault": "row", "n": 11, "signal": signal_name}
-    done = subprocess.run([sys.executable, str(Path(backends.__file__).with_name("killer.py")), json.dumps(spec)],
-                          capture_output=True, text=True, timeout=600)
-    assert "ended without the fault" not in done.stdout and done.returncode != 0, done.stderr[-2000:]
-    torch._dynamo.reset()
-    train(tiny_config(**sections, resume="auto"), run_dir)
-    assert_every_file_as_the_reference(run_dir, reference)
+    stop_then_resume(tmp_path / "stopped", sections, reference, signal_name, timeout=600,
+                     before_resume=torch._dynamo.reset)
 
 
 @pytest.mark.slow

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.cases import FAST_KILL_MOMENTS, FLIPPED_PLACES, KILL_MOMENTS
 from helpers.configs import TINY, tiny_config
 from helpers.files import (assert_every_file_as_the_reference, assert_same_run, assert_same_sweep, file_bytes,
                            model_weights, rows)
+from helpers.kill_resume import kill_9_at, resume_as_the_reference
 from helpers.runs import hold_lock, lock_is_free, start_vit_train, vit_train
 from vit_train.outputs import integrity
 from vit_train.outputs.checkpoint import load_checkpoint
@@ -25,7 +27,6 @@ from vit_train.outputs.metrics import RunLogger
 from vit_train.train.trainer import train
 
 HELPERS = Path(__file__).parents[1] / "helpers"
-KILLER = HELPERS / "killer.py"
 # 16 steps (2 epochs of 8), every step logged, checkpoints at 3, 6, 8 (eval), 9, 12, 15, 16 (eval).
 SECTIONS = {"trainer": {"log_every": 1, "ckpt_every": 3, "keep_last": 2}}
 
@@ -37,31 +38,12 @@ def reference(tmp_path_factory):
     return run_dir
 
 
-def kill_at(run_dir, fault, n, sections=SECTIONS):
-    done = subprocess.run([sys.executable, str(KILLER), json.dumps({"run_dir": str(run_dir), "sections": sections,
-                                                                    "fault": fault, "n": n})],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == -9, (done.returncode, done.stdout, done.stderr[-2000:])
-
-
-FAULTS = {  # fault, n: what the resumed run starts from
-    "before-first-checkpoint": ("row", 2),  # nothing: a fresh start in a folder holding a log
-    "temp-file-complete-not-renamed": ("tmp_done", 1),  # nothing, and a leftover last.pt.tmp
-    "half-written-checkpoint": ("mid_write", 2),  # step 3, and a half last.pt.tmp
-    "just-renamed": ("renamed", 1),  # step 3 (last.pt, no step_3 link yet)
-    "after-val-row-before-its-checkpoint": ("val_row", 1),  # step 6; the val row of step 8 was logged
-    "between-checkpoints": ("row", 11),  # step 9
-    "after-the-final-checkpoint": ("results", 1),  # step 16: the run is finished but has no results.json
-}
-FAST = ("before-first-checkpoint", "after-the-final-checkpoint")
-
-
-@pytest.mark.parametrize("case", [c if c in FAST else pytest.param(c, marks=pytest.mark.slow) for c in FAULTS])
+@pytest.mark.parametrize("case", [c if c in FAST_KILL_MOMENTS else pytest.param(c, marks=pytest.mark.slow)
+                                  for c in KILL_MOMENTS])
 def test_kill_9_then_resume_auto_equals_the_uninterrupted_run(tmp_path, make_config, reference, case):
-    fault, n = FAULTS[case]
-    kill_at(tmp_path, fault, n)
-    train(make_config(**SECTIONS, resume="auto"), tmp_path)
-    assert_every_file_as_the_reference(tmp_path, reference)
+    fault, n = KILL_MOMENTS[case]
+    kill_9_at(tmp_path, SECTIONS, fault, n)
+    resume_as_the_reference(tmp_path, SECTIONS, reference)
 
 
 def test_resume_auto_on_a_finished_run_adds_no_row(tmp_path, make_config, reference):
@@ -220,17 +202,17 @@ def test_bit_rot_in_last_pt_is_reported_and_the_run_falls_back_to_the_newest_sou
 
 
 def test_every_flipped_region_of_a_checkpoint_is_refused_or_harmless(tmp_path, make_config):
-    """16 bytes flipped at 48 places from the first byte to the last: the load is refused with one
+    """16 bytes flipped at FLIPPED_PLACES (48) places from the first byte to the last: the load is refused with one
     line, or (padding, fields the reader ignores) gives exactly the saved tensors. Never a silent change."""
     train(make_config(trainer={"max_steps": 1}), tmp_path)
     sound = tmp_path / "checkpoints" / "last.pt"
     original = torch.load(sound, weights_only=True)
     size = sound.stat().st_size
     refused = 0
-    for k in range(48):
+    for k in range(FLIPPED_PLACES):
         damaged = tmp_path / f"damaged_{k}.pt"
         damaged.write_bytes(sound.read_bytes())
-        flip(damaged, k * (size - 16) // 47)
+        flip(damaged, k * (size - 16) // (FLIPPED_PLACES - 1))
         try:
             got = load_checkpoint(damaged)
         except Exception as e:  # noqa: BLE001 - anything but a CheckpointError is a failure too

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 
 import pytest
 import torch
 
 from helpers.configs import tiny_config
 from helpers.files import logged, model_weights, read_results
+from helpers.in_process import run_main
 from helpers.runs import torchrun, vit_train
 from helpers.two_processes import TINY, assert_weights_close
 from vit_train.config import Config
@@ -177,10 +177,15 @@ def test_fsdp_with_fp16_is_refused_in_one_line_and_the_reshard_key_warns_without
     assert ignored_keys(tiny_config(trainer={"strategy": "fsdp", "fsdp_reshard_after_forward": False})) == []
 
 
-def test_a_bad_strategy_on_the_command_line_is_one_line(tmp_path):
-    done = vit_train("trainer.strategy=fsdp", "trainer.precision=fp16", cwd=tmp_path)
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith("vit-train: error: trainer.strategy=fsdp does not take")
+def test_a_bad_strategy_on_the_command_line_is_one_line(tmp_path, monkeypatch, capsys):
+    """vit-train's entry point in this process (tests/helpers/in_process.py), from tmp_path."""
+    from vit_train.cli.train import train_main
+
+    monkeypatch.chdir(tmp_path)
+    status, _, err = run_main(train_main, monkeypatch, capsys, "trainer.strategy=fsdp", "trainer.precision=fp16",
+                              prog="vit-train")
+    assert status == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("vit-train: error: trainer.strategy=fsdp does not take")
 
 
 @pytest.mark.slow  # per-block compilation in 2 processes, ~90 s on 2 cores

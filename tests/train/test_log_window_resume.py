@@ -3,22 +3,18 @@ checkpoint interval: the checkpoint carries the log window's sums (loss, top-1 h
 last gradient norm; distill's terms), so the row is not a mean over only the steps since the checkpoint.
 Judged by tests/helpers/files.py `assert_every_file_as_the_reference` (every file, timings aside)."""
 
-import json
 import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from helpers.configs import tiny_config
 from helpers.files import assert_every_file_as_the_reference, logged
-from vit_train.errors import DataError, RunStopped
+from helpers.kill_resume import kill_9_at, resume_as_the_reference
+from vit_train.errors import RunStopped
 from vit_train.train.trainer import train
 
-KILLER = Path(__file__).parents[1] / "helpers" / "killer.py"
 # 16 steps (2 epochs of 8); train rows at 5, 10, 15, 16; checkpoints at 3, 6, 8 (eval), 9, 12, 15, 16 (eval).
 SECTIONS = {"trainer": {"log_every": 5, "ckpt_every": 3, "keep_last": 2, "ema_decay": 0.9}}
 
@@ -38,14 +34,10 @@ def test_the_reference_logs_every_fifth_step_and_checkpoints_between(reference):
 
 def test_a_kill_9_between_logs_then_resume_auto_logs_the_uninterrupted_rows(tmp_path, reference):
     # killed right after the row of step 10: the resume starts at step 9, inside the window 6..10
-    done = subprocess.run([sys.executable, str(KILLER), json.dumps({"run_dir": str(tmp_path), "sections": SECTIONS,
-                                                                    "fault": "row", "n": 2})],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == -9, (done.returncode, done.stdout, done.stderr[-2000:])
+    kill_9_at(tmp_path, SECTIONS, "row", 2)
     window = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["train_window"]
     assert window["finite_steps"] == 4 and window["images"] == 4 * 32  # steps 6..9 of the window
-    train(tiny_config(**SECTIONS, resume="auto"), tmp_path)
-    assert_every_file_as_the_reference(tmp_path, reference)
+    resume_as_the_reference(tmp_path, SECTIONS, reference)
 
 
 def test_a_sigterm_between_logs_then_resume_logs_the_uninterrupted_rows(tmp_path, reference, monkeypatch):
@@ -96,11 +88,7 @@ def test_distills_terms_after_a_kill_between_logs_are_the_uninterrupted_runs(tmp
     assert [r["step"] for r in logged(tmp_path / "reference", "train")] == [5, 8]
     assert "loss_teacher" in logged(tmp_path / "reference", "train")[0]
     run = tmp_path / "run"  # killed after the row of step 5: the resume starts at step 3, inside the window 1..5
-    done = subprocess.run([sys.executable, str(KILLER), json.dumps({"run_dir": str(run), "sections": sections,
-                                                                    "fault": "row", "n": 1})],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == -9, (done.returncode, done.stdout, done.stderr[-2000:])
+    kill_9_at(run, sections, "row", 1)
     assert set(torch.load(run / "checkpoints" / "last.pt", weights_only=True)["train_window"]["terms"]) == {
         "loss_label", "loss_teacher", "teacher_agreement", "images"}
-    train(tiny_config(**sections, resume="auto"), run)
-    assert_every_file_as_the_reference(run, tmp_path / "reference")
+    resume_as_the_reference(run, sections, tmp_path / "reference")

@@ -13,22 +13,18 @@ a step_<N>.pt the uninterrupted run never wrote (docs/resuming.md); every other 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from helpers.configs import tiny_config
-from helpers.files import assert_every_file_as_the_reference
 from helpers.hf_sets import hf_parquet, png
 from helpers.images import write_cifar10, write_noisy_colours
 from helpers.jpegs import jpeg, photo
+from helpers.kill_resume import stop_then_resume
 from helpers.shards import write_shards
 from vit_train.train.trainer import train
 
-HELPERS = Path(__file__).parents[1] / "helpers"
 RANDOM = {"model": {"dropout": 0.1, "drop_path": 0.2}, "aug": {"name": "deit"}}  # dropout, drop path, deit's draws
 # the device pipeline's augmentation: aug=deit's crop, flip, RandAugment and erasing, and MixUp/CutMix
 DEVICE = {"model": {"dropout": 0.1, "drop_path": 0.2}, "aug": {"name": "deit"}}
@@ -96,11 +92,4 @@ def test_a_run_stopped_mid_epoch_resumes_as_the_uninterrupted_run(tmp_path, cell
     plain = sections(path, workers, consumers, tmp_path)
     reference = tmp_path / "reference"
     train(tiny_config(**plain), reference)
-    run_dir = tmp_path / "stopped"
-    spec = {"run_dir": str(run_dir), "sections": plain, "fault": "row", "n": 11, "signal": signal}
-    done = subprocess.run([sys.executable, str(HELPERS / "killer.py"), json.dumps(spec)], capture_output=True,
-                          text=True, timeout=300)
-    assert "ended without the fault" not in done.stdout and done.returncode != 0, done.stderr[-2000:]
-    assert (run_dir / "checkpoints" / "last.pt").exists(), done.stderr[-2000:]
-    train(tiny_config(**plain, resume="auto"), run_dir)
-    assert_every_file_as_the_reference(run_dir, reference)
+    stop_then_resume(tmp_path / "stopped", plain, reference, signal)

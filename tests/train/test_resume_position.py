@@ -15,7 +15,8 @@ import torch
 
 import vit_train.train.trainer as trainer_module
 from helpers.files import logged, model_weights, read_results
-from helpers.runs import torchrun, vit_train
+from helpers.in_process import run_main
+from helpers.runs import torchrun
 from helpers.configs import aug as aug_option
 from vit_train.data.sources.shapes import SHAPES_STATS
 from vit_train.data.device.pipeline import DeviceTrainPipeline
@@ -205,16 +206,20 @@ def test_an_image_folder_that_changed_in_the_middle_of_an_epoch_is_refused(tmp_p
         train(cfg(), tmp_path / "run")
 
 
-def test_the_refusal_is_one_line_and_exit_status_2_from_the_command_line(tmp_path, make_config):
+def test_the_refusal_is_one_line_and_exit_status_2_from_the_command_line(tmp_path, make_config, monkeypatch, capsys):
+    """vit-train's entry point in this process (tests/helpers/in_process.py), from tmp_path."""
+    from vit_train.cli.train import train_main
+
     run = tmp_path / "run"
     train(config(make_config, 16, max_steps=3), run)
     before = (run / "checkpoints" / "last.pt").read_bytes()
-    done = vit_train(f"resume={run}", "data.batch_size=32", "data.repeated_aug=2", "trainer.max_steps=null",
-                     cwd=tmp_path)
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].endswith("model.pretrained=<the checkpoint>"), done.stderr
-    assert "data.repeated_aug is 2, not 1" in lines[0] and "Traceback" not in done.stderr
+    monkeypatch.chdir(tmp_path)
+    status, _, err = run_main(train_main, monkeypatch, capsys, f"resume={run}", "data.batch_size=32",
+                              "data.repeated_aug=2", "trainer.max_steps=null", prog="vit-train")
+    assert status == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].endswith("model.pretrained=<the checkpoint>"), err
+    assert "data.repeated_aug is 2, not 1" in lines[0] and "Traceback" not in err
     assert (run / "checkpoints" / "last.pt").read_bytes() == before
     assert read_results(run)["steps"] == 3
 
