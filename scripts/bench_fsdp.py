@@ -82,7 +82,6 @@ def _steps(rank: int, world: int, port: int, name: str, strategy: str, args, out
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(args.threads)
-    from vit_train.models.vit import build_model
     from vit_train.runtime import distributed
     from vit_train.train import sharding
 
@@ -93,7 +92,7 @@ def _steps(rank: int, world: int, port: int, name: str, strategy: str, args, out
                             "trainer": {"strategy": kind, "device": "cpu"}})
     torch.manual_seed(0)
     _at("build")
-    model = build_model(cfg.model, 1000)
+    model = cfg.model.build(1000)
     _at("shard" if kind == "fsdp" else "wrap")
     if kind == "fsdp":
         sharding.shard(model, None, cfg, None)
@@ -158,11 +157,10 @@ def _millions(count: int) -> str:
 
 
 def _params(name: str, img: int) -> int:
-    from vit_train.models.vit import build_model
 
     cfg = Config.from_dict({"model": {**MODELS[name], "img_size": img}})
     with torch.device("meta"):
-        return sum(p.numel() for p in build_model(cfg.model, 1000).parameters())
+        return sum(p.numel() for p in cfg.model.build(1000).parameters())
 
 
 def main() -> None:

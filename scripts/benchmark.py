@@ -38,7 +38,7 @@ from omegaconf import OmegaConf
 
 from vit_train.config import Config
 from vit_train.data.aug.basic import Basic
-from vit_train.schema.sections import ModelConfig
+from vit_train.models.families.vit import ViT
 from vit_train.data.device.pipeline import DeviceTrainPipeline
 from vit_train.data.datasets import TensorImages, TransformedDataset
 from vit_train.data.sampler import EpochSampler
@@ -46,13 +46,12 @@ from vit_train.data.transforms import build_transforms
 from vit_train.runtime.device import autocast_dtype
 from vit_train.models.mae import build_autoencoder
 from vit_train.objectives.mae import MaskedReconstruction
-from vit_train.models.vit import build_model
 from vit_train.train.throughput import flops_per_image, peak_tflops
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model"
 
 
-def timm_twin(model: torch.nn.Module, cfg: ModelConfig, num_classes: int) -> torch.nn.Module:
+def timm_twin(model: torch.nn.Module, cfg: ViT, num_classes: int) -> torch.nn.Module:
     from timm.models.vision_transformer import VisionTransformer
 
     pool = dict(global_pool="token") if cfg.pool == "cls" else dict(global_pool="avg", class_token=False, fc_norm=False)
@@ -108,12 +107,12 @@ def training_step(model: torch.nn.Module, loss_fn, batch: tuple, dtype: torch.dt
     return step
 
 
-def distill_cost(cfg: ModelConfig, teacher_arch: str, num_classes: int, batch: tuple, dtype, device, args) -> dict:
+def distill_cost(cfg: ViT, teacher_arch: str, num_classes: int, batch: tuple, dtype, device, args) -> dict:
     """Seconds per training step of a distilled student with and without its teacher's forward."""
-    from vit_train.models.cnn import build_resnet
+    from vit_train.models.families.resnet import build_resnet
     from vit_train.objectives.distill import Distill, DistillationLoss
 
-    student = build_model(ModelConfig(**{**cfg.__dict__, "distilled": True}), num_classes).to(device)
+    student = ViT(**{**cfg.__dict__, "distilled": True}).build(num_classes).to(device)
     teacher = build_resnet(teacher_arch, num_classes, cfg.img_size).to(device).eval().requires_grad_(False)
     objective = DistillationLoss(teacher, Distill(), 0.0, two_heads=True, info={})
     plain = training_step(student, cross_entropy, batch, dtype, device)
@@ -123,12 +122,11 @@ def distill_cost(cfg: ModelConfig, teacher_arch: str, num_classes: int, batch: t
             "ratio": seconds["distill"] / seconds["plain"]}
 
 
-def options_cost(cfg: ModelConfig, num_classes: int, batch: tuple, dtype, device, args) -> dict:
+def options_cost(cfg: ViT, num_classes: int, batch: tuple, dtype, device, args) -> dict:
     """Seconds per training step: the ViT with the options off, on, and timm's twin with them off."""
     ce = cross_entropy
-    off = build_model(cfg, num_classes).to(device)
-    on = build_model(ModelConfig(**{**cfg.__dict__, "reg_tokens": 4, "init_values": 1e-5, "qk_norm": True}),
-                     num_classes).to(device)
+    off = cfg.build(num_classes).to(device)
+    on = ViT(**{**cfg.__dict__, "reg_tokens": 4, "init_values": 1e-5, "qk_norm": True}).build(num_classes).to(device)
     steps = {"off": training_step(off, ce, batch, dtype, device), "on": training_step(on, ce, batch, dtype, device),
              "timm_off": training_step(timm_twin(off, cfg, num_classes).to(device), ce, batch, dtype, device)}
     seconds = interleaved(steps, args.rounds, args.steps, device)
@@ -136,10 +134,10 @@ def options_cost(cfg: ModelConfig, num_classes: int, batch: tuple, dtype, device
             "off_over_timm": seconds["off"] / seconds["timm_off"]}
 
 
-def model_config(name: str, img_size: int, patch_size: int) -> ModelConfig:
+def model_config(name: str, img_size: int, patch_size: int) -> ViT:
     """The size preset configs/model/<name>.yaml at this image and patch size."""
-    return ModelConfig(**{**OmegaConf.to_container(OmegaConf.load(CONFIGS / f"{name}.yaml")),
-                          "img_size": img_size, "patch_size": patch_size})
+    preset = {k: v for k, v in OmegaConf.to_container(OmegaConf.load(CONFIGS / f"{name}.yaml")).items() if k != "defaults"}
+    return ViT(**{**preset, "img_size": img_size, "patch_size": patch_size})
 
 
 def compare(models: dict[str, torch.nn.Module], batch: tuple, rounds: int, steps: int, dtype: torch.dtype | None,
@@ -218,7 +216,7 @@ def main() -> None:
     cfg = model_config(args.model, args.img_size, args.patch_size)
     torch.manual_seed(0)
     flops = flops_per_image(cfg, args.num_classes)
-    ours = build_model(cfg, args.num_classes).to(device)
+    ours = cfg.build(args.num_classes).to(device)
     models = {"vit_train": ours, "timm": timm_twin(ours, cfg, args.num_classes).to(device)}
     mae = None
     if args.mae_ratio:

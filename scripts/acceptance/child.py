@@ -78,8 +78,7 @@ def ddp(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from vit_train.schema.sections import ModelConfig
-    from vit_train.models.vit import build_model
+    from vit_train.models.families.vit import ViT
 
     cuda = torch.cuda.is_available() and not args.cpu
     local = int(os.environ["LOCAL_RANK"])
@@ -87,7 +86,7 @@ def ddp(args: argparse.Namespace) -> None:
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
-    model = build_model(ModelConfig(img_size=32, patch_size=4), 10).to(device)
+    model = ViT(img_size=32, patch_size=4).build(10).to(device)
     wrapped = DistributedDataParallel(model, device_ids=[local] if cuda else None)
     images, labels = torch.randn(16, 3, 32, 32, device=device), torch.randint(0, 10, (16,), device=device)
     with torch.autocast(device.type, dtype=torch.bfloat16):

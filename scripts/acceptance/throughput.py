@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 
 import torch
-
-from vit_train.models.vit import build_model
 from vit_train.train.throughput import flops_per_image, peak_tflops
 
 from .record import Recorder
@@ -70,7 +68,7 @@ def measure(shape: tuple, mode: str, device: torch.device, peak: float | None, s
     name, img, patch, batch_size, classes, _ = shape
     cfg = benchmark.model_config(name, img, patch)
     torch.manual_seed(0)
-    ours = build_model(cfg, classes).to(device)
+    ours = cfg.build(classes).to(device)
     models = {"vit_train": ours, "timm": benchmark.timm_twin(ours, cfg, classes).to(device)}
     if mode != "eager":
         options = dict(backend="eager") if smoke else dict(mode=None if mode == "default" else mode)

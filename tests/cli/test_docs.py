@@ -28,6 +28,7 @@ from helpers.cases import (ARCHITECTURE_FIELDS, FAST_KILL_MOMENTS, FLIPPED_PLACE
 from vit_train.cli.train import check_override_keys
 from vit_train.config import Config, config_dir
 from vit_train.errors import ConfigError
+from vit_train.schema.config import OPTION_GROUPS
 
 ROOT = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
@@ -215,11 +216,10 @@ def test_the_shapes_classes_counted_in_the_docs():
 
 
 def test_the_quick_starts_parameter_count():
-    from vit_train.models.vit import build_model
     from vit_train.data.sources.shapes import CLASS_NAMES
 
     cfg = composes(["experiment=quickstart"])
-    count = sum(p.numel() for p in build_model(cfg.model, len(CLASS_NAMES)).parameters())
+    count = sum(p.numel() for p in cfg.model.build(len(CLASS_NAMES)).parameters())
     text = " ".join((ROOT / "README.md").read_text().split())
     assert f"trains a {count / 1e6:.2f}M-parameter ViT" in text, count
 
@@ -235,18 +235,21 @@ def test_the_composed_configs_length():
 def test_the_groups_with_options_of_their_own():
     from vit_train.schema.typed import REGISTRY
 
-    (count,) = stated("docs/architecture.md", r"the bases of the (\w+) varying groups \(data, aug, objective\)")
-    assert sorted(REGISTRY) == ["aug", "data", "objective"] and count == len(REGISTRY)
+    (count,) = stated("docs/architecture.md", r"the bases of the (\w+) option groups \([a-z, ]+\)")
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    named = re.search(r"the bases of the \w+ option groups \(([a-z, ]+)\)", text).group(1).split(", ")
+    assert sorted(named) == sorted(REGISTRY) == sorted(OPTION_GROUPS) and count == len(REGISTRY)
 
 
 def test_the_objectives_of_your_own_in_docs_extending():
     from vit_train.schema.typed import REGISTRY
 
-    (count,) = stated("docs/extending.md", r"\(`data=stripes`\) and (\w+) objectives")
-    before = set(REGISTRY.get("objective", {}))
+    (count,) = stated("docs/extending.md", r"\(`data=stripes`\), (\w+) objectives")
+    before = {group: set(found) for group, found in REGISTRY.items()}
     with tempfile.TemporaryDirectory() as tmp, your_options(Path(tmp)):
-        added = set(REGISTRY["objective"]) - before
-    assert count == len(added) and added == {"hinge", "brier"}, added
+        added = {group: set(found) - before.get(group, set()) for group, found in REGISTRY.items()}
+    assert count == len(added["objective"]) and added["objective"] == {"hinge", "brier"}, added
+    assert added["model"] == {"tinycnn"} and added["data"] == {"stripes"}, added  # the model family it names
 
 
 def test_the_commands_counted_in_docs_mae():

@@ -71,8 +71,10 @@ def test_sweeps_over_options_and_recipes_check_each_jobs_options(args, picked):
 def test_a_sweeps_option_keys_compose_whatever_the_default_option_lacks():
     """Hydra composes a sweep's command line without its swept values first: data.root on train.yaml's shapes
     stopped `-m data=cifar10,cifar100 data.root=X` with "Key 'root' is not in struct"."""
-    args = ["-m", "data=cifar10,cifar100", "data.root=/x", "optim.lr=1e-3"]
-    assert resumed_keys(args) == ["-m", "data=cifar10,cifar100", "++data.root=/x", "optim.lr=1e-3"]
+    args = ["-m", "data=cifar10,cifar100", "data.root=/x", "optim.lr=1e-3", "trainer.epochs=2"]
+    assert resumed_keys(args) == ["-m", "data=cifar10,cifar100", "++data.root=/x", "optim.lr=1e-3",
+                                  "trainer.epochs=2"]  # an option's own key: ++; every option's, the trainer's: as given
+    assert resumed_keys(["-m", "optim=adamw,sgd", "optim.momentum=0.8"])[2] == "++optim.momentum=0.8"
     assert resumed_keys(["data=cifar10", "data.root=/x"]) == ["data=cifar10", "data.root=/x"]  # one run: as given
     assert resumed_keys(["resume=/no/such/run", "objective.mask_ratio=0.5"])[1] == "++objective.mask_ratio=0.5"
 

@@ -39,6 +39,13 @@ OLD_DEFAULTS = {
             "autoaug_policy": None},
     "mae": {"mask_ratio": 0.75, "decoder_dim": 128, "decoder_depth": 2, "decoder_heads": 4, "norm_pix_loss": True},
     "distill": {"teacher": None, "teacher_arch": None, "type": "hard", "alpha": 0.5, "tau": 1.0},
+    # a ResNet's section held the ViT's keys; AdamW's, SGD's and cosine's keys were in every optim and schedule
+    "model": {"embed_dim": 64, "depth": 4, "num_heads": 4, "mlp_ratio": 2.0, "qkv_bias": True, "pool": "cls",
+              "pos_embed": "learned", "dropout": 0.0, "attn_dropout": 0.0, "drop_path": 0.0, "reg_tokens": 0,
+              "init_values": None, "qk_norm": False, "distilled": False, "trainable": "all",
+              "grad_checkpointing": False},
+    "optim": {"betas": [0.9, 0.999], "eps": 1e-08, "momentum": 0.9},
+    "schedule": {"min_lr": 1e-05},
 }
 
 

@@ -37,7 +37,9 @@ YAML = {"data/stripes.yaml": "# Horizontal or vertical stripes, 2 classes, gener
                              "defaults:\n  - /schema/data/stripes\n  - _self_\n",
         "objective/hinge.yaml": "# The multi-class hinge loss, scored by the val error (my_options.py).\n"
                                 "defaults:\n  - /schema/objective/hinge\n  - _self_\n",
-        "objective/brier.yaml": "defaults:\n  - /schema/objective/brier\n  - _self_\n"}
+        "objective/brier.yaml": "defaults:\n  - /schema/objective/brier\n  - _self_\n",
+        "model/tinycnn.yaml": "# A small CNN (my_options.py).\ndefaults:\n  - /schema/model/tinycnn\n  - _self_\n"
+                              "name: tinycnn\n"}
 EXACT_KEYS = ("model", "optimizer", "scheduler", "epoch", "step", "batch_in_epoch", "best_score", "best_metric", "rng")
 
 
@@ -319,3 +321,40 @@ def test_the_real_commands_take_the_new_options_of_an_installed_package(mine, tm
                 "sweep.direction=minimize", "trainer.max_steps=2", f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert swept.returncode == 0, swept.stderr
     assert "best error (objective)" in (tmp_path / "sweep" / "summary.md").read_text()
+
+
+def test_a_model_family_of_ones_own_trains_resumes_bit_for_bit_evaluates_exports_and_is_known_by_its_weights(
+        mine, tmp_path):
+    """model=tinycnn (model.arch=tinycnn, my_options.py): one module and one YAML. Its keys are its own (a ViT's are
+    refused); it trains on shapes, resumes from the middle of an epoch bit for bit, evaluates, exports to safetensors
+    and ONNX (equal logits), and the door for weights knows it from its tensors: another width is refused by name."""
+    from vit_train.objectives.weights_in import load_pretrained
+    from vit_train.tools.export import export
+    from vit_train.tools.inference import load_for_inference
+    from vit_train.tools.report import evaluate_checkpoint
+
+    args = ["model=tinycnn", f"hydra.searchpath=[file://{mine / 'configs'}]", "data.train_size=128", "data.val_size=32",
+            "data.batch_size=16", "trainer.device=cpu", "trainer.progress=false", "trainer.epochs=2",
+            "trainer.log_every=1", "trainer.ckpt_every=1", "trainer.keep_last=100"]
+    with pytest.raises(ConfigError, match="^model.depth is a key of model.arch=vit, not of model.arch=tinycnn"):
+        check_override_keys([*args, "model.depth=3"])
+    cfg = Config.from_dict(composed(args))
+    assert (type(cfg.model).__name__, cfg.model.width, cfg.model.name) == ("TinyCNN", 8, "tinycnn")
+    full = tmp_path / "full"
+    results = train(cfg, full)
+    assert results["status"] == "completed" and results["steps"] == 16 and results["final_top1"] is not None
+    again = train(Config.from_dict({**cfg.to_dict(), "resume": str(full / "checkpoints" / "step_00000005.pt")}),
+                  tmp_path / "resumed")
+    expected, got = (torch.load(run / "checkpoints" / "last.pt", weights_only=True) for run in (full, tmp_path / "resumed"))
+    for key in EXACT_KEYS:
+        assert_identical(expected[key], got[key], key)
+    assert again["final_top1"] == results["final_top1"]
+    assert expected["identity"]["architecture"] == {"model.arch": "tinycnn", "model.width": 8}
+    report = evaluate_checkpoint(full / "checkpoints" / "last.pt", attention_images=0, progress=False)
+    assert report["top1"] == pytest.approx(results["final_top1"])
+    model, run_cfg, ckpt, source = load_for_inference(full / "checkpoints" / "last.pt")
+    assert export(model, run_cfg, ckpt, source, "onnx", tmp_path / "tiny.onnx").get("max_abs_diff", 0.0) < 1e-4
+    assert export(model, run_cfg, ckpt, source, "safetensors", tmp_path / "tiny.safetensors")["format"] == "safetensors"
+    wider = Config.from_dict(composed([*args, "model.width=12"]))
+    with pytest.raises(ConfigError, match=r"model.width=8 \(here 12\)"):
+        load_pretrained(wider.model.build(10), str(full / "checkpoints" / "last.pt"), None, False)

@@ -15,14 +15,15 @@ from pathlib import Path
 import pytest
 
 import vit_train.config  # noqa: F401 (registers every option)
-from vit_train.schema.typed import options
+from vit_train.schema.typed import chooser, options
 
 PACKAGE = Path(__file__).resolve().parents[2] / "vit_train"
-GROUPS = ("data", "objective")  # aug's names are plain words (none, basic) that mean other things too
+GROUPS = ("model", "data", "optim", "schedule", "objective")  # aug's names are plain words (none, basic)
 # (module, name): why that module may hold that string
 OTHER_MEANING = {("extras.py", "webdataset"): "the webdataset package, which `require` names",
                  ("data/shards/index.py", "webdataset"): "the webdataset package, which `require` names",
-                 ("data/aug/autoaug.py", "cifar10"): "AutoAugment's CIFAR-10 policy (torchvision's name)"}
+                 ("data/aug/autoaug.py", "cifar10"): "AutoAugment's CIFAR-10 policy (torchvision's name)",
+                 ("schema/legacy.py", "vit"): "the one family before model.arch existed: a checkpoint of then is a ViT's"}
 
 
 def own_module(group: str) -> dict[str, Path]:
@@ -42,12 +43,14 @@ def docstrings(tree: ast.AST) -> set[int]:
 
 
 def is_option_name(node: ast.AST, group: str) -> bool:
-    return (isinstance(node, ast.Attribute) and node.attr == "name" and isinstance(node.value, ast.Attribute)
-            and node.value.attr == group)
+    """`<x>.<group>.name`, or the attribute that chooses the group's option (`<x>.model.arch`)."""
+    return (isinstance(node, ast.Attribute) and node.attr in {"name", chooser(group)}
+            and isinstance(node.value, ast.Attribute) and node.value.attr == group)
 
 
 def name_uses(source: str, names: set[str], group: str) -> list[str]:
-    """Each string constant in `names` and each comparison with `<x>.<group>.name` in `source`, as 'line N: what'."""
+    """Each string constant in `names` and each comparison with `<x>.<group>.name` (or its chooser) in `source`, as
+    'line N: what'."""
     tree = ast.parse(source)
     prose = docstrings(tree)
     uses = []
@@ -55,7 +58,7 @@ def name_uses(source: str, names: set[str], group: str) -> list[str]:
         if isinstance(node, ast.Constant) and node.value in names and id(node) not in prose:
             uses.append(f"line {node.lineno}: {node.value!r}")
         elif isinstance(node, ast.Compare) and any(is_option_name(n, group) for n in [node.left, *node.comparators]):
-            uses.append(f"line {node.lineno}: .{group}.name compared")
+            uses.append(f"line {node.lineno}: .{group}.{chooser(group)} compared")
     return sorted(uses)
 
 
@@ -65,6 +68,8 @@ def test_the_walk_finds_a_name_comparison_and_a_name_attribute():
     assert name_uses('x = {"distill": 1}\n', {"distill"}, "objective") == ["line 1: 'distill'"]
     assert name_uses('x = "objective=mae"\ny = "objective.mask_ratio"\n', {"mae"}, "objective") == []
     assert name_uses('if cfg.data.name in KNOWN: pass\n', {"hf"}, "data") == ["line 1: .data.name compared"]
+    assert name_uses('if cfg.model.arch != "vit": pass\n', {"vit"}, "model") == [
+        "line 1: 'vit'", "line 1: .model.arch compared"]
     assert name_uses('print(f"data={cfg.data.name}")\n', {"hf"}, "data") == []  # naming the chosen one
 
 

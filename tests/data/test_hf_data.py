@@ -3,10 +3,13 @@ base data set: the same pixels and labels as the images written, class names fro
 for what is missing, the unreadable-image policy, and exact mid-epoch resume through the EpochSampler."""
 
 import io
+import json
 import logging
 import os
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +22,11 @@ datasets = pytest.importorskip("datasets")
 from helpers.configs import tiny_config  # noqa: E402
 from helpers.files import assert_same_run  # noqa: E402
 from helpers.configs import build_data  # noqa: E402
-from helpers.kill_resume import kill_9_at  # noqa: E402
 from vit_train.data.sources.hf import load_hf_splits  # noqa: E402
 from vit_train.errors import DataError, RunStopped  # noqa: E402
 from vit_train.train.trainer import train  # noqa: E402
 
+HELPERS = Path(__file__).parents[1] / "helpers"
 CLASSES = ["cat", "dog", "emu"]
 
 
@@ -241,12 +244,11 @@ def test_an_unreadable_cell_is_replaced_under_skip_and_stops_the_run_under_error
     caplog.set_level(logging.WARNING, "vit_train")
     results = train(hf_config(root, bad_images="skip", max_bad_fraction=0.05), tmp_path / "skip")
     assert results["status"] == "completed"
-    replaced = [r.message for r in caplog.records if "image replaced" in r.message]
-    assert replaced == [  # the image named once; each epoch's count after it (train[3] is met in both epochs)
+    replaced = [r.message for r in caplog.records if "replaced" in r.message]
+    assert replaced == [  # the image named once, when first met; each epoch's count
         f"unreadable train image replaced: {root} train[3] (UnidentifiedImageError: cannot identify image file "
-        f"'{root} train[3]')",
-        "epoch 1: 1 unreadable train image replaced (1 distinct so far)",
-        "epoch 2: 1 unreadable train image replaced (1 distinct so far)"]
+        f"'{root} train[3]')", "epoch 1: 1 unreadable train image replaced (1 distinct so far)",
+        "epoch 2: 1 unreadable train image replaced (1 distinct so far)"], replaced
 
 
 def test_a_dataset_whose_images_are_all_unreadable_says_why_under_skip_and_stops_at_the_first_under_error(tmp_path):
@@ -325,7 +327,10 @@ def test_a_run_killed_mid_epoch_with_loader_workers_resumes_as_the_uninterrupted
     root, reference = hf_reference
     cfg = hf_config(root, num_workers=2).to_dict()
     sections = {k: cfg[k] for k in ("data", "trainer", "aug")}
-    kill_9_at(tmp_path, sections, "row", 7)  # killed at step 7: resumes at 6, mid-epoch
+    done = subprocess.run([sys.executable, str(HELPERS / "killer.py"),  # killed at step 7: resumes at 6, mid-epoch
+                           json.dumps({"run_dir": str(tmp_path), "sections": sections, "fault": "row", "n": 7})],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == -9, done.stderr[-2000:]
     last = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
     assert (last["step"], last["batch_in_epoch"]) == (6, 2)
     train(hf_config(root, num_workers=2, resume="auto"), tmp_path)

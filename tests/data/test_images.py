@@ -17,7 +17,6 @@ from vit_train.data.sources.imagefolder import load_image_folders
 from vit_train.errors import DataError
 from vit_train.tools.predict import predict, read_image
 from vit_train.data.preprocess import eval_transform as preprocess
-from vit_train.models.vit import build_model
 
 
 def folder_config(make_config, root, **data):
@@ -121,7 +120,7 @@ def test_training_eval_and_predict_see_the_same_picture_in_every_mode(ugly_folde
 def test_predict_reads_rgba_palette_and_16_bit_files_as_their_rgb_twins(tmp_path, make_config):
     cfg = folder_config(make_config, tmp_path)
     written = write_every_mode(tmp_path, picture(11))
-    model = build_model(cfg.model, 3).eval()
+    model = cfg.model.build(3).eval()
     ckpt = {"class_names": ["a", "b", "c"], "preprocess": cfg.data.eval_spec(cfg.model.img_size)}
     files = sorted(str(p) for p in written)
     results = predict(model, ckpt, cfg, files, top_k=3)

@@ -7,7 +7,7 @@ import torch
 from torchvision.transforms import v2
 import torch.nn.functional as F
 
-from vit_train.schema.sections import ModelConfig
+from vit_train.models.families.vit import ViT
 from helpers.configs import build_data
 from vit_train.data.mix import BatchMix
 from vit_train.errors import ConfigError
@@ -140,7 +140,7 @@ def test_device_pipeline_does_only_what_it_does_whole(make_config, sections, why
 
 
 def test_training_flops_of_vit_tiny_at_224_match_the_published_count():
-    cfg = ModelConfig(embed_dim=192, depth=12, num_heads=3, mlp_ratio=4.0, img_size=224, patch_size=16)
+    cfg = ViT(embed_dim=192, depth=12, num_heads=3, mlp_ratio=4.0, img_size=224, patch_size=16)
     flops = flops_per_image(cfg, num_classes=1000)
     assert flops == pytest.approx(7.5e9, rel=0.02)  # REFERENCES.md: 7.52 GFLOP (3 x 2.51 forward)
 

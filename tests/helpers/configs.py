@@ -26,6 +26,9 @@ def tiny_config(**sections) -> Config:
             plain.setdefault(name, {}).update(values)
         else:
             plain[name] = values
+    if plain["model"].get("arch", "vit") != "vit":  # another family: the micro ViT's keys are not its own
+        given = sections.get("model", {})
+        plain["model"] = {k: v for k, v in plain["model"].items() if k in given or k == "img_size"}
     if plain["data"].get("name", "shapes") != "shapes":  # the sizes are shapes' own keys
         plain["data"] = {k: v for k, v in plain["data"].items() if (k, v) not in (("train_size", 256), ("val_size", 128))}
     return Config.from_dict(plain)

@@ -1,6 +1,6 @@
-"""Three options written as a user writes their own, outside vit_train (docs/extending.md): a data set and two
-objectives, each one class in this one module; importing it registers data=stripes, objective=hinge and
-objective=brier.
+"""Four options written as a user writes their own, outside vit_train (docs/extending.md): a data set, two
+objectives and a model family, each one class in this one module; importing it registers data=stripes,
+objective=hinge, objective=brier and model.arch=tinycnn.
 tests/config/test_new_options.py copies it into a temporary folder beside one YAML file per option.
 
 - data=stripes: images of horizontal or vertical stripes (2 classes), generated in memory; its keys are
@@ -9,6 +9,9 @@ tests/config/test_new_options.py copies it into a temporary folder beside one YA
   by its val error (%, lower is better); its key is margin; results.json holds best_error and final_error.
 - objective=brier: a classifier trained on the Brier score (the squared error of its probabilities), defining
   only what an objective must (metric, build_model, build_loss, evaluate): every other name is the base's.
+- model.arch=tinycnn (model=tinycnn): a small CNN, one strided convolution, average pooling and a linear head; its
+  key is width. It defines what a family should for every door: build, FLOPs, its architecture from a saved config
+  and from a state dict's tensors (so its weights are recognised, and another width refused by name).
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from vit_train.data.datasets import TensorImages
 from vit_train.data.sources.base import DataSource
 from vit_train.models.flops import flops_per_image
 from vit_train.models.pretrained import at_size
-from vit_train.models.vit import build_model
 from vit_train.objectives.base import Loss, Objective
 from vit_train.objectives.evaluate import evaluate as evaluate_logits
+from vit_train.schema.sections import ModelConfig
 from vit_train.schema.typed import positive
 
 
@@ -97,7 +100,7 @@ class Hinge(Objective):
         positive(("objective.margin", self.margin))
 
     def build_model(self, cfg: Any, num_classes: int) -> nn.Module:
-        return build_model(cfg.model, num_classes)
+        return cfg.model.build(num_classes)
 
     def flops_per_image(self, cfg: Any, num_classes: int) -> float:
         return flops_per_image(cfg.model, num_classes)
@@ -148,7 +151,7 @@ class Brier(Objective):
     name: str = "brier"
 
     def build_model(self, cfg: Any, num_classes: int) -> nn.Module:
-        return build_model(cfg.model, num_classes)
+        return cfg.model.build(num_classes)
 
     def build_loss(self, cfg: Any, model: nn.Module, num_classes: int, class_names=None, rank: int = 0) -> Loss:
         return SquaredError()
@@ -163,3 +166,48 @@ class Brier(Objective):
             count += len(labels)
         model.train(was_training)
         return {"brier": total / count}
+
+
+class TinyNet(nn.Module):
+    """(B, 3, H, W) -> (B, classes): a 3x3 stride-2 convolution of `width` channels, ReLU, average pool, `head`."""
+
+    def __init__(self, width: int, num_classes: int):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, width, 3, stride=2, padding=1), nn.ReLU())
+        self.head = nn.Linear(width, num_classes) if num_classes else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).mean(dim=(2, 3)))
+
+
+@dataclass
+class TinyCNN(ModelConfig):
+    """model.arch=tinycnn."""
+
+    ARCHITECTURE = ("model.width",)
+    refused_on_resume = {**ModelConfig.refused_on_resume, "width": "the weights have another shape"}
+    NO_FIT = ("arch", "width")
+
+    arch: str = "tinycnn"
+    width: int = 8  # convolution channels
+
+    def check(self, cfg: Any) -> None:
+        super().check(cfg)
+        positive(("model.width", self.width))
+
+    def build(self, num_classes: int) -> nn.Module:
+        return TinyNet(self.width, num_classes)
+
+    def flops_per_image(self, num_classes: int) -> float:
+        from vit_train.models.flops import training_flops
+
+        return training_flops(lambda: self.build(num_classes), self.img_size, lambda m, x: m(x))
+
+    @classmethod
+    def architecture(cls, saved: dict[str, Any]) -> dict[str, Any]:
+        return {"model.arch": "tinycnn", "model.width": saved.get("width", 8)}
+
+    @classmethod
+    def reveals(cls, weights: dict[str, torch.Tensor]) -> dict[str, Any] | None:
+        conv = weights.get("features.0.weight")
+        return {"model.arch": "tinycnn", "model.width": conv.shape[0]} if conv is not None else None

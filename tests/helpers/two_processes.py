@@ -45,7 +45,7 @@ def optimizer_names(ckpt: dict) -> dict[int, str]:
     cfg = Config.from_saved({**ckpt["config"], "resume": None})
     model = cfg.objective.build_model(cfg, len(ckpt["class_names"]))
     names = {id(p): n for n, p in model.named_parameters()}
-    groups = param_groups(model, cfg.optim.weight_decay, cfg.optim.layer_decay)
+    groups = param_groups(model, cfg.optim.weight_decay, cfg.optim.layer_decay, cfg.model)
     order = [names[id(p)] for g in groups for p in g["params"]]
     saved = [i for g in ckpt["optimizer"]["param_groups"] for i in g["params"]]
     assert len(order) == len(saved), f"the optimiser holds {len(saved)} parameters, the rebuilt model {len(order)}"

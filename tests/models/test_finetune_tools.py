@@ -4,16 +4,19 @@ probes (model.trainable=head) and evaluation at another resolution than training
 import pytest
 import torch
 
-from vit_train.schema.sections import OptimConfig, ScheduleConfig
+from vit_train.models.families.vit import ViT
+from vit_train.optim.adamw import AdamW
+from vit_train.schedules.cosine import Cosine
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.models.vit import VisionTransformer
 from vit_train.models.probe import set_trainable
-from vit_train.train.optim import build_optimizer, build_scheduler, lr_factor, param_groups
+from vit_train.train.optim import build_optimizer, build_scheduler, param_groups
 from vit_train.models.pretrained import resize_pos_embed
 from vit_train.train.trainer import train
 
 DEPTH = 3
 SMALL = dict(img_size=16, patch_size=4, num_classes=5, embed_dim=16, depth=DEPTH, num_heads=2)
+VIT = ViT()  # the family whose layers layer decay reads
 
 
 def scale_by_name(model, groups) -> dict[str, tuple[float, float]]:
@@ -35,7 +38,7 @@ def expected_scale(name: str, decay: float) -> float:
                                      {"distilled": True}], ids=["plain", "options", "distilled"])
 def test_layer_decay_scales_follow_the_formula_and_timm(options):
     model = VisionTransformer(**SMALL, **options)
-    ours = scale_by_name(model, param_groups(model, 0.05, layer_decay=0.75))
+    ours = scale_by_name(model, param_groups(model, 0.05, layer_decay=0.75, family=VIT))
     assert set(ours) == {n for n, _ in model.named_parameters()}
     for name, (scale, _) in ours.items():
         assert scale == pytest.approx(expected_scale(name, 0.75)), name
@@ -58,7 +61,7 @@ def test_layer_decay_scales_follow_the_formula_and_timm(options):
 def test_register_and_distillation_tokens_get_the_embeddings_rate_and_no_weight_decay():
     """timm #2712 and dinov2 #283: reg_token fell outside the embedding group (lr scale 1, decayed)."""
     model = VisionTransformer(**SMALL, reg_tokens=4, distilled=True)
-    ours = scale_by_name(model, param_groups(model, 0.05, layer_decay=0.5))
+    ours = scale_by_name(model, param_groups(model, 0.05, layer_decay=0.5, family=VIT))
     for name in ("reg_token", "dist_token", "cls_token", "pos_embed"):
         assert ours[name] == (pytest.approx(0.5 ** 4), 0.0), name
     plain = scale_by_name(model, param_groups(model, 0.05))
@@ -68,12 +71,12 @@ def test_register_and_distillation_tokens_get_the_embeddings_rate_and_no_weight_
 def test_each_groups_learning_rate_is_the_scheduled_rate_times_its_scale():
     """MAE #216 / timm #2532: an lr_scale the optimiser never applies leaves every layer at one rate."""
     model = VisionTransformer(**SMALL)
-    cfg = OptimConfig(lr=1e-3, layer_decay=0.6)
-    optimizer = build_optimizer(model, cfg, torch.device("cpu"))
-    schedule = ScheduleConfig(warmup_epochs=1, min_lr=1e-5)
+    cfg = AdamW(lr=1e-3, layer_decay=0.6)
+    optimizer = build_optimizer(model, cfg, torch.device("cpu"), family=VIT)
+    schedule = Cosine(warmup_epochs=1, min_lr=1e-5)
     scheduler = build_scheduler(optimizer, cfg, schedule, steps_per_epoch=4, total_steps=12)
     for step in range(12):
-        factor = lr_factor(step, 4, 12, 1e-5 / 1e-3, True)
+        factor = schedule.factor(step, 4, 12, 1e-3)
         for group in optimizer.param_groups:
             assert group["lr"] == pytest.approx(1e-3 * group["lr_scale"] * factor)
         optimizer.step()
@@ -85,7 +88,7 @@ def test_layer_decay_of_a_linear_probe_covers_only_the_head():
     """timm #2691: frozen parameters must not shift the trainable ones' scales."""
     model = VisionTransformer(**SMALL, distilled=True)
     set_trainable(model, "head")
-    ours = scale_by_name(model, param_groups(model, 0.05, layer_decay=0.75))
+    ours = scale_by_name(model, param_groups(model, 0.05, layer_decay=0.75, family=VIT))
     assert ours == {"head.weight": (1.0, 0.05), "head.bias": (1.0, 0.0), "head_dist.weight": (1.0, 0.05),
                     "head_dist.bias": (1.0, 0.0)}
 

@@ -15,7 +15,7 @@ from helpers.files import logged, model_weights
 from helpers.runs import torchrun
 from vit_train.config import Config
 from vit_train.models.mae import build_autoencoder
-from vit_train.models.vit import Block, build_model, set_grad_checkpointing
+from vit_train.models.vit import Block, set_grad_checkpointing
 from vit_train.train.trainer import train
 
 NOISY = {"dropout": 0.1, "attn_dropout": 0.1, "drop_path": 0.3}  # every kind of random draw inside a block
@@ -51,8 +51,8 @@ def test_each_block_runs_twice_with_it_and_once_without(monkeypatch):
     cfg = tiny_config(model={"depth": 3})
     for on, expected in ((False, 3), (True, 6)):
         torch.manual_seed(0)
-        model = build_model(Config.from_dict({**cfg.to_dict(), "model": {**cfg.to_dict()["model"],
-                                                                         "grad_checkpointing": on}}).model, 10)
+        model = (Config.from_dict({**cfg.to_dict(), "model": {**cfg.to_dict()["model"],
+                                                                         "grad_checkpointing": on}}).model).build(10)
         calls.clear()
         model(torch.randn(2, 3, 16, 16)).sum().backward()
         assert len(calls) == expected, on

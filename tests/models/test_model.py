@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from vit_train.schema.sections import ModelConfig
-from vit_train.models.vit import VisionTransformer, build_model, sincos_2d
+from vit_train.models.families.vit import ViT
+from vit_train.models.vit import VisionTransformer, sincos_2d
 
 SMALL = dict(img_size=32, patch_size=4, num_classes=10, embed_dim=64, depth=3, num_heads=4)
 
@@ -105,7 +105,7 @@ def test_init_follows_timm():
 
 
 def test_build_model_from_config():
-    cfg = ModelConfig(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, pool="mean")
-    model = build_model(cfg, num_classes=7)
+    cfg = ViT(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, pool="mean")
+    model = cfg.build(7)
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 7)
     assert model.pos_embed.shape == (1, 16, 48)  # 4x4 patches, no class token

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torchvision
 
-from vit_train.models.cnn import build_resnet
+from vit_train.models.families.resnet import build_resnet
 from vit_train.errors import ConfigError
 from vit_train.train.trainer import train
 
@@ -49,9 +49,11 @@ def test_a_resnet_trains_evaluates_and_exports(tmp_path, make_config):
     assert exported.get("max_abs_diff", 0.0) < 1e-3
 
 
-@pytest.mark.parametrize("extra, message", [({"model": {"distilled": True}}, "model.distilled is for ViTs"),
-                                            ({"optim": {"layer_decay": 0.7}}, "optim.layer_decay is for ViTs"),
-                                            ({"model": {"trainable": "head"}}, "model.trainable=head is for ViTs")])
+@pytest.mark.parametrize("extra, message", [
+    ({"model": {"distilled": True}}, "model.distilled is a key of model.arch=vit, not of model.arch=resnet50"),
+    ({"optim": {"layer_decay": 0.7}}, "optim.layer_decay is for networks of numbered layers; model.arch=resnet50 has "
+                                      "none: set optim.layer_decay=null"),
+    ({"model": {"trainable": "head"}}, "model.trainable is a key of model.arch=vit, not of model.arch=resnet50")])
 def test_vit_only_options_on_a_resnet_are_refused(make_config, extra, message):
     sections = {"model": {"arch": "resnet50", **extra.get("model", {})}, **{k: v for k, v in extra.items()
                                                                            if k != "model"}}
@@ -59,26 +61,16 @@ def test_vit_only_options_on_a_resnet_are_refused(make_config, extra, message):
         make_config(**sections)
 
 
-def test_vit_keys_on_a_resnet_get_a_warning():
+def test_vit_keys_on_a_resnet_are_refused_in_one_line_and_its_own_warn_nothing():
+    """A ResNet carried the ViT's 14 keys, read by nothing (a warning at best): each family owns its keys."""
     from vit_train.config import Config
     from vit_train.schema.config import ignored_keys
 
-    assert ignored_keys(Config.from_dict({"model": {"arch": "resnet18", "reg_tokens": 4}})) == [
-        "model.reg_tokens=4 has no effect with model.arch=resnet18; it applies only to ViTs (model.arch=vit)"]
+    with pytest.raises(ConfigError, match=r"^model.reg_tokens is a key of model.arch=vit, not of model.arch=resnet18 "
+                                          r"\(its keys: name, img_size, patch_size, pretrained, reset_head\); pick "
+                                          r"a model of model.arch=vit or drop model.reg_tokens$"):
+        Config.from_dict({"model": {"arch": "resnet18", "reg_tokens": 4}})
     assert ignored_keys(Config.from_dict({"model": {"arch": "resnet18"}})) == []
-    assert ignored_keys(Config.from_dict({"model": {"reg_tokens": 4}})) == []
-
-
-@pytest.mark.parametrize("size", [32, 224])
-def test_a_resnet_loads_torchvisions_resnet_weights_whole(tmp_path, size):
-    from vit_train.objectives.weights_in import load_pretrained
-
-    source = torchvision.models.resnet18(num_classes=10)  # torchvision's own, at ImageNet's stem
-    if size == 32:
-        source = build_resnet("resnet18", 10, 32)  # the small-image stem: a 3x3 conv1
-    torch.save(source.state_dict(), tmp_path / "resnet18.pth")
-    model = build_resnet("resnet18", 10, size)
-    report = load_pretrained(model, tmp_path / "resnet18.pth")
-    assert report["ignored"] == [] and report["reinitialised"] == [] and report["resized"] == []
-    for key, value in source.state_dict().items():
-        assert torch.equal(model.state_dict()[key], value), key
+    assert ignored_keys(Config.from_dict({"model": {"arch": "resnet18", "patch_size": 8}})) == [
+        "model.patch_size=8 has no effect with model.arch=resnet18; it applies only to families with patches "
+        "(model.arch=vit)"]

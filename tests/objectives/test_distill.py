@@ -130,7 +130,7 @@ def test_teacher_from_a_vit_train_checkpoint_and_its_safetensors_export(tmp_path
 
 @pytest.mark.parametrize("img_size", [32, 224])
 def test_teacher_from_a_torchvision_state_dict(tmp_path, img_size):
-    from vit_train.models.cnn import build_resnet
+    from vit_train.models.families.resnet import build_resnet
 
     net = build_resnet("resnet18", 10, img_size).eval()  # 32: vit-train's small stem; 224: torchvision's own
     torch.save(net.state_dict(), tmp_path / "resnet18.pth")

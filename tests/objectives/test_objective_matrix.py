@@ -44,11 +44,14 @@ OPTIONS = {
 
 def expected_refusal(objective: str, model: str, trainable: str, option: str) -> str | None:
     """A fragment of the one-line refusal this combination must get, or None: it must train."""
-    if model == "resnet18" and (trainable == "head" or option in ("layer_decay", "distilled")):
-        return "is for ViTs"  # the config's own check: these are ViT options
-    if objective == "mae":  # pre-trains a ViT encoder, without labels (docs/mae.md)
-        if model == "resnet18":
+    if model == "resnet18":  # a ResNet has no ViT keys, nor numbered layers for layer-wise lr decay
+        if trainable == "head" or option in ("distilled", "mean_pool", "reg_tokens"):
+            return "is a key of model.arch=vit, not of model.arch=resnet18"
+        if objective == "mae":  # pre-trains a ViT encoder (docs/mae.md)
             return "model.arch=resnet18 has none"
+        if option == "layer_decay":
+            return "optim.layer_decay is for networks of numbered layers"
+    if objective == "mae":  # pre-trains a ViT encoder, without labels (docs/mae.md)
         if trainable == "head":
             return "pre-trains the encoder"
         if option == "distilled":
@@ -64,7 +67,6 @@ def expected_refusal(objective: str, model: str, trainable: str, option: str) ->
 def weights_files(tmp_path_factory):
     """{"vit_micro", "resnet18": a plain state-dict file of that network (10 classes)} and a vit-train-like
     teacher checkpoint for objective=distill."""
-    from vit_train.models.vit import build_model
 
     folder = tmp_path_factory.mktemp("weights")
     files = {}
@@ -72,18 +74,20 @@ def weights_files(tmp_path_factory):
         cfg = tiny_config(model=model)
         torch.manual_seed(1)
         files[name] = folder / f"{name}.pth"
-        torch.save(build_model(cfg.model, 10).state_dict(), files[name])
+        torch.save(cfg.model.build(10).state_dict(), files[name])
     teacher_cfg = tiny_config(model={"depth": 1})
     torch.manual_seed(2)
     files["teacher"] = folder / "teacher.pt"
-    torch.save({"model": build_model(teacher_cfg.model, 10).state_dict(), "config": teacher_cfg.to_dict(),
+    torch.save({"model": teacher_cfg.model.build(10).state_dict(), "config": teacher_cfg.to_dict(),
                 "class_names": [str(i) for i in range(10)], "ema": None, "step": 0}, files["teacher"])
     return files
 
 
 def config_for(objective: str, model: str, trainable: str, option: str, files: dict):
     sections = {name: dict(values) for name, values in OPTIONS[option].items()}
-    sections.setdefault("model", {}).update({**MODELS[model], "trainable": trainable})
+    sections.setdefault("model", {}).update(MODELS[model])
+    if model != "resnet18" or trainable != "all":  # a ResNet has no model.trainable: named, it is refused
+        sections["model"]["trainable"] = trainable
     if option == "pretrained":
         sections["model"]["pretrained"] = str(files[model])
     sections["objective"] = {"name": objective, **({"teacher": str(files["teacher"])} if objective == "distill" else {})}
@@ -106,7 +110,7 @@ def two_steps(cfg, files: dict) -> tuple[torch.nn.Module, dict, set[str]]:
     if cfg.model.pretrained:
         report = load_pretrained(objective.pretrained_target(model), cfg.model.pretrained)
         assert report["loaded"], report
-    optimizer = build_optimizer(model, cfg.optim, CPU, lr=1e-2)
+    optimizer = build_optimizer(model, cfg.optim, CPU, lr=1e-2, family=cfg.model)
     loss_fn = objective.build_loss(cfg, model, 10)
     mix = BatchMix(cfg.aug, 10, cfg.seed) if BatchMix.wanted(cfg.aug) else None
     before = {k: v.detach().clone() for k, v in model.named_parameters()}

@@ -19,7 +19,6 @@ from vit_train.outputs.weights import load_weights
 from vit_train.data.decoding.image import open_rgb
 from vit_train.errors import CheckpointError, DataError
 from vit_train.outputs.integrity import load_failure
-from vit_train.models.vit import build_model
 from vit_train.objectives.weights_in import load_pretrained
 from vit_train.train.trainer import train
 
@@ -92,7 +91,7 @@ def test_deeply_nested_safetensors_metadata_is_one_line(tmp_path):
                            "pos_embed": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4)
     with pytest.raises(CheckpointError, match="metadata is nested too deeply to be read"):
         load_weights(path)
-    model = build_model(tiny_config().model, 10)
+    model = tiny_config().model.build(10)
     with pytest.raises(CheckpointError, match="nested too deeply"):
         load_pretrained(model, path)
 
@@ -122,7 +121,7 @@ def test_damaged_checkpoints_are_refused_by_every_reader(tmp_path, checkpoint):
     data = bytearray(checkpoint.read_bytes())
     data[len(data) // 2] ^= 0xFF
     damaged.write_bytes(bytes(data))
-    model = build_model(tiny_config().model, 10)
+    model = tiny_config().model.build(10)
     with pytest.raises(CheckpointError, match="is damaged .*CRC-32"):
         load_pretrained(model, damaged)
     for name, args in (("eval", []), ("predict", ["images=[x.png]"]), ("export", ["out=" + str(tmp_path / "m.onnx")])):

@@ -14,7 +14,6 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from helpers.configs import tiny_config
-from vit_train.models.vit import build_model
 from vit_train.outputs.weights import export_safetensors, load_weights
 from vit_train.train.state import TrainState, build_ema, checkpoint_state, restore_weights
 
@@ -59,7 +58,7 @@ def checkpoint_of(cfg, model: nn.Module, ema: AveragedModel) -> dict:
 def test_every_file_with_weights_holds_the_plain_models_names(tmp_path, kind, gloo):
     cfg = tiny_config(trainer={"ema_decay": 0.9})
     torch.manual_seed(0)
-    plain = build_model(cfg.model, 10).eval()
+    plain = cfg.model.build(10).eval()
     names = set(plain.state_dict())
     model = wrapped(plain, kind)
     assert kind == "none" or set(model.state_dict()) != names  # the wrapper does rename
@@ -77,7 +76,7 @@ def test_every_file_with_weights_holds_the_plain_models_names(tmp_path, kind, gl
         assert set(weights) == names, source
         assert all(torch.equal(weights[k], want[k]) for k in names), source
     # and the checkpoint's weights come back into a plain model and its EMA, as the resume builds them
-    again = build_model(cfg.model, 10)
+    again = cfg.model.build(10)
     restore_weights(ckpt, again)
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), plain.state_dict().values()))
     back = build_ema(again, 0.9, ckpt)
@@ -96,7 +95,7 @@ def test_timm_loads_an_export_of_wrapped_weights_strictly_and_computes_the_same(
     timm = pytest.importorskip("timm")
     cfg = tiny_config()
     torch.manual_seed(0)
-    plain = build_model(cfg.model, 10).eval()
+    plain = cfg.model.build(10).eval()
     dirty = {f"{prefix}{k}": v for k, v in plain.state_dict().items()}
     ckpt = checkpoint_of(cfg, plain, AveragedModel(plain, use_buffers=True))
     ckpt["model"], ckpt["ema"] = dirty, {**{f"module.{k}": v for k, v in dirty.items()}, "n_averaged": torch.tensor(3)}

@@ -15,13 +15,12 @@ import torch
 
 from helpers.configs import tiny_config
 from helpers.two_processes import ATOL, allowance, assert_weights_close, checkpoint, noise_bound
-from vit_train.models.vit import build_model
 from vit_train.train.trainer import train
 
 
 def _qkv_grads(qk_norm: bool):
     torch.manual_seed(0)
-    model = build_model(tiny_config(model={"qk_norm": qk_norm}).model, 10)
+    model = tiny_config(model={"qk_norm": qk_norm}).model.build(10)
     x = torch.randn(8, 3, 16, 16)
     loss = torch.nn.functional.cross_entropy(model(x), torch.arange(8))
     loss.backward()

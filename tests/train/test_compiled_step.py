@@ -152,10 +152,9 @@ def test_each_option_trains_through_the_compiled_step_as_through_the_eager_one(t
 def test_distillation_trains_through_the_compiled_step(tmp_path, counters, caplog):
     """A vit-train teacher checkpoint (objective=distill); its terms (label, teacher, agreement) logged alike."""
     from vit_train.data.sources.shapes import CLASS_NAMES
-    from vit_train.models.vit import build_model
 
     teacher_cfg = tiny_config(model={"depth": 1})
-    torch.save({"model": build_model(teacher_cfg.model, 10).state_dict(), "config": teacher_cfg.to_dict(),
+    torch.save({"model": teacher_cfg.model.build(10).state_dict(), "config": teacher_cfg.to_dict(),
                 "class_names": list(CLASS_NAMES), "ema": None, "step": 0}, tmp_path / "teacher.pt")
     sections = {"objective": {"name": "distill", "teacher": str(tmp_path / "teacher.pt")}, "model": {"distilled": True},
                 "trainer": {"max_steps": 4, "log_every": 2}}

@@ -12,7 +12,6 @@ from helpers.files import assert_identical, logged, read_results, rows
 from vit_train.outputs.checkpoint import check_classes, load_checkpoint, save_checkpoint
 from vit_train.data.datasets import TransformedDataset
 from vit_train.errors import CheckpointError, RunStopped
-from vit_train.models.vit import build_model
 from vit_train.runtime.preemption import StopRequest
 from vit_train.train.resume import check_compatible
 from vit_train.train.state import restore_rng
@@ -135,7 +134,7 @@ def use_fused_adamw(monkeypatch) -> None:
     skipped on the device by the fused kernel and counted without a host sync."""
     import vit_train.train.run as run_module
 
-    def build(model, cfg, device, lr=None, capturable=False):
+    def build(model, cfg, device, lr=None, capturable=False, family=None):
         from vit_train.train.optim import param_groups
 
         return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=lr, fused=True)
@@ -227,7 +226,7 @@ def test_weights_round_trip_through_safetensors(tmp_path, make_config):
     assert_identical(ckpt["model"], weights)
     assert metadata["class_names"] == ckpt["class_names"] and metadata["config"] == ckpt["config"]
     assert metadata["preprocess"] == ckpt["preprocess"] and metadata["weights"] == "model"
-    model = build_model(make_config().model, 10).eval()
+    model = make_config().model.build(10).eval()
     model.load_state_dict(weights)
     assert load_weights(tmp_path / "checkpoints" / "last.pt")[1]["class_names"] == ckpt["class_names"]
 

@@ -38,6 +38,8 @@ def tiny(**sections) -> dict:
         "trainer": {"epochs": 2, "device": "cpu", "log_every": 2, "progress": False, "max_steps": STOP},
         "schedule": {"warmup_epochs": 0.5},
     }
+    if sections.get("model", {}).get("arch", "vit") != "vit":  # another family: the ViT's keys are not its
+        plain["model"] = {"img_size": 16, "patch_size": 4}
     for name, values in sections.items():
         plain.setdefault(name, {}).update(values)
     return plain
@@ -162,8 +164,7 @@ def test_model_pretrained_cannot_load_the_weights_after_a_no_fit_change(bases, t
     assert set(dict(NO_FIT_CHANGES)) == NO_FIT
     section, name = key.split(".")
     ckpt = bases["classify"] / "checkpoints" / "last.pt"
-    plain = tiny(model={"pretrained": str(ckpt)}, trainer={"max_steps": 1})
-    plain[section][name] = value
+    plain = tiny(model={"pretrained": str(ckpt), name: value}, trainer={"max_steps": 1})  # another family: its keys
     with pytest.raises(ConfigError, match="model.pretrained"):
         train(Config.from_dict(plain), tmp_path / "new")
 
@@ -339,26 +340,31 @@ def resnet_base(tmp_path_factory) -> Path:
     return run
 
 
-# ViT-only keys (config/unused_keys.py VIT_ONLY): a ResNet never reads them, so they do not change what its checkpoint
-# means; the run resumes and the no-effect warning names them
-VIT_ONLY_CHANGES = [("model.embed_dim", 48), ("model.depth", 3), ("model.num_heads", 4), ("model.mlp_ratio", 4.0),
-                    ("model.pool", "mean"), ("model.pos_embed", "sincos2d"), ("model.reg_tokens", 1),
-                    ("model.qk_norm", True), ("model.init_values", 1e-5), ("model.qkv_bias", False)]
+# the ViT family's keys: a ResNet's section has none of them, so one named on resume is refused as on a new run,
+# naming the family that has it, before anything is read or written
+VIT_KEYS = [("model.embed_dim", 48), ("model.depth", 3), ("model.num_heads", 4), ("model.mlp_ratio", 4.0),
+            ("model.pool", "mean"), ("model.pos_embed", "sincos2d"), ("model.reg_tokens", 1),
+            ("model.qk_norm", True), ("model.init_values", 1e-5), ("model.qkv_bias", False)]
 
 
-@pytest.mark.parametrize("key,value", [
-    pytest.param(k, v, id=k, marks=() if k in ("model.embed_dim", "model.pool") else pytest.mark.slow)
-    for k, v in VIT_ONLY_CHANGES])
-def test_a_vit_only_key_resumes_a_resnet_run_with_the_no_effect_warning(resnet_base, tmp_path, key, value):
-    from vit_train.schema.config import ignored_keys
+@pytest.mark.parametrize("key,value", VIT_KEYS, ids=[k for k, _ in VIT_KEYS])
+def test_a_vit_key_on_resuming_a_resnet_run_is_refused_naming_the_family_that_has_it(resnet_base, key, value):
+    with pytest.raises(ConfigError) as refused:
+        resumed_config(resnet_base, {key: value, "trainer.max_steps": RESUMED_TO})
+    assert str(refused.value) == (f"{key} is a key of model.arch=vit, not of the resumed run's model.arch=resnet18; a "
+                                  f"resumed run keeps its model: drop {key}")
 
+
+@pytest.mark.slow
+def test_the_command_line_refuses_a_vit_key_on_resuming_a_resnet_run_and_changes_nothing(resnet_base, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(resnet_base, run)
-    cfg = resumed_config(run, {key: value, "trainer.max_steps": RESUMED_TO})
-    assert any(line.startswith(f"{key}=") and "has no effect with model.arch=resnet18" in line
-               for line in ignored_keys(cfg, [key])), ignored_keys(cfg, [key])
-    results = train(cfg, run)
-    assert results["status"] == "completed" and results["steps"] == RESUMED_TO
+    before = snapshot(run)
+    result = cli(f"resume={run}", "model.depth=3", f"trainer.max_steps={RESUMED_TO}", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "model.depth is a key of model.arch=vit, not of the resumed run's model.arch=resnet18" in result.stderr, \
+        result.stderr
+    assert snapshot(run) == before
 
 
 def test_a_resnet_run_still_refuses_another_architecture(resnet_base, tmp_path):

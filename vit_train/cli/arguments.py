@@ -22,7 +22,8 @@ from omegaconf import OmegaConf
 from vit_train.errors import ConfigError
 from vit_train.extras import require
 from vit_train.schema.config import OPTION_GROUPS, config_dir, known_keys, override_keys, run_dir_of
-from vit_train.schema.typed import ALIASES, group_keys, not_this_option, options, section_keys, unknown_key_message
+from vit_train.schema.typed import (ALIASES, BASES, chooser, group_keys, not_this_option, options, section_keys,
+                                    unknown_key_message)
 
 GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer", "objective", "experiment", "hparams_search", "hydra")
 # Optional Hydra plugins a command line may ask for (extras.py names the extra that installs each).
@@ -121,9 +122,8 @@ def check_override_keys(args: list[str], sweeps: bool = True) -> None:
             appends.append(arg)
         if key not in valid and not (resuming and group in OPTION_GROUPS):  # those: on the saved config (apply_overrides)
             raise ConfigError(option_key_message(key, args) if group in OPTION_GROUPS else unknown_key_message(key, valid))
-        if key == f"{group}.name" and group in OPTION_GROUPS and not resuming:
-            raise ConfigError(f"{arg!r} renames the {group} section but keeps the option's keys; choose the option "
-                              f"with {group}={override.value()}")  # Hydra #2670: app.db=mysql for app/db=mysql
+        if group in OPTION_GROUPS and key == f"{group}.{chooser(group)}" and not resuming:
+            raise ConfigError(renaming_message(arg, group, str(override.value()), search_dirs(args)))
         keys.append(key)
     appended = any(a.startswith("+") and a.lstrip("+").split("=")[0] in GROUPS for a in args)  # +experiment=...
     chosen = chosen_options(args) if not resuming and (appended or any(k.split(".")[0] in OPTION_GROUPS
@@ -147,7 +147,7 @@ def check_deletion(arg: str, key: str, resuming: bool) -> None:
     if resuming:
         raise ConfigError(f"{arg}: a resumed run keeps its saved config, so a key cannot be deleted; give "
                           f"{key}=<value> instead")
-    if group in OPTION_GROUPS and key in (group, f"{group}.name"):
+    if group in OPTION_GROUPS and key in (group, f"{group}.{chooser(group)}"):
         raise ConfigError(f"{arg} would leave the {group} section without its option, which would silently become "
                           f"the default {group}; choose the option with {group}=NAME")
 
@@ -208,7 +208,7 @@ def search_places(args: list[str]) -> list[str]:
     return places
 
 def resumed_keys(args: list[str]) -> list[str]:
-    """`args` with each key of a data, aug or objective section spelled `++key` (Hydra's add-or-override), for a
+    """`args` with each option's own key (`own_key`) spelled `++key` (Hydra's add-or-override), for a
     `resume=PATH` command line and for a sweep (checked already: `check_override_keys`). A resumed run: Hydra
     composes the command line's options, which need not be the resumed run's (its checkpoint's, on whose config
     `apply_overrides` puts the keys and the schema checks them); a path that does not exist is then said in one
@@ -217,8 +217,14 @@ def resumed_keys(args: list[str]) -> list[str]:
     resuming = any(a.startswith("resume=") and is_resume_path(read_override(a).value()) for a in args)
     if not resuming and not is_multirun(args):
         return args
-    return [f"++{a.lstrip('+')}" if "=" in a and a.lstrip("+").split(".")[0] in OPTION_GROUPS and "." in a.split("=")[0]
-            else a for a in args]
+    return [f"++{a.lstrip('+')}" if "=" in a and own_key(a.lstrip("+").split("=")[0]) else a for a in args]
+
+
+def own_key(key: str) -> bool:
+    """Whether dotted `key` is a key of some options of its group but not of every one (data.root, optim.betas;
+    not data.batch_size, optim.lr: every option's section has those)."""
+    group, _, leaf = key.partition(".")
+    return group in OPTION_GROUPS and bool(leaf) and leaf.split(".")[0] not in section_keys(BASES[group])
 
 
 def group_values(override: Override, group: str, dirs: list[Path]) -> list[str]:
@@ -239,7 +245,7 @@ def check_choices(group: str, names: list[str], dirs: list[Path]) -> None:
                           f"become the default {group}; choose an option" + (" (aug=none: no augmentation)"
                                                                              if group == "aug" else ""))
     unknown = [n for n in names if not any((d / group / f"{n}.yaml").is_file() for d in dirs)]
-    if unknown and group in OPTION_GROUPS and unknown[0] in options(group):  # the class, but no YAML file found
+    if unknown and group in OPTION_GROUPS and unknown[0] in options(group) and chooser(group) == "name":  # no YAML
         cls = options(group)[unknown[0]]
         raise ConfigError(f"{group}={unknown[0]} ({cls.__module__}.{cls.__qualname__}) has no {group}/{unknown[0]}.yaml "
                           f"in the config folders; give the folder that holds it: hydra.searchpath=[file:///path/to/"
@@ -248,7 +254,7 @@ def check_choices(group: str, names: list[str], dirs: list[Path]) -> None:
         available = sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
         raise ConfigError(f"{group}={unknown[0]} is not an option; choose one of {', '.join(available)}")
     if group in OPTION_GROUPS:
-        registered(group, names)  # a YAML file whose class no imported module registered
+        registered(group, [option_of_choice(group, n, dirs) for n in names])  # a YAML whose class is not registered
 
 
 def chosen_options(args: list[str]) -> dict[str, list[str]]:
@@ -263,7 +269,7 @@ def chosen_options(args: list[str]) -> dict[str, list[str]]:
         override = read_override(arg, sweep=True)
         group = override.key_or_group.lstrip("+~")
         if group in OPTION_GROUPS:
-            values = group_values(override, group, search_dirs(args))
+            values = [option_of_choice(group, v, search_dirs(args)) for v in group_values(override, group, search_dirs(args))]
             registered(group, values)
             picked[group] = values
             if arg.startswith("+") and not arg.startswith("++") and not override.is_sweep_override():
@@ -285,6 +291,31 @@ def chosen_options(args: list[str]) -> dict[str, list[str]]:
     return {**found, **picked}
 
 
+def option_of_choice(group: str, choice: str, dirs: list[Path]) -> str:
+    """The option (its registered name) that `group=choice` picks: `choice` itself, but for the model group, whose
+    choices are presets of a family: the family its YAML's defaults list names (`- /schema/model/<arch>`), else the
+    `arch` it sets, else `choice` (refused later, naming the line to add)."""
+    if chooser(group) == "name":
+        return choice
+    for folder in dirs:
+        path = folder / group / f"{choice}.yaml"
+        if path.is_file():
+            found = re.search(rf"^\s*-\s*/schema/{group}/([\w.-]+)", path.read_text(), re.M) or \
+                re.search(rf"^{chooser(group)}:\s*([\w.-]+)", path.read_text(), re.M)
+            return found.group(1) if found else choice
+    return choice
+
+
+def renaming_message(arg: str, group: str, value: str, dirs: list[Path]) -> str:
+    """The line for `group.<chooser>=value` on the command line: it would keep the section's keys of the option chosen
+    (Hydra #2670: app.db=mysql for app/db=mysql); the option is chosen with group=NAME."""
+    if chooser(group) == "name":
+        return f"{arg!r} renames the {group} section but keeps the option's keys; choose the option with {group}={value}"
+    presets = sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml") if option_of_choice(group, p.stem, dirs) == value})
+    return (f"{arg!r} changes the {group} family but keeps the preset's keys; choose a preset of {group}.{chooser(group)}="
+            f"{value} with {group}=NAME" + (f" ({', '.join(presets)})" if presets else ""))
+
+
 def registered(group: str, names: list[str]) -> None:
     """ConfigError (one line) for a name of `group` that has a YAML file (check_choices found it) but no class."""
     unknown = [v for v in names if v not in options(group)]
@@ -297,8 +328,9 @@ def registered(group: str, names: list[str]) -> None:
 def composed_choices(group_args: list[str]) -> dict[str, str]:
     """{group: option} for the data, aug and objective groups of the config that the group choices
     `group_args` (e.g. experiment=cifar10_vit_tiny) compose to. ConfigError for a choice that does not exist."""
-    choices = composed(group_args).hydra.runtime.choices
-    return {group: str(choices[group]) for group in OPTION_GROUPS}
+    cfg = composed(group_args)
+    return {group: str(cfg[group][chooser(group)]) if chooser(group) != "name" else str(cfg.hydra.runtime.choices[group])
+            for group in OPTION_GROUPS}
 
 
 def composed(overrides: list[str]) -> Any:
@@ -355,15 +387,17 @@ def typed_config(cfg: Any, choices: Any, given: list[str]) -> Any:
         section = plain.get(group)
         if choice is None or not isinstance(section, dict):
             continue
-        if section.get("name") is None:
+        key = chooser(group)
+        if section.get(key) is None:
+            node = choice if key == "name" else "<family>"
             raise ConfigError(f"{group}={choice}'s YAML file does not make the option: its defaults list must start "
-                              f"with `- /schema/{group}/{choice}` (docs/extending.md)")
-        if section["name"] != choice:
+                              f"with `- /schema/{group}/{node}` (docs/extending.md)")
+        if key == "name" and section["name"] != choice:
             raise ConfigError(f"{'experiment=' + recipe if recipe else 'the config'} sets {group}.name={section['name']} "
                               f"over {group}={choice}: choose the option itself, with `- override /{group}: "
                               f"{section['name']}` in the recipe's defaults list (or {group}={section['name']})")
-        if choice in options(group):
-            own = set(section_keys(options(group)[choice]))
+        if section[key] in options(group):
+            own = set(section_keys(options(group)[section[key]]))
             for key in [k for k in section if k not in own and f"{group}.{k}" not in given]:
                 logging.getLogger("vit_train").warning(
                     "%s.%s=%s (set by %s) is not a key of %s=%s: ignored", group, key, section.pop(key),
@@ -431,19 +465,23 @@ def apply_overrides(saved: dict, overrides: list[str]) -> dict:
                       if override.key_or_group == "aug" else "")
             raise ConfigError(f"'{override.input_line}' picks a config group, but a resumed run keeps its saved "
                               f"config{switch}; override single keys (e.g. trainer.epochs=300) or start a new run")
-    names = [o for o in parsed if o.key_or_group.partition(".")[0] in OPTION_GROUPS and o.key_or_group.endswith(".name")]
+    names = [o for o in parsed if o.key_or_group.partition(".")[0] in OPTION_GROUPS
+             and o.key_or_group == f"{o.key_or_group.partition('.')[0]}.{chooser(o.key_or_group.partition('.')[0])}"]
     for override in names:  # first, so that the other keys land in the section of the option named
         group = override.key_or_group.partition(".")[0]
         if override.value() != OmegaConf.select(cfg, override.key_or_group):
             fresh = dataclasses.asdict(option_class(group, override.value())())
-            kept = {k: v for k, v in OmegaConf.to_container(cfg[group]).items() if k in fresh and k != "name"}
+            kept = {k: v for k, v in OmegaConf.to_container(cfg[group]).items() if k in fresh and k != chooser(group)}
             cfg[group] = {**fresh, **kept}  # another option's section, the keys both have as the run had them
     for override in parsed:
         group, _, leaf = override.key_or_group.partition(".")
         if group in OPTION_GROUPS and leaf and leaf not in cfg[group]:
-            raise ConfigError(resumed_key_message(group, str(cfg[group]["name"]), leaf))
+            raise ConfigError(resumed_key_message(group, str(cfg[group][chooser(group)]), leaf))
         OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
     return OmegaConf.to_container(cfg)
+
+
+WORDS = {"aug": "augmentation"}  # a group's name in a sentence
 
 
 def resumed_key_message(group: str, name: str, leaf: str) -> str:
@@ -452,6 +490,9 @@ def resumed_key_message(group: str, name: str, leaf: str) -> str:
     if not owners:
         return unknown_key_message(f"{group}.{leaf}", [f"{group}.{k}" for k in section_keys(options(group)[name])])
     which = owners[0] if len(owners) == 1 else f"{', '.join(owners[:-1])} and {owners[-1]}"
-    change = (f"give aug.name={owners[0]} with it to change the augmentation, or drop {group}.{leaf}" if group == "aug"
+    key = chooser(group)
+    choice = group if key == "name" else f"{group}.{key}"  # data=cifar10; model.arch=resnet18
+    may_change = BASES[group].refused_on_resume.get(key) is None  # aug.name, schedule.name
+    change = (f"give {group}.{key}={owners[0]} with it to change the {WORDS.get(group, group)}, or drop {group}.{leaf}" if may_change
               else f"a resumed run keeps its {group}: drop {group}.{leaf}")
-    return f"{group}.{leaf} is a key of {group}={which}, not of the resumed run's {group}={name}; {change}"
+    return f"{group}.{leaf} is a key of {choice}={which}, not of the resumed run's {choice}={name}; {change}"

@@ -37,7 +37,7 @@ from vit_train.outputs.rundir import RunDirBusy
 from vit_train.runtime.logs import EarlyRecords, QuietStdout
 from vit_train.schema.config import OPTION_GROUPS, ignored_keys, override_keys
 from vit_train.schema.legacy import rename_old_keys
-from vit_train.schema.typed import option_class, options
+from vit_train.schema.typed import BASES, chooser, option_class, options, section_keys
 
 def _output_subdir(resume: object, run_dir: str) -> str | None:
     """.hydra/, unless the directory already holds a run (its record of how it started is kept: a
@@ -64,8 +64,11 @@ def register_options() -> None:
     that option's keys only (`vit-train --cfg job` shows them), so a key of another option is refused. Run
     again for an option registered after this module was imported (your own, docs/extending.md)."""
     store = ConfigStore.instance()
-    # the option sections empty here (each option's node fills its own), so that they keep the schema's order
-    store.store(name="schema", node={k: {} if k in OPTION_GROUPS else v for k, v in Config().to_dict().items()})
+    # the option sections hold the keys every option of the group has (each option's node fills in its own), so
+    # that the composed config keeps the schema's order whichever node sets a key first; the key that picks the
+    # option is null until an option's node sets it (a YAML without its /schema/<group>/<name> line is refused)
+    store.store(name="schema", node={k: {f: None if f == chooser(k) else v[f] for f in section_keys(BASES[k])}
+                                     if k in OPTION_GROUPS else v for k, v in Config().to_dict().items()})
     for group in OPTION_GROUPS:
         for name, cls in options(group).items():
             store.store(group=f"schema/{group}", name=name, package="_global_", node=cls.composed())

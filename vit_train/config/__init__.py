@@ -16,8 +16,9 @@ import pkgutil
 from importlib.metadata import entry_points
 
 
+from vit_train import objectives, optim, schedules
 from vit_train.data import aug, sources
-from vit_train import objectives
+from vit_train.models import families
 from vit_train.errors import ConfigError
 from vit_train.schema.config import Config, config_dir, run_dir_of  # noqa: F401 (the public names)
 from vit_train.schema.typed import REGISTRY, build
@@ -39,7 +40,7 @@ def _unusable(cls: type) -> str | None:
         return f"it sets default = True, but the default {cls.group} is vit-train's; drop that line"
     return None
 
-for _package in (sources, aug, objectives):
+for _package in (families, optim, schedules, sources, aug, objectives):
     for _module in pkgutil.iter_modules(_package.__path__):
         importlib.import_module(f"{_package.__name__}.{_module.name}")
 for _plugin in entry_points(group="vit_train.options"):

@@ -18,81 +18,36 @@ Not in the architecture: the image size (learned positions are resized to it), d
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
 
-from vit_train.models.cnn import SMALL_IMAGE_MAX
+from vit_train.models.families import resnet, vit  # noqa: F401 (the built-in families, whatever imported this)
+from vit_train.schema.legacy import saved_arch
+from vit_train.schema.typed import options
 
-BLOCK = re.compile(r"^blocks\.(\d+)\.")
-RESNET_BLOCK = re.compile(r"^layer(\d)\.(\d+)\.")
-# the order fields are listed in a refusal, as the model section lists them
-FIELDS = ("model.arch", "model.stem", "model.patch_size", "model.embed_dim", "model.depth", "model.num_heads",
-          "model.mlp_ratio", "model.qkv_bias", "model.pool", "model.pos_embed", "model.reg_tokens",
-          "model.init_values", "model.qk_norm", "model.distilled")
+
+def fields() -> tuple[str, ...]:
+    """The architecture fields, in the order a refusal lists them: model.arch, then each family's."""
+    return ("model.arch", *dict.fromkeys(f for cls in options("model").values() for f in cls.ARCHITECTURE))
 
 
 def architecture(model: dict[str, Any]) -> dict[str, Any]:
-    """The function-changing fields of a config's model section (a plain dict, as checkpoints keep it).
-
-    ViT: patch size, width, depth, heads, MLP ratio, qkv bias, pooling (and so the class token), positions, registers,
-    LayerScale (on or off: the loaded gammas replace model.init_values), QK-norm, distillation token.
-    ResNet: its name and stem (the 3x3 stride-1 stem up to SMALL_IMAGE_MAX pixels, models/cnn.py).
-    """
-    arch = model.get("arch", "vit")
-    if arch != "vit":
-        small = (model.get("img_size") or 224) <= SMALL_IMAGE_MAX
-        return {"model.arch": arch, "model.stem": "3x3 (small images)" if small else "7x7 (ImageNet)"}
-    return {"model.arch": "vit", "model.patch_size": model.get("patch_size"), "model.embed_dim": model.get("embed_dim"),
-            "model.depth": model.get("depth"), "model.num_heads": model.get("num_heads"),
-            "model.mlp_ratio": float(model.get("mlp_ratio", 4.0)), "model.qkv_bias": bool(model.get("qkv_bias", True)),
-            "model.pool": model.get("pool", "cls"),
-            "model.pos_embed": model.get("pos_embed", "learned"), "model.reg_tokens": int(model.get("reg_tokens") or 0),
-            "model.init_values": model.get("init_values") not in (None, 0),
-            "model.qk_norm": bool(model.get("qk_norm", False)), "model.distilled": bool(model.get("distilled", False))}
+    """The function-changing fields of a config's model section (a plain dict, as checkpoints keep it), by its
+    family's rule (models/families/): a family not installed here gives its name only."""
+    arch = saved_arch(model)
+    family = options("model").get(arch)
+    return family.architecture(model) if family is not None else {"model.arch": arch}
 
 
 def revealed(weights: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """What the tensors of a state dict (timm's names, wrappers removed) show of its architecture: the
-    fields of `architecture` that shapes and names determine. A ResNet (torchvision's names) shows its
-    depth-defining block counts as its name when they are torchvision's resnet18/34/50/101/152."""
-    if any(RESNET_BLOCK.match(k) for k in weights):
-        return _resnet(weights)
-    proj = weights.get("patch_embed.proj.weight")
-    if proj is None:
-        return {}
-    dim = proj.shape[0]
-    fc1 = weights.get("blocks.0.mlp.fc1.weight")
-    reg = weights.get("reg_token")
-    return {"model.arch": "vit", "model.patch_size": proj.shape[-1], "model.embed_dim": dim,
-            "model.depth": len({int(m.group(1)) for k in weights if (m := BLOCK.match(k))}),
-            **({"model.mlp_ratio": fc1.shape[0] / dim} if fc1 is not None else {}),
-            "model.qkv_bias": "blocks.0.attn.qkv.bias" in weights if "blocks.0.attn.qkv.weight" in weights else None,
-            "model.pool": "cls" if "cls_token" in weights else "mean", "model.reg_tokens": reg.shape[1] if reg is not None else 0,
-            **({"model.pos_embed": position_kind(weights)} if "pos_embed" in weights else {}),
-            "model.init_values": any(k.endswith((".ls1.gamma", ".ls2.gamma")) for k in weights),
-            "model.qk_norm": any(".attn.q_norm." in k for k in weights),
-            "model.distilled": "dist_token" in weights}
-
-
-def position_kind(weights: dict[str, torch.Tensor]) -> str:
-    """"sincos2d" when the patch positions of `weights["pos_embed"]` (1, P + g*g, D) equal the fixed 2-D sin-cos
-    table (models/vit.py `sincos_2d`, MoCo v3's and MAE's) to 1e-4 after some count P of prefix positions that
-    are zero (as the fixed table's are), else "learned"."""
-    from vit_train.models.vit import sincos_2d
-
-    pos = weights["pos_embed"]
-    if pos.dim() != 3 or pos.shape[-1] % 4:
-        return "learned"
-    tokens, dim = pos.shape[1], pos.shape[2]
-    prefix = ("cls_token" in weights) + ("dist_token" in weights) + (weights["reg_token"].shape[1] if "reg_token" in weights else 0)
-    for count in range(min(prefix, tokens), -1, -1):  # the prefix positions zero, as the fixed table has them
-        side = int((tokens - count) ** 0.5)
-        if side * side == tokens - count and side > 0 and torch.allclose(
-                pos[0, count:].float(), sincos_2d(side, dim), atol=1e-4, rtol=0) and not pos[0, :count].any():
-            return "sincos2d"
-    return "learned"
+    """What the tensors of a state dict (timm's or torchvision's names, wrappers removed) show of its architecture:
+    the first family that knows them (models/families/ `reveals`); {} when none does."""
+    for family in options("model").values():
+        found = family.reveals(weights)
+        if found is not None:
+            return found
+    return {}
 
 
 def positions_exempt(theirs: dict[str, Any], ours: dict[str, Any]) -> tuple[str, ...]:
@@ -102,21 +57,6 @@ def positions_exempt(theirs: dict[str, Any], ours: dict[str, Any]) -> tuple[str,
     return ("model.pos_embed",) if fixed_into_learned else ()
 
 
-RESNETS = {(2, 2, 2, 2, False): "resnet18", (3, 4, 6, 3, False): "resnet34", (3, 4, 6, 3, True): "resnet50",
-           (3, 4, 23, 3, True): "resnet101", (3, 8, 36, 3, True): "resnet152"}
-
-
-def _resnet(weights: dict[str, torch.Tensor]) -> dict[str, Any]:
-    blocks = [len({m.group(2) for k in weights if (m := RESNET_BLOCK.match(k)) and m.group(1) == str(i)})
-              for i in range(1, 5)]
-    bottleneck = any(k.endswith(".conv3.weight") for k in weights)
-    conv1 = weights.get("conv1.weight")
-    found = {"model.arch": RESNETS.get((*blocks, bottleneck), f"a ResNet with blocks {blocks}")}
-    if conv1 is not None:
-        found["model.stem"] = "3x3 (small images)" if conv1.shape[-1] == 3 else "7x7 (ImageNet)"
-    return found
-
-
 def head_classes(weights: dict[str, torch.Tensor]) -> int | None:
     """The class count of a state dict's classifier head (ViT `head`, ResNet `fc`); None when it has none."""
     head = weights.get("head.weight", weights.get("fc.weight"))
@@ -124,16 +64,16 @@ def head_classes(weights: dict[str, torch.Tensor]) -> int | None:
 
 
 def differences(theirs: dict[str, Any], ours: dict[str, Any], exempt: tuple[str, ...] = ()) -> list[str]:
-    """The fields both know that differ, as "model.num_heads=4 (here 2)", in FIELDS order (`differing`)."""
+    """The fields both know that differ, as "model.num_heads=4 (here 2)", in `fields()` order (`differing`)."""
     return [f"{key}={a} (here {b})" for key, a, b in differing(theirs, ours, exempt)]
 
 
 def differing(theirs: dict[str, Any], ours: dict[str, Any], exempt: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
     """(field, its value in `theirs`, in `ours`), as the command line writes them, for the fields both know
-    that differ, in FIELDS order; `exempt` fields are not compared, None on either side means unknown.
+    that differ, in `fields()` order; `exempt` fields are not compared, None on either side means unknown.
     Another model.arch is the only difference given: the other fields of another kind do not compare."""
     out = []
-    for key in FIELDS:
+    for key in fields():
         if key in exempt or theirs.get(key) is None or ours.get(key) is None or theirs[key] == ours[key]:
             continue
         if key == "model.arch" or (theirs.get("model.arch") == ours.get("model.arch")):

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from vit_train.schema.sections import ModelConfig
-from vit_train.models.vit import Block, VisionTransformer, build_model, set_grad_checkpointing, sincos_2d
+from vit_train.models.vit import Block, VisionTransformer, set_grad_checkpointing, sincos_2d
 
 NORM_PIX_EPS = 1e-6  # added to the patch variance before the square root, as in facebookresearch/mae
 EVAL_SEED = 12345  # seeds the val masks: the same at every evaluation and figure, so they compare across steps
@@ -205,7 +205,7 @@ def reconstruct(model: MaskedAutoencoder, images: torch.Tensor, noise: torch.Ten
 def build_autoencoder(model_cfg: ModelConfig, mae) -> MaskedAutoencoder:
     """The encoder from `model_cfg` (no head: pre-training has no classes) and the decoder from `mae` (objective=mae's
     keys: mask_ratio, decoder_dim, decoder_depth, decoder_heads, norm_pix_loss)."""
-    model = MaskedAutoencoder(build_model(model_cfg, 0), mae.mask_ratio, mae.decoder_dim, mae.decoder_depth,
+    model = MaskedAutoencoder(model_cfg.build(0), mae.mask_ratio, mae.decoder_dim, mae.decoder_depth,
                               mae.decoder_heads, mae.norm_pix_loss)
     set_grad_checkpointing(model, model_cfg.grad_checkpointing)  # the decoder's blocks too
     return model

@@ -37,8 +37,7 @@ from torch import nn
 
 from vit_train.outputs.weights import strip_wrappers
 from vit_train.errors import ConfigError
-from vit_train.models.architecture import position_kind
-from vit_train.models.vit import VisionTransformer
+from vit_train.models.vit import VisionTransformer, position_kind
 
 log = logging.getLogger("vit_train")
 

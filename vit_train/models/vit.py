@@ -23,8 +23,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torchvision.ops import StochasticDepth
 
-from vit_train.schema.sections import ModelConfig
-from vit_train.models.probe import set_trainable
 
 
 class PatchEmbed(nn.Module):
@@ -289,24 +287,6 @@ def sincos_2d(grid_size: int, dim: int, temperature: float = 10000.0) -> torch.T
     return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)
 
 
-def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
-    """The model `cfg` describes: a VisionTransformer, or with model.arch=resnet* torchvision's ResNet."""
-    if cfg.arch != "vit":
-        from vit_train.models.cnn import build_resnet
-
-        return build_resnet(cfg.arch, num_classes, cfg.img_size)
-    model = VisionTransformer(
-        img_size=cfg.img_size, patch_size=cfg.patch_size, num_classes=num_classes,
-        embed_dim=cfg.embed_dim, depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio,
-        qkv_bias=cfg.qkv_bias, pool=cfg.pool, pos_embed=cfg.pos_embed, drop_rate=cfg.dropout,
-        attn_drop_rate=cfg.attn_dropout, drop_path_rate=cfg.drop_path, reg_tokens=cfg.reg_tokens,
-        init_values=cfg.init_values, qk_norm=cfg.qk_norm, distilled=cfg.distilled,
-    )
-    set_trainable(model, cfg.trainable)
-    set_grad_checkpointing(model, cfg.grad_checkpointing)
-    return model
-
-
 def set_grad_checkpointing(model: nn.Module, enable: bool = True) -> int:
     """Activation checkpointing per transformer block of `model` (any module holding `Block`s: a ViT,
     the MAE's encoder and decoder): each block keeps only its input in forward and recomputes its
@@ -317,3 +297,20 @@ def set_grad_checkpointing(model: nn.Module, enable: bool = True) -> int:
     for block in blocks:
         block.grad_checkpointing = enable
     return len(blocks)
+
+
+def position_kind(weights: dict[str, torch.Tensor]) -> str:
+    """"sincos2d" when the patch positions of `weights["pos_embed"]` (1, P + g*g, D) equal the fixed 2-D sin-cos
+    table (models/vit.py `sincos_2d`, MoCo v3's and MAE's) to 1e-4 after some count P of prefix positions that
+    are zero (as the fixed table's are), else "learned"."""
+    pos = weights["pos_embed"]
+    if pos.dim() != 3 or pos.shape[-1] % 4:
+        return "learned"
+    tokens, dim = pos.shape[1], pos.shape[2]
+    prefix = ("cls_token" in weights) + ("dist_token" in weights) + (weights["reg_token"].shape[1] if "reg_token" in weights else 0)
+    for count in range(min(prefix, tokens), -1, -1):  # the prefix positions zero, as the fixed table has them
+        side = int((tokens - count) ** 0.5)
+        if side * side == tokens - count and side > 0 and torch.allclose(
+                pos[0, count:].float(), sincos_2d(side, dim), atol=1e-4, rtol=0) and not pos[0, :count].any():
+            return "sincos2d"
+    return "learned"

@@ -1,6 +1,6 @@
 """objective=classify, the default: cross-entropy on the labels.
 
-Its model is the classifier `model.arch` names (models/vit.py `build_model`: a ViT or a ResNet); its
+Its model is the classifier the model family (`model.arch`, models/families/) builds: a ViT or a ResNet; its
 score is the val top-1 (%), higher is better. It takes every model, `model.trainable` mode and option
 that the config's own checks let through: with `model.distilled` both heads learn the labels and the
 prediction is their mean, as timm fine-tunes a distilled DeiT on a new task. Distillation
@@ -16,8 +16,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from vit_train.models.flops import flops_per_image as classifier_flops
-from vit_train.models.vit import build_model as build_classifier
 from vit_train.objectives.base import Loss, Objective
 from vit_train.objectives.evaluate import evaluate as evaluate_logits
 from vit_train.viz.figures import model_figures
@@ -51,11 +49,11 @@ class Classify(Objective):
 
     def build_model(self, cfg: Any, num_classes: int) -> nn.Module:
         """The classifier `cfg.model` describes, with `num_classes` outputs."""
-        return build_classifier(cfg.model, num_classes)
+        return cfg.model.build(num_classes)
 
     def flops_per_image(self, cfg: Any, num_classes: int) -> float:
         """Training FLOPs (forward and backward) of one image (models/flops.py)."""
-        return classifier_flops(cfg.model, num_classes)
+        return cfg.model.flops_per_image(num_classes)
 
     def build_loss(self, cfg: Any, model: nn.Module, num_classes: int, class_names: list[str] | None = None,
                    rank: int = 0) -> Loss:

@@ -38,7 +38,9 @@ from vit_train.objectives.base import Loss
 from vit_train.objectives.classify import Classify
 from vit_train.objectives.weights_in import check_classes, first_difference, open_weights, resolve
 from vit_train.schema.config import Config
-from vit_train.schema.typed import fraction, options, require
+from vit_train.schema.legacy import saved_arch
+from vit_train.schema.sections import ModelConfig
+from vit_train.schema.typed import fraction, options, overridden, require
 
 log = logging.getLogger("vit_train")
 
@@ -249,11 +251,10 @@ def load_teacher(cfg: Distill, num_classes: int, img_size: int, resuming: bool =
 
 def vit_train_teacher(incoming, num_classes: int, img_size: int) -> tuple[nn.Module, str]:
     """The network a vit-train file names, with the weights the door took; a ViT at the student's image size."""
-    from vit_train.models.pretrained import at_size
-    from vit_train.models.vit import build_model as build_network
-
     saved, path, class_names = incoming.config, incoming.path, incoming.class_names
-    is_vit = saved["model"].get("arch", "vit") == "vit"  # a ViT runs at the student's size, a CNN as it was trained
+    family = options("model").get(saved_arch(saved["model"]))
+    # a family whose weights fit another image size (a ViT's positions) runs at the student's; a CNN as it was trained
+    is_vit = family is not None and overridden(family, ModelConfig, "fit_size")
     try:
         teacher_model = Config.from_dict({"model": {**saved["model"], **({"img_size": img_size} if is_vit else {})}}).model
     except ConfigError as e:
@@ -265,13 +266,13 @@ def vit_train_teacher(incoming, num_classes: int, img_size: int) -> tuple[nn.Mod
                           f"{img_size}); give the student an image size divisible by "
                           f"{saved['model'].get('patch_size')}, or distil from another teacher") from None
     weights = incoming.weights
-    teacher = build_network(teacher_model, num_classes)
+    teacher = teacher_model.build(num_classes)
     refuse_headless(path, weights, teacher, saved)
     if class_names is not None and len(class_names) != num_classes:
         raise ConfigError(f"objective.teacher {path.name} predicts {len(class_names)} classes, the data has "
                           f"{num_classes}; distil from a teacher trained on these classes")
     try:
-        teacher.load_state_dict(at_size(teacher, weights) if is_vit else weights)
+        teacher.load_state_dict(teacher_model.fit_size(teacher, weights))
     except RuntimeError as e:  # tensors that do not fit the network the file's own config names
         raise ConfigError(f"objective.teacher={incoming.given}: its weights do not fit the network its config names "
                           f"({first_difference(e)}); the file was edited or damaged: distil from a sound one") from None
@@ -300,7 +301,7 @@ def named_teacher(arch: str, weights: dict, num_classes: int, img_size: int, pat
     weights = {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in weights.items()}
     if arch in torchvision.models.list_models(module=torchvision.models):
         if arch.startswith("resnet") and "conv1.weight" in weights:
-            from vit_train.models.cnn import build_resnet
+            from vit_train.models.families.resnet import build_resnet
 
             small = weights["conv1.weight"].shape[-1] == 3  # vit-train's small-image stem
             teacher = build_resnet(arch, num_classes, img_size if small else 224)

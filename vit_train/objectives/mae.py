@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from vit_train.errors import ConfigError
+from vit_train.models.families.vit import ViT
 from vit_train.models.mae import (EVAL_SEED, MaskSampler, MaskedAutoencoder, build_autoencoder, mae_flops_per_image,
                                   reconstruction_loss)
 from vit_train.objectives.base import Loss, Objective
@@ -93,7 +94,7 @@ class Mae(Objective):
         """Refuse (ConfigError, one line) what would not pre-train a ViT encoder, and impossible keys of its own.
         `cfg` is a Config whose img_size and patch_size are filled (pixels)."""
         m, a, name = cfg.model, cfg.aug, f"objective={self.name}"
-        require(m.arch == "vit", f"{name} masks the patches of a ViT encoder; model.arch={m.arch} has none: pre-train "
+        require(isinstance(m, ViT), f"{name} masks the patches of a ViT encoder; model.arch={m.arch} has none: pre-train "
                 f"a ViT (e.g. model=vit_tiny), or train the CNN with objective=classify")
         require(m.trainable == "all", f"{name} pre-trains the encoder, which model.trainable={m.trainable} freezes (only "
                 f"the decoder would learn): use model.trainable=all; probe the encoder afterwards with "

@@ -20,9 +20,9 @@ from vit_train.errors import ConfigError
 from vit_train.schema import legacy
 from vit_train.schema.sections import (AugConfig, DataConfig, ModelConfig, ObjectiveConfig, OptimConfig, ScheduleConfig,
                                        SweepConfig, TrainerConfig)
-from vit_train.schema.typed import Section, build, default_option, field_types, option_base, options, section_keys
+from vit_train.schema.typed import Section, build, chooser, default_option, field_types, option_base, options, section_keys
 
-OPTION_GROUPS = ("data", "aug", "objective")  # the sections whose keys depend on the option chosen
+OPTION_GROUPS = ("model", "data", "aug", "optim", "schedule", "objective")  # the sections whose keys are the option's
 
 
 def _default(group: str):
@@ -31,11 +31,11 @@ def _default(group: str):
 
 @dataclass
 class Config:
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig = _default("model")  # the chosen model family's section (vit_train/models/families/)
     data: DataConfig = _default("data")  # the chosen data set's section (vit_train/data/sources/)
     aug: AugConfig = _default("aug")  # the chosen augmentation's (vit_train/data/aug/)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    optim: OptimConfig = _default("optim")  # the chosen optimiser's (vit_train/optim/)
+    schedule: ScheduleConfig = _default("schedule")  # the chosen schedule's (vit_train/schedules/)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     objective: ObjectiveConfig = _default("objective")  # the chosen objective's (vit_train/objectives/)
     sweep: SweepConfig = field(default_factory=SweepConfig)
@@ -64,13 +64,14 @@ class Config:
         except ConfigError as e:
             if source is None:
                 raise
-            missing = [(group, section["name"]) for group in OPTION_GROUPS for section in [data.get(group)]
-                       if isinstance(section, dict) and isinstance(section.get("name"), str)
-                       and section["name"] not in options(group)]
+            missing = [(group, section[chooser(group)]) for group in OPTION_GROUPS for section in [data.get(group)]
+                       if isinstance(section, dict) and isinstance(section.get(chooser(group)), str)
+                       and section[chooser(group)] not in options(group)]
             if missing:  # a run of another package's option (docs/extending.md)
                 group, name = missing[0]
-                raise ConfigError(f"{source} was trained with {group}={name}, which is not registered here: install the "
-                                  f"package that has it (docs/extending.md), then run the same command") from None
+                spelled = group if chooser(group) == "name" else f"{group}.{chooser(group)}"
+                raise ConfigError(f"{source} was trained with {spelled}={name}, which is not registered here: install "
+                                  f"the package that has it (docs/extending.md), then run the same command") from None
             raise ConfigError(f"{source} holds a config this vit-train does not read ({e}): the file was edited, or "
                               f"written by another version") from None
 
@@ -92,7 +93,8 @@ class Config:
         ConfigError naming the key for what cannot run); returns self."""
         img_size, patch_size = type(self.data).input_size
         self.model.img_size = img_size if self.model.img_size is None else self.model.img_size
-        self.model.patch_size = patch_size if self.model.patch_size is None else self.model.patch_size
+        if self.model.reads_patches:
+            self.model.patch_size = patch_size if self.model.patch_size is None else self.model.patch_size
         for section in self.sections().values():
             section.check(self)
         return self

@@ -13,7 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 from vit_train.errors import ConfigError
-from vit_train.schema.typed import REGISTRY, section_keys
+from vit_train.schema.typed import REGISTRY, chooser, section_keys
+
+FIRST_FAMILY = "vit"  # every model section written before model.arch existed was a ViT's
+
+
+def saved_arch(model: dict[str, Any]) -> Any:
+    """The model family of a saved config's model section (a plain dict): its `arch`, or the ViT for a section
+    written before model.arch existed."""
+    return model.get("arch", FIRST_FAMILY)
 
 
 def moved_options() -> dict[str, list[type]]:
@@ -48,9 +56,11 @@ def upgrade_saved(plain: dict[str, Any]) -> dict[str, Any]:
             if isinstance(section, dict) and section.get("name") == cls.name:
                 plain[cls.group] = {**keys, **section}
     for group, known in REGISTRY.items():
-        section = plain.get(group)
-        if isinstance(section, dict) and isinstance(section.get("name"), str) and section["name"] in known:
-            own = set(section_keys(known[section["name"]]))
+        section, key = plain.get(group), chooser(group)
+        if group == "model" and isinstance(section, dict):
+            section = {**section, "arch": saved_arch(section)}
+        if isinstance(section, dict) and isinstance(section.get(key), str) and section[key] in known:
+            own = set(section_keys(known[section[key]]))
             others = {k for cls in known.values() for k in section_keys(cls)} - own
             plain[group] = {k: v for k, v in section.items() if k not in others}
     return plain

@@ -1,7 +1,7 @@
-"""The sections every run has, each a dataclass with a comment per key and its checks beside the keys:
-the model, the optimiser, the schedule, the trainer, the sweep; and the bases of the three varying
-groups (data, aug, objective), whose options are modules of their own (data/sources/, data/aug/,
-objectives/), each a subclass with its own keys. No torch.
+"""The sections every run has, each a dataclass with a comment per key and its checks beside the keys: the
+trainer and the sweep; and the bases of the six varying groups (model, optim, schedule, data, aug, objective),
+whose options are modules of their own (models/families/, optim/, schedules/, data/sources/, data/aug/,
+objectives/), each a subclass with its own keys and its part of the run. No torch.
 """
 
 from __future__ import annotations
@@ -9,128 +9,173 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Optional
 
-from vit_train.schema.typed import Option, Section, fraction, options, positive, require
-
-SHAPE = "the weights have another shape"
-
+from vit_train.schema.typed import Option, Section, fraction, options, overridden, positive, require
 
 @dataclass
-class ModelConfig(Section):
-    name: str = "vit_micro"  # label of the size preset, for logs only
-    arch: Literal["vit", "resnet18", "resnet50"] = "vit"  # a ViT, or torchvision's ResNet (e.g. a CNN teacher)
+class ModelConfig(Option):
+    """The model (model.arch=FAMILY, e.g. vit, resnet18): the keys every family has. Each family is a module of its
+    own in vit_train/models/families/ with a subclass holding its own keys and what the run asks of a network:
+
+        build(num_classes)                  the network, randomly initialised
+        flops_per_image(num_classes)        training FLOPs of one image (TFLOP/s, MFU); 0 = unknown
+        architecture(saved), reveals(w)     its function-changing fields, from a saved config or a state dict's
+                                            tensors (every door for weights compares them: models/architecture.py)
+        shard_units(model)                  what FSDP shards apart (trainer.strategy=fsdp); [] = the whole model
+        layer_of(name, model), layers(m)    layer-wise lr decay (optim.layer_decay): a parameter's layer, how many;
+                                            None = no layers (optim.layer_decay refused)
+        fit_size(model, weights)            a checkpoint's weights for this network at another image size
+
+    model=NAME (configs/model/NAME.yaml) picks a preset of a family: its YAML lists `/schema/model/<arch>` first and
+    labels the preset with model.name. The data set fills model.img_size and model.patch_size when the config
+    leaves them null; a family without patches reads no patch_size."""
+
+    group: ClassVar[str] = "model"
+    chooser: ClassVar[str] = "arch"
+    # the architecture fields a refusal lists, in its order (besides model.arch): a family's ARCHITECTURE
+    ARCHITECTURE: ClassVar[tuple[str, ...]] = ()
+    # refused keys whose new value model.pretrained cannot load the checkpoint's weights into either (train/resume.py)
+    NO_FIT: ClassVar[tuple[str, ...]] = ("arch",)
+    refused_on_resume: ClassVar[dict[str, str]] = {"arch": "the weights are another network's"}
+    has_layers: ClassVar[bool] = False  # layer_of/layers are defined (optim.layer_decay applies)
+    reads_patches: ClassVar[bool] = False  # model.patch_size is read
+
+    name: str = "vit_micro"  # label of the size preset (model=NAME), for logs only
+    arch: str = ""  # the family (models/families/): vit, resnet18, resnet50, or a plugin's; each family's class sets it
     img_size: Optional[int] = None  # input side in pixels; null = the data set's default
-    patch_size: Optional[int] = None  # patch side in pixels; null = the data set's default
-    embed_dim: int = 64  # token width
-    depth: int = 4  # number of transformer blocks
-    num_heads: int = 4  # attention heads per block; must divide embed_dim
-    mlp_ratio: float = 2.0  # MLP hidden width as a multiple of embed_dim
-    qkv_bias: bool = True  # bias in the query/key/value projection
-    pool: Literal["cls", "mean"] = "cls"  # class token, or mean of the patch tokens
-    pos_embed: Literal["learned", "sincos2d"] = "learned"  # learned, or fixed 2-D sin-cos
-    dropout: float = 0.0  # dropout on embeddings and on attention/MLP outputs
-    attn_dropout: float = 0.0  # dropout on attention weights
-    drop_path: float = 0.0  # stochastic depth of the last block; rises linearly from 0 over depth
+    patch_size: Optional[int] = None  # patch side in pixels (families with patches); null = the data set's default
     pretrained: Optional[str] = None  # weights to start from: a vit-train checkpoint, .safetensors or timm .pth
     reset_head: bool = False  # model.pretrained: a new classifier head (fine-tuning to other classes); else the head must fit
-    reg_tokens: int = 0  # register tokens (Darcet et al. 2024), timm's reg_token; 0 = none
-    init_values: Optional[float] = None  # LayerScale's initial gamma (CaiT; timm's ls1/ls2), e.g. 1e-5; null = off
-    qk_norm: bool = False  # LayerNorm on each head's queries and keys (timm's attn.q_norm/k_norm)
-    distilled: bool = False  # DeiT's distillation token and head (dist_token, head_dist); eval averages the heads
-    trainable: Literal["all", "head"] = "all"  # head: linear probe (the rest frozen, its dropout off)
-    grad_checkpointing: bool = False  # recompute each block's activations in backward (timm's name): less memory, ~1/3 more compute
-
-    # keys a ResNet (model.arch=resnet*) has no use for
-    VIT_ONLY: ClassVar[tuple[str, ...]] = (
-        "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "pool", "pos_embed", "dropout", "attn_dropout",
-        "drop_path", "reg_tokens", "init_values", "qk_norm", "grad_checkpointing")
-    refused_on_resume: ClassVar[dict[str, str]] = {
-        "arch": "the weights are another network's",
-        "img_size": "the position embeddings are for another image size",
-        "patch_size": SHAPE, "embed_dim": SHAPE, "depth": SHAPE, "num_heads": SHAPE, "mlp_ratio": SHAPE,
-        "qkv_bias": SHAPE, "reg_tokens": SHAPE, "init_values": SHAPE, "qk_norm": SHAPE, "distilled": SHAPE,
-        "pool": "the head was trained on another pooled feature",
-        "pos_embed": "the position embeddings are learned in one and fixed in the other",
-        "trainable": "the optimiser's state holds other parameters",
-    }
-    # refused keys whose new value model.pretrained cannot load the checkpoint's weights into either: the door for
-    # weights (objectives/weights_in.py) refuses every architecture field that changes the function, and
-    # models/pretrained.py LayerScale, QK-norm or registers that differ; img_size (positions are resized) and
-    # model.distilled (head-like) load
-    NO_FIT: ClassVar[tuple[str, ...]] = ("arch", "embed_dim", "patch_size", "depth", "num_heads", "mlp_ratio", "qkv_bias",
-                                         "pool", "pos_embed", "init_values", "qk_norm", "reg_tokens")
 
     def check(self, cfg: Any) -> None:
-        positive(("model.img_size", self.img_size), ("model.patch_size", self.patch_size),
-                 ("model.embed_dim", self.embed_dim), ("model.depth", self.depth),
-                 ("model.num_heads", self.num_heads), ("model.mlp_ratio", self.mlp_ratio))
-        require(self.img_size % self.patch_size == 0, f"model.img_size ({self.img_size}) must be divisible by "
-                f"model.patch_size ({self.patch_size})")
-        require(self.embed_dim % self.num_heads == 0, f"model.embed_dim ({self.embed_dim}) must be divisible by "
-                f"model.num_heads ({self.num_heads})")
-        require(self.reg_tokens >= 0, f"model.reg_tokens must be >= 0, got {self.reg_tokens}")
-        if self.arch != "vit":
-            vit_only = [k for k, v in (("model.trainable=head", self.trainable == "head"),
-                                       ("model.distilled", self.distilled),
-                                       ("optim.layer_decay", cfg.optim.layer_decay is not None)) if v]
-            require(not vit_only, f"{', '.join(vit_only)} is for ViTs; model.arch={self.arch} does not support it")
-        require(self.init_values is None or self.init_values > 0, f"model.init_values must be > 0 (LayerScale's "
-                f"initial scale, e.g. 1e-5) or null for none, got {self.init_values}")
-        require(self.pos_embed != "sincos2d" or self.embed_dim % 4 == 0,
-                f"model.pos_embed=sincos2d needs model.embed_dim divisible by 4, got {self.embed_dim}")
-        for key in ("dropout", "attn_dropout", "drop_path"):
-            fraction(f"model.{key}", getattr(self, key), closed=False)
+        positive(("model.img_size", self.img_size), ("model.patch_size", self.patch_size))
+        require(cfg.optim.layer_decay is None or self.has_layers, f"optim.layer_decay is for networks of "
+                f"numbered layers; model.arch={self.arch} has none: set optim.layer_decay=null")
 
     def ignored(self, cfg: Any) -> list[tuple[str, str, str]]:
-        if self.arch == "vit":
+        """patch_size, for a family without patches, when it is not the data set's (which fills it for every model)."""
+        if self.reads_patches or self.patch_size in (None, type(cfg.data).input_size[1]):
             return []
-        return [(key, f"model.arch={self.arch}", "ViTs (model.arch=vit)") for key in self.VIT_ONLY]
+        return [("patch_size", f"model.arch={self.arch}", "families with patches (model.arch=vit)")]
+
+    def build(self, num_classes: int) -> Any:
+        """The network with `num_classes` outputs (0: none, a feature extractor), randomly initialised: an nn.Module
+        taking (B, 3, img_size, img_size) float images."""
+        raise NotImplementedError
+
+    def flops_per_image(self, num_classes: int) -> float:
+        """Training FLOPs (forward and backward) of one image; 0: unknown (no TFLOP/s or MFU is logged)."""
+        return 0.0
+
+    @classmethod
+    def architecture(cls, saved: dict[str, Any]) -> dict[str, Any]:
+        """The function-changing fields of a saved config's model section (plain data), under the user's keys."""
+        return {"model.arch": saved.get("arch", cls.arch)}
+
+    @classmethod
+    def reveals(cls, weights: dict[str, Any]) -> dict[str, Any] | None:
+        """What a state dict's tensors show of this family's architecture; None when they are not its."""
+        return None
+
+    def shard_units(self, model: Any) -> list[Any]:
+        """The submodules FSDP shards one by one (each gathered alone), inside out; [] = the model whole."""
+        return []
+
+    def layer_of(self, name: str, layers: int) -> int:
+        """A parameter's layer for layer-wise lr decay: 0 (the input side) to `layers` - 1 (the head)."""
+        raise NotImplementedError
+
+    def layers(self, model: Any) -> int:
+        """How many layers `layer_of` counts in `model`."""
+        raise NotImplementedError
+
+    def fit_size(self, model: Any, weights: dict[str, Any]) -> dict[str, Any]:
+        """`weights` (a state dict for this family at another model.img_size) for `model`: as they are by default."""
+        return weights
+
+    @classmethod
+    def unimplemented(cls) -> list[str]:
+        return [] if overridden(cls, ModelConfig, "build") else ["build"]
+
+    @classmethod
+    def composed(cls) -> dict[str, Any]:
+        """Its section without the input size, which the data set's node (before it in the defaults list) puts in."""
+        section = super().composed()["model"]
+        return {"model": {k: v for k, v in section.items() if k not in ("img_size", "patch_size")}}
 
 
 @dataclass
-class OptimConfig(Section):
-    name: Literal["adamw", "sgd"] = "adamw"
-    lr: float = 1e-3  # peak learning rate, reached at the end of warmup
-    weight_decay: float = 0.05  # decoupled (AdamW) decay; never on norms, biases, pos_embed, cls_token
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW
-    eps: float = 1e-8  # AdamW
-    momentum: float = 0.9  # SGD (Nesterov)
-    clip_grad: Optional[float] = 1.0  # max global gradient norm; null = no clipping
-    lr_base_batch: Optional[int] = None  # linear scaling: lr applies at this global batch; null = lr as given
-    layer_decay: Optional[float] = None  # layer-wise lr decay (BEiT/MAE): block i gets lr x decay^(depth - i); null = off
+class OptimConfig(Option):
+    """The optimiser (optim=NAME): the keys every optimiser has. Each optimiser is a module of its own in
+    vit_train/optim/ with a subclass holding its own keys and
 
+        build(groups, lr, device, capturable)    torch's optimiser over the parameter groups (fused where it can;
+                                                 `capturable`: the multi-tensor form a compiled step takes)
+        update(params, grads, state, group, lr)  its functional update (torch's), inside a compiled step
+        init_state(optimizer)                    the per-parameter state its first step would make
+        moments                                  tensors of state per parameter (the checkpoint's size)"""
+
+    group: ClassVar[str] = "optim"
+    moments: ClassVar[int] = 0
     refused_on_resume: ClassVar[dict[str, str]] = {
         "name": "the optimiser's state (AdamW's two moments, SGD's momentum) does not carry over",
         "layer_decay": "the optimiser's parameter groups differ",
     }
+
+    name: str
+    lr: float = 1e-3  # peak learning rate, reached at the end of warmup
+    weight_decay: float = 0.05  # never on norms, biases, pos_embed, cls_token
+    clip_grad: Optional[float] = 1.0  # max global gradient norm; null = no clipping
+    lr_base_batch: Optional[int] = None  # linear scaling: lr applies at this global batch; null = lr as given
+    layer_decay: Optional[float] = None  # layer-wise lr decay (BEiT/MAE): block i gets lr x decay^(depth - i); null = off
 
     def check(self, cfg: Any) -> None:
         positive(("optim.lr", self.lr), ("optim.clip_grad", self.clip_grad), ("optim.lr_base_batch", self.lr_base_batch))
         require(self.layer_decay is None or 0 < self.layer_decay <= 1, f"optim.layer_decay must be in (0, 1] (e.g. "
                 f"0.75 for fine-tuning) or null for off, got {self.layer_decay}")
         require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
-        require(len(self.betas) == 2, f"optim.betas must have two values, got {self.betas}")
-        require(self.name != "sgd" or self.momentum > 0, f"optim.momentum must be > 0 for optim=sgd (Nesterov "
-                f"momentum), got {self.momentum}; e.g. 0.9")
 
-    def ignored(self, cfg: Any) -> list[tuple[str, str, str]]:
-        choice = f"optim={self.name}"
-        return [("momentum", choice, "optim=sgd")] * (self.name != "sgd") + \
-            [(key, choice, "optim=adamw") for key in ("betas", "eps") if self.name != "adamw"]
+    def build(self, groups: list[dict], lr: float, device: Any, capturable: bool = False) -> Any:
+        """torch's optimiser over `groups` (each with its "lr"), peak rate `lr`, for parameters on `device`."""
+        raise NotImplementedError
+
+    def update(self, params: list, grads: list, state: list[dict], group: dict, lr: Any) -> None:
+        """One update of `params` by `grads` (lists alike) with their `state` and their `group`'s hyperparameters at
+        learning rate `lr` (a device tensor), as torch's step does: traced into a compiled step."""
+        raise NotImplementedError
+
+    def init_state(self, optimizer: Any) -> None:
+        """The per-parameter state `optimizer`'s first step would make, made now (a compiled step reads it)."""
+        raise NotImplementedError
+
+    @classmethod
+    def unimplemented(cls) -> list[str]:
+        missing = [] if cls.moments else ["moments"]
+        return missing + [m for m in ("build", "update", "init_state") if not overridden(cls, OptimConfig, m)]
 
 
 @dataclass
-class ScheduleConfig(Section):
-    name: Literal["cosine", "constant"] = "cosine"
+class ScheduleConfig(Option):
+    """The learning-rate schedule (schedule=NAME): the keys every schedule has. Each schedule is a module of its own
+    in vit_train/schedules/ with a subclass holding its own keys and `factor`: the multiplier of the peak lr at a
+    step, a pure function of the step (a resumed run rebuilds it at its step; a compiled step writes it into a
+    device tensor before each step)."""
+
+    group: ClassVar[str] = "schedule"
+
+    name: str
     warmup_epochs: float = 1.0  # linear warmup length in epochs (fractions allowed)
-    min_lr: float = 1e-5  # cosine: learning rate at the last step
 
     def check(self, cfg: Any) -> None:
         require(self.warmup_epochs >= 0, f"schedule.warmup_epochs must be >= 0, got {self.warmup_epochs}")
-        require(self.name != "cosine" or 0 <= self.min_lr <= cfg.lr, f"schedule.min_lr ({self.min_lr}) must be "
-                f"between 0 and optim.lr ({cfg.lr:g}{' after batch scaling' if cfg.optim.lr_base_batch else ''})")
 
-    def ignored(self, cfg: Any) -> list[tuple[str, str, str]]:
-        return [("min_lr", f"schedule={self.name}", "schedule=cosine")] * (self.name != "cosine")
+    def factor(self, step: int, warmup_steps: int, total_steps: int, lr: float) -> float:
+        """The multiplier of the peak rate `lr` for optimiser step `step` (0-based) of `total_steps`, after
+        `warmup_steps` of linear warmup: (step + 1) / warmup_steps during it."""
+        raise NotImplementedError
+
+    @classmethod
+    def unimplemented(cls) -> list[str]:
+        return [] if overridden(cls, ScheduleConfig, "factor") else ["factor"]
 
 
 @dataclass

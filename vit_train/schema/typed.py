@@ -54,23 +54,34 @@ class Section:
 
 
 REGISTRY: dict[str, dict[str, type]] = {}  # group -> option name -> its class
+BASES: dict[str, type] = {}  # group -> its base class (the keys every option of it has)
+
+
+def chooser(group: str) -> str:
+    """The key whose value picks `group`'s option: "name", or "arch" for the model group."""
+    return BASES[group].chooser if group in BASES else "name"
 
 
 class Option(Section):
     """One choice of a varying config group (`group`), e.g. data=cifar10: a Section whose fields are that
     option's keys, `name` among them. A subclass that sets its own `name` default is an option and
     registers itself under (group, name) when its class is made; one that does not (a shared base such
-    as EncodedImages) is not. `default`: the option a config that names none gets (one per group).
+    as EncodedImages) is not. `chooser`: the key whose value picks the option, `name` but for the model group,
+    whose `model.arch` picks the family (`model.name` labels the size preset, model=vit_tiny).
+    `default`: the option a config that names none gets (one per group).
     `moved_from`: the top-level section its keys had before they moved under `group` (e.g. mae.*), whose
     old spelling still works for one release (schema/legacy.py)."""
 
     group: ClassVar[str] = ""
+    chooser: ClassVar[str] = "name"
     default: ClassVar[bool] = False
     moved_from: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        name = cls.__dict__.get("name")
+        if "group" in cls.__dict__:  # a group's base (DataConfig, ModelConfig, ...)
+            BASES[cls.group] = cls
+        name = cls.__dict__.get(cls.chooser)
         if isinstance(name, str) and name and cls.group:
             known = REGISTRY.setdefault(cls.group, {})
             other = known.get(name)
@@ -102,7 +113,8 @@ def option_class(group: str, name: Any) -> type:
     known = options(group)
     if not isinstance(name, str) or name not in known:
         choices = ", ".join(sorted(known)) or "none registered (import vit_train.config, which registers the built-in ones)"
-        raise ConfigError(f"{group}.name must be one of {choices}; got {name!r}")
+        chooser = next(iter(known.values())).chooser if known else "name"
+        raise ConfigError(f"{group}.{chooser} must be one of {choices}; got {name!r}")
     missing = known[name].unimplemented()
     if missing:  # a user's option short of its group's contract: refused when chosen, not a traceback mid-run
         cls = known[name]
@@ -125,13 +137,14 @@ def default_option(group: str) -> type:
     found = [cls for cls in options(group).values() if cls.__dict__.get("default")]
     if len(found) != 1:
         raise ConfigError(f"the config group {group} has {len(found)} default options "
-                          f"({', '.join(c.name for c in found) or 'none'}); exactly one option sets default = True")
+                          f"({', '.join(getattr(c, c.chooser) for c in found) or 'none'}); exactly one option sets "
+                          f"default = True")
     return found[0]
 
 
 def option_base(tp: Any) -> bool:
     """Whether the field type `tp` is the base of a varying group (its value is one of the group's options)."""
-    return isinstance(tp, type) and issubclass(tp, Option) and "name" not in tp.__dict__
+    return isinstance(tp, type) and issubclass(tp, Option) and BASES.get(tp.group) is tp
 
 
 def field_types(cls: type) -> dict[str, Any]:
@@ -173,11 +186,15 @@ def not_this_option(group: str, name: str, leaf: str) -> str | None:
     owners = sorted(o for o in group_keys(group).get(leaf, []) if o != name)
     if not owners:
         return None
-    mine = ", ".join(k for k in section_keys(options(group)[name]) if k != "name")
-    which = f"{group}=" + (owners[0] if len(owners) == 1 else f"{', '.join(owners[:-1])} and {owners[-1]}")
-    pick = f"{group}={owners[0]}" if len(owners) == 1 else f"one of {group}={', '.join(owners)}"
-    return (f"{group}.{leaf} is a key of {which}, not of {group}={name} "
-            f"({f'its keys: {mine}' if mine else 'it has no keys but name'}); pick {pick} or drop {group}.{leaf}")
+    chooser = options(group)[name].chooser
+    mine = ", ".join(k for k in section_keys(options(group)[name]) if k != chooser)
+    choice = group if chooser == "name" else f"{group}.{chooser}"  # model.arch=resnet18; data=cifar10
+    which = f"{choice}=" + (owners[0] if len(owners) == 1 else f"{', '.join(owners[:-1])} and {owners[-1]}")
+    pick = f"{choice}={owners[0]}" if len(owners) == 1 else f"one of {choice}={', '.join(owners)}"
+    if chooser != "name":  # a family is picked by its presets: model=vit_small, not model.arch=vit
+        pick = f"a {group} of {pick}"
+    return (f"{group}.{leaf} is a key of {which}, not of {choice}={name} "
+            f"({f'its keys: {mine}' if mine else f'it has no keys but {chooser}'}); pick {pick} or drop {group}.{leaf}")
 
 
 def build(cls: type, data: Any, prefix: str, valid: list[str]) -> Any:
@@ -190,18 +207,20 @@ def build(cls: type, data: Any, prefix: str, valid: list[str]) -> Any:
     for name, value in data.items():
         key = prefix + str(name)
         if name not in hints:
-            chosen = getattr(cls, "name", None) if getattr(cls, "group", "") else None  # an option's own name
-            line = not_this_option(cls.group, chosen, str(name)) if isinstance(chosen, str) else None
+            chosen = getattr(cls, cls.chooser, None) if getattr(cls, "group", "") else None  # an option's own name
+            known = isinstance(chosen, str) and chosen in REGISTRY.get(cls.group, {})
+            line = not_this_option(cls.group, chosen, str(name)) if known else None
             raise ConfigError(line or unknown_key_message(key, valid))
         kwargs[name] = coerce(hints[name], value, key, valid)
     return cls(**kwargs)
 
 
 def build_option(base: type, data: Any, key: str, valid: list[str]) -> Any:
-    """The option of `base`'s group that `data["name"]` picks (the group's default when absent), built from `data`."""
+    """The option of `base`'s group that `data[base.chooser]` picks (the group's default when absent), built from
+    `data`."""
     if not isinstance(data, dict):
         raise ConfigError(f"'{key}' must be a mapping, got {data!r}")
-    cls = option_class(base.group, data["name"]) if "name" in data else default_option(base.group)
+    cls = option_class(base.group, data[base.chooser]) if base.chooser in data else default_option(base.group)
     valid = [k for k in valid if not k.startswith(key + ".")] + [f"{key}.{k}" for k in section_keys(cls)]
     return build(cls, data, key + ".", valid)
 

@@ -36,9 +36,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
-from torch.optim.adam import adam as adam_update  # torch's functional AdamW and SGD: what their step() calls
-from torch.optim.sgd import sgd as sgd_update
 
+from vit_train.schema.sections import OptimConfig
 from vit_train.train.compiling import compile_options, compiler_error, cuda_graph_skips, forget_compiled
 from vit_train.train.skips import SkippedSteps
 from vit_train.train.throughput import TrainWindow
@@ -56,22 +55,21 @@ class CompiledStep:
     `schedule(step)` (0-based) and writes into a device tensor.
     """
 
-    def __init__(self, model: nn.Module, loss: Any, optimizer: torch.optim.Optimizer, ema: Any,
-                 window: TrainWindow, skips: SkippedSteps, accum_steps: int, clip_grad: float | None,
+    def __init__(self, model: nn.Module, loss: Any, optimizer: torch.optim.Optimizer, optim: OptimConfig, ema: Any,
+                 window: TrainWindow, skips: SkippedSteps, accum_steps: int,
                  amp_dtype: torch.dtype | None, device: torch.device, schedule: Callable[[int], float],
                  ema_decay: float | None = None, mode: str = "default", backend: str = "inductor",
                  seconds: dict[str, float] | None = None):
         self.model, self.loss, self.optimizer, self.ema = model, loss, optimizer, ema
         self.window, self.skips, self.accum_steps = window, skips, accum_steps
-        self.max_norm = clip_grad or math.inf
+        self.optim, self.max_norm = optim, optim.clip_grad or math.inf
         self.amp_dtype, self.device, self.schedule = amp_dtype, device, schedule
-        self.sgd = isinstance(optimizer, torch.optim.SGD)
         self.groups = [dict(g) for g in optimizer.param_groups]  # hyperparameters: constants of the graph
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.group_index = [list(range(sum(len(g["params"]) for g in optimizer.param_groups[:i]),
                                        sum(len(g["params"]) for g in optimizer.param_groups[:i + 1])))
                             for i in range(len(optimizer.param_groups))]  # each group's positions in `params`
-        init_state(optimizer, self.sgd)
+        optim.init_state(optimizer)
         self.base_lr = torch.tensor([g["initial_lr"] if "initial_lr" in g else g["lr"]
                                      for g in optimizer.param_groups], dtype=torch.float32, device=device)
         self.factor = torch.ones((), dtype=torch.float32, device=device)
@@ -190,17 +188,7 @@ class CompiledStep:
             if not index:
                 continue
             params, lr = [self.params[j] for j in index], self.factor * self.base_lr[i]
-            state = [self.optimizer.state[p] for p in params]
-            if self.sgd:
-                sgd_update(params, [grads[j] for j in index], [s["momentum_buffer"] for s in state], foreach=True,
-                           weight_decay=group["weight_decay"], momentum=group["momentum"], lr=lr,
-                           dampening=group["dampening"], nesterov=group["nesterov"], maximize=False)
-            else:
-                adam_update(params, [grads[j] for j in index], [s["exp_avg"] for s in state],
-                            [s["exp_avg_sq"] for s in state], [], [s["step"] for s in state], foreach=True,
-                            capturable=True, decoupled_weight_decay=True, amsgrad=False, beta1=group["betas"][0],
-                            beta2=group["betas"][1], lr=lr, weight_decay=group["weight_decay"], eps=group["eps"],
-                            maximize=False)
+            self.optim.update(params, [grads[j] for j in index], [self.optimizer.state[p] for p in params], group, lr)
         for t, old in zip(touched, before):
             t.copy_(torch.where(finite, t, old))
 
@@ -218,19 +206,3 @@ class CompiledStep:
                 e.copy_(torch.where(finite, mixed, e))
         self.ema.n_averaged.add_(finite.to(self.ema.n_averaged.dtype))
 
-
-def init_state(optimizer: torch.optim.Optimizer, sgd: bool) -> None:
-    """The optimiser's per-parameter state made before the first step (torch makes it lazily), as its first step
-    would: AdamW's step count (a device tensor: capturable) and moments at zero; SGD's momentum buffer at zero
-    (its first step then sets it to the gradient, as torch's does with dampening 0)."""
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            state = optimizer.state[p]
-            if state:
-                continue
-            if sgd:
-                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            else:
-                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)

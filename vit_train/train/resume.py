@@ -17,7 +17,6 @@ from vit_train.outputs.checkpoint import find_resume_checkpoint, repair_run_chec
 from vit_train.outputs.identity import mixed_runs, mixed_text, run_id_of
 from vit_train.schema import legacy
 from vit_train.schema.config import OPTION_GROUPS
-from vit_train.schema.sections import ModelConfig
 from vit_train.schema.sections import TrainerConfig
 from vit_train.train.state import TrainState
 
@@ -152,7 +151,7 @@ def check_compatible(ckpt: dict, cfg: Config, path: Any = "<the checkpoint>") ->
 
 def _instead(refused: list[tuple[str, Any, Any]], path: Any, cfg: Config) -> str:
     """What else to do than resume, by the kind of the refused keys: a new run from the weights, when they can load."""
-    no_fit = [k for k, _, _ in refused if k.removeprefix("model.") in ModelConfig.NO_FIT and k.startswith("model.")]
+    no_fit = [k for k, _, _ in refused if k.removeprefix("model.") in type(cfg.model).NO_FIT and k.startswith("model.")]
     if no_fit:
         return (f"or start a new run from scratch with the change ({', '.join(no_fit)}: the checkpoint's weights do "
                 f"not fit the new architecture, so model.pretrained={path} would not load them either)")

@@ -129,7 +129,8 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
     elif t.strategy == "fsdp":
         log.info("trainer.strategy=fsdp with one process: nothing to shard, the model trains whole")
     scope = compile_scope(t, device, ctx.world_size, amp_dtype == torch.float16, sharding.is_sharded(model), ctx.is_main)
-    optimizer = build_optimizer(model, cfg.optim, device, lr=cfg.lr, capturable=scope == "step")  # on the shards when sharded
+    optimizer = build_optimizer(model, cfg.optim, device, lr=cfg.lr, capturable=scope == "step",  # on the shards when sharded
+                                family=cfg.model)
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     state = TrainState(run_id=new_run_id())  # os.urandom: no RNG of the run moves
     if ckpt:
@@ -160,7 +161,7 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
     skips = SkippedSteps(state, device, on_device, t.max_bad_steps)
     compile_seconds: dict[str, float] = {}
     step_fn = torch.compile(ddp, mode=t.compile_mode, backend=t.compile_backend) if scope == "model" else ddp
-    compiled = CompiledStep(model, loss, optimizer, ema, window, skips, t.accum_steps, cfg.optim.clip_grad, amp_dtype,
+    compiled = CompiledStep(model, loss, optimizer, cfg.optim, ema, window, skips, t.accum_steps, amp_dtype,
                             device, scheduler.lr_lambdas[0], t.ema_decay, t.compile_mode, t.compile_backend,
                             compile_seconds) if scope == "step" else None
     eval_model, eval_ema = evaluators(scope, t, model, step_fn, ema, cfg.data.eval_batch_size or cfg.data.batch_size,

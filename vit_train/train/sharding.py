@@ -1,7 +1,7 @@
 """trainer.strategy=fsdp: the model's weights, gradients and optimiser state sharded over the processes
 with PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`), as torchtitan and OpenCLIP do.
 
-Each transformer block (`Block`: a ViT's, the MAE decoder's) is one FSDP unit, then the root takes
+Each unit the model family names (`shard_units`: a ViT's transformer blocks, the MAE decoder's) is one FSDP unit, then the root takes
 what is left (patch embedding, tokens, positions, final norm, heads); a ResNet is one unit. The order
 is OpenCLIP's: compile (per block) -> activation checkpointing (inside the block, models/vit.py) ->
 shard. Every parameter becomes a DTensor holding this process's dim-0 shard; the optimiser is built
@@ -39,7 +39,6 @@ from torch.optim.swa_utils import AveragedModel
 
 from vit_train.config import Config
 from vit_train.errors import ConfigError
-from vit_train.models.vit import Block
 from vit_train.runtime.distributed import Context
 from vit_train.train.optimizer_state import param_names
 
@@ -71,7 +70,7 @@ def reshard_policy(cfg: Config) -> tuple[bool, bool]:
 
 
 def shard(model: nn.Module, ema: AveragedModel | None, cfg: Config, amp_dtype: torch.dtype | None) -> None:
-    """FSDP2 on `model` (and the EMA's copy), in place: each Block, then the root.
+    """FSDP2 on `model` (and the EMA's copy), in place: each unit of its family (`shard_units`), then the root.
 
     Call it with the process group joined, the model on its device and its weights final (a checkpoint's
     loaded), before the optimiser is built. With trainer.compile each block is compiled first (the root
@@ -85,11 +84,11 @@ def shard(model: nn.Module, ema: AveragedModel | None, cfg: Config, amp_dtype: t
     for module in (model, ema.module if ema is not None else None):
         if module is None:
             continue
-        for block in [m for m in module.modules() if isinstance(m, Block)]:
+        for block in cfg.model.shard_units(module):  # the model family's units: a ViT's blocks
             if cfg.trainer.compile and module is model:
                 block.compile(mode=cfg.trainer.compile_mode)
             fully_shard(block, mp_policy=policy, reshard_after_forward=blocks_reshard)
-            for method in BLOCK_METHODS:
+            for method in [m for m in BLOCK_METHODS if hasattr(block, m)]:
                 register_fsdp_forward_method(block, method)
         fully_shard(module, mp_policy=policy, reshard_after_forward=root_reshard)
         for method in ROOT_METHODS:
@@ -122,7 +121,9 @@ def gathered(cfg: Config, *modules: nn.Module | None) -> Iterator[None]:
     """Every FSDP unit of `modules` all-gathered on entry (every process, in the same order) and kept
     gathered until exit, so forwards need no communication: the processes may run different numbers of
     them (evaluation shares, rank 0's figures). A no-op for modules that are not sharded."""
-    units = [m for module in modules if module is not None for m in module.modules() if isinstance(m, FSDPModule)]
+    per_module = [[m for m in module.modules() if isinstance(m, FSDPModule)] for module in modules if module is not None]
+    units = [unit for found in per_module for unit in found]
+    roots = [found[0] for found in per_module if found]  # the outermost unit of each (an EMA's: its module)
     if not units:
         yield
         return
@@ -135,7 +136,8 @@ def gathered(cfg: Config, *modules: nn.Module | None) -> Iterator[None]:
         blocks_reshard, root_reshard = reshard_policy(cfg)
         for unit in units:
             unit.reshard()
-            unit.set_reshard_after_forward(blocks_reshard if isinstance(unit, Block) else root_reshard, recurse=False)
+            root = any(unit is r for r in roots)
+            unit.set_reshard_after_forward(root_reshard if root else blocks_reshard, recurse=False)
 
 
 def full_states(model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -86,7 +86,7 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
             describe(run)
             for line in run.data.start_warnings if run.ctx.is_main else ():  # e.g. images far smaller than the input
                 log.warning("%s", line)
-            short = short_of_space(run_dir, run.model, 1 if cfg.optim.name == "sgd" else 2, run.ema, cfg.trainer.keep_last)
+            short = short_of_space(run_dir, run.model, cfg.optim.moments, run.ema, cfg.trainer.keep_last)
             if short and run.ctx.is_main:  # said now, not after the first epoch's work
                 log.warning("%s", short)  # WARNING says "warning" in train.log; the console shows the message
             return loop(run)
