@@ -25,7 +25,7 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.debugging import boxed_nop
 
-SETTINGS = {"n": 1, "signum": 0, "count": 0}
+SETTINGS = {"n": 1, "signum": 0, "count": 0, "sent": None}  # sent: time.monotonic() when the signal was sent
 AOT_EAGER = aot_autograd(fw_compiler=boxed_nop)  # what backend="aot_eager" is
 
 
@@ -48,6 +48,7 @@ def signalling(gm, example_inputs):
     if _nth(gm):
         print("compiling", flush=True)
         if SETTINGS["signum"]:
+            SETTINGS["sent"] = time.monotonic()
             os.kill(os.getpid(), SETTINGS["signum"])
         for _ in range(600):  # a long compilation: each sleep is interruptible by a signal handler
             time.sleep(0.1)
@@ -56,7 +57,7 @@ def signalling(gm, example_inputs):
 
 def arm(n: int, signum: int = 0) -> None:
     """The n-th compilation from now (1 = the next) fails or is signalled with `signum` (0: no signal)."""
-    SETTINGS.update(n=n, signum=signum, count=0)
+    SETTINGS.update(n=n, signum=signum, count=0, sent=None)
 
 
 for _name, _fn in (("vit_test_failing", failing), ("vit_test_signalling", signalling)):
