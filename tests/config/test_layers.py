@@ -20,7 +20,7 @@ SCRIPTS = PACKAGE.parent / "scripts"
 
 # Low to high. Layers on one row are siblings: neither imports the other.
 LAYERS = [("errors",), ("extras",), ("schema",), ("optim", "schedules"), ("runtime",), ("data",), ("outputs",), ("models",), ("viz",),
-          ("objectives",), ("config",), ("train", "tools"), ("sweeps",), ("cli",)]
+          ("checkpoint",), ("objectives",), ("config",), ("train", "tools"), ("sweeps",), ("cli",)]
 RANK = {layer: rank for rank, row in enumerate(LAYERS) for layer in row}
 
 
@@ -121,6 +121,24 @@ def test_no_import_circle():
         if v not in index:
             visit(v)
     assert circles == []
+
+
+def torch_file_calls(path: Path) -> set[str]:
+    """Which of torch.load and torch.save `path` calls (as `torch.load(...)`, `torch.save(...)`)."""
+    return {f"torch.{node.func.attr}" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("load", "save")
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"}
+
+
+def test_checkpoints_have_one_owner_behind_one_door():
+    """vit_train/checkpoint/ owns what crosses a restart and every file weights are read from: the other layers
+    import its door (`vit_train.checkpoint`), never a room behind it, and only it calls torch.load/torch.save."""
+    rooms = {module_name(p): sorted(m for m in imported_modules(p) if m.startswith("vit_train.checkpoint."))
+             for p in MODULES if layer_of(module_name(p)) != "checkpoint"}
+    assert {m: r for m, r in rooms.items() if r} == {}
+    calls = {module_name(p): sorted(torch_file_calls(p)) for p in MODULES}
+    assert {m: c for m, c in calls.items() if c} == {"vit_train.checkpoint.files": ["torch.load"],
+                                                     "vit_train.checkpoint.saving": ["torch.save"]}
 
 
 def test_the_walk_sees_deferred_and_type_checking_imports(tmp_path, monkeypatch):

@@ -352,9 +352,9 @@ def test_a_model_family_of_ones_own_trains_resumes_bit_for_bit_evaluates_exports
     assert expected["identity"]["architecture"] == {"model.arch": "tinycnn", "model.width": 8}
     report = evaluate_checkpoint(full / "checkpoints" / "last.pt", attention_images=0, progress=False)
     assert report["top1"] == pytest.approx(results["final_top1"])
-    model, run_cfg, ckpt, source = load_for_inference(full / "checkpoints" / "last.pt")
-    assert export(model, run_cfg, ckpt, source, "onnx", tmp_path / "tiny.onnx").get("max_abs_diff", 0.0) < 1e-4
-    assert export(model, run_cfg, ckpt, source, "safetensors", tmp_path / "tiny.safetensors")["format"] == "safetensors"
+    trained = load_for_inference(full / "checkpoints" / "last.pt")
+    assert export(trained, "onnx", tmp_path / "tiny.onnx").get("max_abs_diff", 0.0) < 1e-4
+    assert export(trained, "safetensors", tmp_path / "tiny.safetensors")["format"] == "safetensors"
     wider = Config.from_dict(composed([*args, "model.width=12"]))
     with pytest.raises(ConfigError, match=r"model.width=8 \(here 12\)"):
         load_pretrained(wider.model.build(10), str(full / "checkpoints" / "last.pt"), None, False)

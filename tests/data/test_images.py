@@ -15,6 +15,7 @@ from helpers.configs import build_data
 from vit_train.data.decoding.image import open_rgb, read_uint8
 from vit_train.data.sources.imagefolder import load_image_folders
 from vit_train.errors import DataError
+from vit_train.tools.inference import Trained
 from vit_train.tools.predict import predict, read_image
 from vit_train.data.preprocess import eval_transform as preprocess
 
@@ -122,11 +123,12 @@ def test_predict_reads_rgba_palette_and_16_bit_files_as_their_rgb_twins(tmp_path
     written = write_every_mode(tmp_path, picture(11))
     model = cfg.model.build(3).eval()
     ckpt = {"class_names": ["a", "b", "c"], "preprocess": cfg.data.eval_spec(cfg.model.img_size)}
+    trained = Trained(model, cfg, tmp_path / "made.pt", "model", None, ckpt)
     files = sorted(str(p) for p in written)
-    results = predict(model, ckpt, cfg, files, top_k=3)
+    results = predict(trained, files, top_k=3)
     for path, result in zip(files, results):
         Image.fromarray(written[Path(path)]).save(tmp_path / "twin.png")
-        (twin,) = predict(model, ckpt, cfg, [str(tmp_path / "twin.png")], top_k=3)
+        (twin,) = predict(trained, [str(tmp_path / "twin.png")], top_k=3)
         got = {t["class"]: t["probability"] for t in result["top"]}
         want = {t["class"]: t["probability"] for t in twin["top"]}
         assert got == pytest.approx(want, abs=1e-3), path

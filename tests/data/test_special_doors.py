@@ -20,8 +20,7 @@ from vit_train.data.decoding.image import UnreadableImage, describe_unreadable
 from vit_train.data.sources.imagefolder import load_image_folders
 from vit_train.data.decoding.regular import NotRegularFile, not_regular
 from vit_train.errors import CheckpointError, ConfigError, DataError
-from vit_train.objectives.weights_in import resolve
-from vit_train.outputs.checkpoint import find_resume_checkpoint
+from vit_train.checkpoint import find_resume_checkpoint, resolve
 from vit_train.runtime.preemption import StopRequest
 from vit_train.tools.predict import read_image
 

@@ -207,7 +207,7 @@ def test_a_data_bound_run_is_warned_once_from_its_second_window_with_its_data_se
 
     from helpers.configs import tiny_config
     from vit_train.outputs.metrics import NullLogger
-    from vit_train.train.state import TrainState
+    from vit_train.checkpoint import TrainState
     from vit_train.train.throughput import TrainWindow, log_train
 
     clock = Clock()

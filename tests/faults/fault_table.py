@@ -41,7 +41,7 @@ from helpers.configs import TINY, tiny_config  # noqa: E402
 
 import torch  # noqa: E402
 
-from vit_train.outputs.checkpoint import load_checkpoint  # noqa: E402
+from vit_train.checkpoint import load_checkpoint  # noqa: E402
 from vit_train.errors import UserError  # noqa: E402
 from vit_train.sweeps.job import run_job  # noqa: E402
 from vit_train.train.trainer import train  # noqa: E402
@@ -227,9 +227,7 @@ def by_kind(kinds: dict[int, str]) -> str:
 
 
 def enospc_at(run_dir: Path, n: int) -> str | None:
-    import vit_train.outputs.checkpoint as checkpoint_module
-
-    real_save, count = checkpoint_module.torch.save, {"n": 0}
+    real_save, count = torch.save, {"n": 0}
 
     def save(state, f, *args, **kwargs):
         count["n"] += 1
@@ -238,14 +236,14 @@ def enospc_at(run_dir: Path, n: int) -> str | None:
             raise OSError(errno.ENOSPC, "No space left on device")
         real_save(state, f, *args, **kwargs)
 
-    checkpoint_module.torch.save = save
+    torch.save = save
     try:
         train(tiny_config(**SECTIONS), run_dir)
         return "the run did not fail"
     except UserError as e:
         message = str(e)
     finally:
-        checkpoint_module.torch.save = real_save
+        torch.save = real_save
     results = json.loads((run_dir / "results.json").read_text())
     first = "there is no earlier checkpoint" in message
     if "\n" in message or "no space left on" not in message or first != (n == 1):

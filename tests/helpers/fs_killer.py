@@ -37,7 +37,7 @@ def fake_state(step: int, best_step: int | None) -> dict:
 
 def save_all(folder: Path, saves=SAVES) -> None:
     """`saves` as the run makes them: keep_last 2, best.pt at each new best."""
-    from vit_train.outputs.checkpoint import save_run_checkpoint
+    from vit_train.checkpoint import save_run_checkpoint
 
     for step, best_step in saves:
         save_run_checkpoint(fake_state(step, best_step), folder, keep_last=2, best=best_step == step)

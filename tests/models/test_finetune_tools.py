@@ -150,9 +150,10 @@ def test_eval_at_another_img_size_interpolates_positions(tmp_path, make_config, 
     train(make_config(model=model_cfg, trainer={"max_steps": 2},
                       objective={"name": "distill", "teacher": str(teacher / "checkpoints" / "last.pt")}), tmp_path / "run")
     last = tmp_path / "run" / "checkpoints" / "last.pt"
-    model, cfg, ckpt, _ = load_for_inference(last, "model", {"model": {"img_size": 32}})
-    assert cfg.model.img_size == 32 and model.patch_embed.grid_size == 8
-    trained = ckpt["model"]["pos_embed"]  # (1, class + dist + 2 registers + 16 patches, D)
+    loaded = load_for_inference(last, "model", {"model": {"img_size": 32}})
+    model = loaded.model
+    assert loaded.cfg.model.img_size == 32 and model.patch_embed.grid_size == 8
+    trained = loaded.checkpoint["model"]["pos_embed"]  # (1, class + dist + 2 registers + 16 patches, D)
     if pos_embed == "learned":  # the prefix positions kept, the 4x4 grid resized to 8x8 bicubically
         expected = resize_pos_embed(trained, 4, 8, source_prefix=4)
         assert torch.equal(model.pos_embed[:, :4], trained[:, :4])

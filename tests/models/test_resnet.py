@@ -44,8 +44,7 @@ def test_a_resnet_trains_evaluates_and_exports(tmp_path, make_config):
     last = tmp_path / "checkpoints" / "last.pt"
     report = evaluate_checkpoint(last, attention_images=2, out_dir=tmp_path / "eval", progress=False)
     assert report["images"] == 128
-    model, cfg, ckpt, source = load_for_inference(last)
-    exported = export(model, cfg, ckpt, source, "onnx", tmp_path / "resnet.onnx")
+    exported = export(load_for_inference(last), "onnx", tmp_path / "resnet.onnx")
     assert exported.get("max_abs_diff", 0.0) < 1e-3
 
 

@@ -98,8 +98,8 @@ def test_a_plain_student_gets_both_terms_on_its_one_head():
 
 def test_teacher_from_a_vit_train_checkpoint_and_its_safetensors_export(tmp_path, make_config):
     pytest.importorskip("safetensors")
-    from vit_train.outputs.checkpoint import load_checkpoint
-    from vit_train.outputs.weights import export_safetensors
+    from vit_train.checkpoint import load_checkpoint
+    from vit_train.checkpoint import export_safetensors
     from vit_train.tools.inference import load_for_inference
 
     train(make_config(trainer={"max_steps": 2}), tmp_path / "first")  # objective=classify refuses model.distilled
@@ -107,7 +107,7 @@ def test_teacher_from_a_vit_train_checkpoint_and_its_safetensors_export(tmp_path
     train(make_config(model={"distilled": True}, trainer={"max_steps": 2, "ema_decay": 0.5},
                       objective={"name": "distill", "teacher": str(first)}), tmp_path)
     last = tmp_path / "checkpoints" / "last.pt"
-    reference, *_ = load_for_inference(last)  # EMA weights, as vit-eval takes them
+    reference = load_for_inference(last).model  # EMA weights, as vit-eval takes them
     x = torch.randn(3, 3, 16, 16)
     teacher, described = load_teacher(Distill(teacher=str(last)), 10, 16)
     assert described == "vit-train vit_micro"
@@ -120,7 +120,7 @@ def test_teacher_from_a_vit_train_checkpoint_and_its_safetensors_export(tmp_path
     with pytest.raises(ConfigError, match="predicts 10 classes, the data has 7"):
         load_teacher(Distill(teacher=str(last)), 7, 16)
     from_run, _ = load_teacher(Distill(teacher=str(tmp_path)), 10, 16)  # a run directory: its best.pt
-    best, *_ = load_for_inference(tmp_path / "checkpoints" / "best.pt")
+    best = load_for_inference(tmp_path / "checkpoints" / "best.pt").model
     torch.testing.assert_close(from_run.eval()(x), best(x), rtol=0, atol=0)
     with pytest.raises(ConfigError) as named:  # the checkpoint names its network; a teacher_arch is a mistake
         load_teacher(Distill(teacher=str(last), teacher_arch="resnet18"), 10, 16)
@@ -254,7 +254,7 @@ def test_a_distilled_student_agrees_with_its_teacher_far_more_than_without_it(tr
     teacher.eval()
     scores = {}
     for name in ("plain", "distilled"):
-        model, *_ = load_for_inference(tmp_path / name / "checkpoints" / "last.pt")
+        model = load_for_inference(tmp_path / name / "checkpoints" / "last.pt").model
         scores[name] = agreement(model, teacher, loader)
     print(f"agreement with the rotated teacher on val: {scores}")
     # measured: 37.0% against 9.4% (docs/distillation.md)

@@ -146,11 +146,11 @@ def test_predict_and_onnx_export_refuse_a_pretraining_checkpoint_in_one_line(tmp
     from vit_train.tools.predict import predict
 
     train(make_config(objective={**MAE, **SMALL_DECODER}, trainer={"max_steps": 1}), tmp_path)
-    model, cfg, ckpt, _ = load_for_inference(tmp_path / "checkpoints" / "last.pt")
+    trained = load_for_inference(tmp_path / "checkpoints" / "last.pt")
     with pytest.raises(ConfigError, match="pre-training checkpoint .* predicts no classes.*model.pretrained="):
-        predict(model, ckpt, cfg, ["any.png"])
+        predict(trained, ["any.png"])
     with pytest.raises(ConfigError, match="no classifier to export to ONNX"):
-        export(model, cfg, ckpt, "model", "onnx", tmp_path / "m.onnx")
+        export(trained, "onnx", tmp_path / "m.onnx")
 
 
 @pytest.mark.slow  # ~3 min on 2 idle cores, ~10 under load: 300 pre-training steps, then two probes

@@ -18,13 +18,12 @@ import torch
 
 from helpers.configs import tiny_config
 from helpers.in_process import run_main
+from vit_train.checkpoint import TrainState, best_weights, upgraded
 from vit_train.data.mix import BatchMix
 from vit_train.data.sources.shapes import generate_shapes
 from vit_train.errors import ConfigError
 from vit_train.objectives.weights_in import load_pretrained
-from vit_train.objectives.score import best_weights
 from vit_train.train.optim import build_optimizer
-from vit_train.train.state import TrainState
 
 CPU = torch.device("cpu")
 OBJECTIVES = ["classify", "distill", "mae"]
@@ -209,8 +208,7 @@ def test_one_best_score_follows_the_objectives_direction_and_weights_auto_agrees
                                                 ({"best_top1": -1.0, "best_loss": math.inf}, "", None)])
 def test_an_older_checkpoints_best_top1_or_best_loss_becomes_the_one_best_score(old, metric, score):
     ckpt = {"step": 9, "best_step": 4, "best_source": "ema", **old}
-    fields = TrainState.__dataclass_fields__
-    state = TrainState(**{k: ckpt[k] for k in fields if k in ckpt})  # as state.restore reads a checkpoint
+    state = TrainState.from_checkpoint(upgraded(ckpt))  # as load_checkpoint and restore read a checkpoint
     assert (state.best_metric, state.best_score, state.best_step, state.best_source) == (metric, score, 4, "ema")
     again = state.checkpoint_fields()
     assert (again["best_score"], again["best_metric"]) == (score, metric)  # written back as the one best score
@@ -231,9 +229,10 @@ def test_the_command_line_refuses_in_one_line_before_writing_anything(tmp_path, 
     assert not (tmp_path / "run").exists()
 
 
-def test_a_checkpoint_without_best_score_resumes_with_its_best_top1_through_restore():
-    """An older checkpoint (best_top1 and best_loss, no best_score) read by the resume path itself."""
-    from vit_train.train.state import checkpoint_state, restore
+def test_a_checkpoint_without_best_score_resumes_with_its_best_top1_through_restore(tmp_path):
+    """An older checkpoint (best_top1 and best_loss, no best_score) read by the resume path itself: the file
+    through the door's reader, then restored."""
+    from vit_train.checkpoint import checkpoint_state, load_checkpoint, restore
 
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.AdamW(model.parameters())
@@ -245,5 +244,6 @@ def test_a_checkpoint_without_best_score_resumes_with_its_best_top1_through_rest
     assert (ckpt["best_score"], ckpt["best_metric"]) == (55.0, "top1")
     old = {**{k: v for k, v in ckpt.items() if k not in ("best_score", "best_metric")},
            "best_top1": 55.0, "best_loss": math.inf}  # what checkpoints held before best_score
-    restored = restore(old, model, optimizer, scaler)
+    torch.save(old, tmp_path / "old.pt")
+    restored = restore(load_checkpoint(tmp_path / "old.pt"), model, optimizer, scaler)
     assert (restored.best_metric, restored.best_score, restored.best_step) == ("top1", 55.0, 7)

@@ -14,7 +14,7 @@ import torch
 from helpers.files import file_bytes
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.objectives.distill import file_sha256
-from vit_train.outputs.checkpoint import load_checkpoint
+from vit_train.checkpoint import load_checkpoint
 from vit_train.train.trainer import train
 
 FEW = {"train_size": 64, "val_size": 32, "batch_size": 16}
@@ -26,7 +26,7 @@ def runs(tmp_path_factory):
     """{"mae": an MAE pre-training run, "classify": a classifier run, "mae.safetensors": MAE's export,
     "headless.pt": the classifier's checkpoint without its head.* tensors}, 2 steps each."""
     from helpers.configs import tiny_config
-    from vit_train.outputs.weights import export_safetensors
+    from vit_train.checkpoint import export_safetensors
 
     folder = tmp_path_factory.mktemp("teachers")
     train(tiny_config(**MAE, data=FEW, trainer={"max_steps": 2}), folder / "mae")

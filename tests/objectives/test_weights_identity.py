@@ -1,4 +1,4 @@
-"""Weights that cross from one run into another (objectives/weights_in.py, the one door): every door
+"""Weights that cross from one run into another (checkpoint/weights.py, the one door): every door
 (model.pretrained, objective.teacher, vit-eval/predict/export's ckpt) takes every input kind (a
 checkpoint, a run directory, its checkpoints/ folder, vit-export's safetensors of the model's or the
 EMA's weights, plain and wrapper-prefixed state dicts in both orders, DeiT and Lightning files) by the
@@ -23,8 +23,9 @@ from vit_train.data.sources.shapes import CLASS_NAMES
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.models.vit import VisionTransformer
 from vit_train.objectives.distill import load_teacher
-from vit_train.objectives.weights_in import load_pretrained, open_weights
-from vit_train.outputs.weights import ema_weights, export_safetensors
+from vit_train.checkpoint import open_weights
+from vit_train.objectives.weights_in import load_pretrained
+from vit_train.checkpoint import ema_weights, export_safetensors
 from vit_train.tools.inference import load_for_inference
 from vit_train.train.trainer import train
 
@@ -124,9 +125,9 @@ def test_vit_eval_takes_every_recorded_input_kind_and_refuses_plain_ones_in_one_
         with pytest.raises(ConfigError, match="state dict without a vit-train config: it names no network"):
             load_for_inference(path)
         return
-    model, _, loaded, source = load_for_inference(path)
-    assert same(model.state_dict(), expected)
-    assert source == ("ema" if kind == "safetensors-ema" else "model") and loaded["class_names"] == CLASSES
+    trained = load_for_inference(path)
+    assert same(trained.model.state_dict(), expected)
+    assert trained.source == ("ema" if kind == "safetensors-ema" else "model") and trained.class_names == CLASSES
 
 
 @pytest.mark.parametrize("won", ["model_won", "ema_won"])
@@ -143,7 +144,7 @@ def test_every_door_takes_the_better_scoring_weights_and_says_so(runs, caplog, d
         elif door == "teacher":
             model, _ = load_teacher(Distill(teacher=str(folder / won)), 10, 16, class_names=CLASSES)
         else:
-            model = load_for_inference(folder / won)[0]
+            model = load_for_inference(folder / won).model
     assert same(model.state_dict(), expected)
     said = "the EMA weights" if won == "ema_won" else "the model's weights"
     line = next(r.getMessage() for r in caplog.records if said in r.getMessage())
@@ -324,7 +325,7 @@ def test_the_run_id_is_kept_across_a_resume_and_written_to_results(tmp_path):
 
 def test_a_safetensors_export_carries_the_identity_of_the_weights_it_holds(runs):
     pytest.importorskip("safetensors")
-    from vit_train.outputs.weights import load_weights
+    from vit_train.checkpoint import load_weights
 
     folder, ckpt = runs
     for kind, source, value in (("safetensors-model", "model", 22.5), ("safetensors-ema", "ema", 8.0)):
@@ -486,7 +487,7 @@ def test_the_door_names_the_classes_only_of_weights_trained_on_labels(objective,
     """vit-eval of an MAE checkpoint said "classes [circle, square, ...]" of a run that read no labels."""
     from pathlib import Path
 
-    from vit_train.objectives.weights_in import Incoming, describe
+    from vit_train.checkpoint import Incoming, describe
 
     record = {"objective": objective, "class_names": ["circle", "square"], "step": 8, "run_id": "0123456789"}
     line = describe(Incoming("ckpt", "run/last.pt", Path("run/last.pt"), {}, "model", "asked for", record, {}, None))

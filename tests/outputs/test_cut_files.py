@@ -10,7 +10,7 @@ import torch
 from vit_train.errors import CheckpointError
 from vit_train.objectives.weights_in import load_pretrained
 from vit_train.models.vit import VisionTransformer
-from vit_train.outputs.weights import read_weights
+from vit_train.checkpoint import read_weights
 
 SHAPE = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=10)
 

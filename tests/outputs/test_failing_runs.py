@@ -14,7 +14,7 @@ import shutil
 import pytest
 import torch
 
-import vit_train.outputs.checkpoint as checkpoint_module
+import vit_train.checkpoint as checkpoint_module
 import vit_train.train.trainer as trainer_module
 from helpers.configs import tiny_config
 from helpers.files import assert_same_run, file_bytes, model_weights, read_results, tb_scalars
@@ -131,7 +131,7 @@ def full_disk_at(monkeypatch, failing_save):
             raise OSError(errno.ENOSPC, "No space left on device")
         real_save(state, f, *args, **kwargs)
 
-    monkeypatch.setattr(checkpoint_module.torch, "save", save)
+    monkeypatch.setattr(torch, "save", save)
 
 
 @pytest.mark.parametrize("failing_save, kept, step", [(1, "there is no earlier checkpoint", 2),

@@ -14,11 +14,11 @@ from PIL import Image
 from helpers.configs import tiny_config
 from helpers.images import write_image_folder
 from helpers.runs import command
-from vit_train.outputs.checkpoint import load_checkpoint
-from vit_train.outputs.weights import load_weights
+from vit_train.checkpoint import load_checkpoint
+from vit_train.checkpoint import load_weights
 from vit_train.data.decoding.image import open_rgb
 from vit_train.errors import CheckpointError, DataError
-from vit_train.outputs.integrity import load_failure
+from vit_train.checkpoint import load_failure
 from vit_train.objectives.weights_in import load_pretrained
 from vit_train.train.trainer import train
 

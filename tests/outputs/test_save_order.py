@@ -22,7 +22,7 @@ from helpers.configs import tiny_config
 from helpers.files import assert_every_file_as_the_reference, closing_line, read_results
 from helpers.fs_killer import SAVES, arm, fake_state, save_all
 from vit_train.outputs import rundir
-from vit_train.outputs.checkpoint import (checkpoint_file, find_resume_checkpoint, repair_run_checkpoints,
+from vit_train.checkpoint import (checkpoint_file, find_resume_checkpoint, repair_run_checkpoints,
                                           save_run_checkpoint)
 from vit_train.train.trainer import train
 

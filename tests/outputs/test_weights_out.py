@@ -14,8 +14,9 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from helpers.configs import tiny_config
-from vit_train.outputs.weights import export_safetensors, load_weights
-from vit_train.train.state import TrainState, build_ema, checkpoint_state, restore_weights
+from vit_train.checkpoint import export_safetensors, load_weights
+from vit_train.checkpoint import TrainState, checkpoint_state, restore_ema, restore_weights
+from vit_train.train.run import build_ema
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,8 @@ def test_every_file_with_weights_holds_the_plain_models_names(tmp_path, kind, gl
     again = cfg.model.build(10)
     restore_weights(ckpt, again)
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), plain.state_dict().values()))
-    back = build_ema(again, 0.9, ckpt)
+    back = build_ema(again, 0.9)
+    restore_ema(ckpt, back)
     assert all(torch.equal(back.module.state_dict()[k], plain.state_dict()[k] + 1) for k in names)
 
 

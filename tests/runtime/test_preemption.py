@@ -93,7 +93,7 @@ class InjectedFault(RuntimeError):
 def test_a_real_error_after_a_stop_signal_surfaces(tmp_path, make_config, monkeypatch, where):
     """A signal arrives during step 2; then that step, the eval at step 2 or the save after it fails.
     The stop must not hide the failure: the loader's error handling covers the fetch only."""
-    from vit_train.outputs import checkpoint
+    from vit_train import checkpoint
     from vit_train.models.vit import VisionTransformer
     from vit_train.train.trainer import train
 

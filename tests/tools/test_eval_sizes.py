@@ -31,8 +31,8 @@ def test_a_resnet_at_a_size_with_another_stem_is_refused_naming_the_stem(resnet_
 
 
 def test_a_resnet_at_another_size_with_the_same_stem_evaluates(resnet_run):
-    model, cfg, _, _ = load_for_inference(resnet_run, overrides={"model": {"img_size": 48}})
-    assert cfg.model.img_size == 48 and model(torch.zeros(1, 3, 48, 48)).shape == (1, 10)
+    trained = load_for_inference(resnet_run, overrides={"model": {"img_size": 48}})
+    assert trained.cfg.model.img_size == 48 and trained.model(torch.zeros(1, 3, 48, 48)).shape == (1, 10)
 
 
 def test_a_file_that_fits_at_no_size_is_still_called_damaged(resnet_run, tmp_path):

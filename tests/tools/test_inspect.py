@@ -17,7 +17,7 @@ from helpers.runs import command
 from vit_train.data.sources.shapes import SHAPES_STATS
 from vit_train.errors import CheckpointError
 from vit_train.data.sources.shapes import CLASS_NAMES, generate_shapes_with_masks
-from vit_train.outputs.checkpoint import load_checkpoint
+from vit_train.checkpoint import load_checkpoint
 from vit_train.tools.export import export
 from vit_train.tools.inference import auto_weights, load_for_inference
 from vit_train.tools.predict import predict
@@ -80,10 +80,11 @@ def test_auto_weights_are_the_ones_that_scored_best_for_best_pt(trained_run, tmp
     ckpt = load_checkpoint(run_dir / "checkpoints" / "best.pt")
     ckpt["best_source"], ckpt["last_eval"] = won, None
     torch.save(ckpt, tmp_path / "best.pt")
-    model, _, _, source = load_for_inference(tmp_path / "best.pt")
-    assert source == won
-    expected, *_ = load_for_inference(tmp_path / "best.pt", weights=won)
-    other, *_ = load_for_inference(tmp_path / "best.pt", weights="ema" if won == "model" else "model")
+    chosen = load_for_inference(tmp_path / "best.pt")
+    model = chosen.model
+    assert chosen.source == won
+    expected = load_for_inference(tmp_path / "best.pt", weights=won).model
+    other = load_for_inference(tmp_path / "best.pt", weights="ema" if won == "model" else "model").model
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(model(x), expected(x)) and not torch.equal(model(x), other(x))
@@ -181,7 +182,7 @@ def test_rollout_points_at_the_shape(trained_run):
     20% of the image: 2.0x its area on average (an untrained model: 1.00x), and more than its area in
     every one of 200 new images."""
     run_dir, _ = trained_run
-    model, *_ = load_for_inference(run_dir / "checkpoints" / "last.pt")
+    model = load_for_inference(run_dir / "checkpoints" / "last.pt").model
     mass, area = rollout_mass_in_box(model)
     assert (mass / area).mean() > 1.6
     assert (mass > area).float().mean() > 0.95
@@ -212,8 +213,9 @@ def test_predict_names_the_shape_in_image_files(trained_run, tmp_path):
     for i, image in enumerate(images):
         files.append(str(tmp_path / f"{i}.png"))
         Image.fromarray(image.permute(1, 2, 0).numpy()).save(files[-1])
-    model, cfg, ckpt, _ = load_for_inference(run_dir / "checkpoints" / "best.pt")
-    results = predict(model, ckpt, cfg, files, top_k=3)
+    trained = load_for_inference(run_dir / "checkpoints" / "best.pt")
+    model = trained.model
+    results = predict(trained, files, top_k=3)
     with torch.no_grad():
         expected = model(v2.Normalize(*SHAPES_STATS)(images.float() / 255)).softmax(1)
     for result, probs in zip(results, expected):
@@ -238,8 +240,9 @@ def test_predict_names_the_shape_in_image_files(trained_run, tmp_path):
 def test_safetensors_export_loads_back_with_identical_outputs_here_and_in_timm(trained_run, tmp_path):
     timm = pytest.importorskip("timm")
     run_dir, _ = trained_run
-    model, cfg, ckpt, source = load_for_inference(run_dir / "checkpoints" / "last.pt")
-    export(model, cfg, ckpt, source, "safetensors", tmp_path / "m.safetensors")
+    trained = load_for_inference(run_dir / "checkpoints" / "last.pt")
+    model = trained.model
+    export(trained, "safetensors", tmp_path / "m.safetensors")
     x = torch.randn(4, 3, 32, 32)
     again = VisionTransformer(img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=3, num_heads=4,
                               mlp_ratio=2.0, pool="mean", pos_embed="sincos2d").eval()
@@ -290,7 +293,7 @@ def test_onnx_export_matches_pytorch_at_another_batch_size(trained_run, tmp_path
     last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert result["checked"] and result["max_abs_diff"] < 1e-4 and result["weights"] == auto_weights(last)[0]
     import onnxruntime
-    model, *_ = load_for_inference(run_dir / "checkpoints" / "last.pt")
+    model = load_for_inference(run_dir / "checkpoints" / "last.pt").model
     session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
     x = torch.randn(7, 3, 32, 32)
     got = torch.from_numpy(session.run(None, {"images": x.numpy()})[0])

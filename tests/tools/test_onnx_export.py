@@ -85,8 +85,7 @@ def test_the_docs_onnxruntime_snippet_gives_vit_predicts_probabilities(exported,
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
     exec(compile("\n".join(line[2:] for line in snippet.splitlines()), str(DOC), "exec"), scope)
-    model, cfg, ckpt, _ = load_for_inference(checkpoint)
-    (expected,) = predict(model, ckpt, cfg, [str(tmp_path / "photo.jpg")], top_k=10)
+    (expected,) = predict(load_for_inference(checkpoint), [str(tmp_path / "photo.jpg")], top_k=10)
     got = {name: float(p) for name, p in zip(scope["classes"], scope["probabilities"][0])}
     for entry in expected["top"]:
         assert got[entry["class"]] == pytest.approx(entry["probability"], abs=1e-4)

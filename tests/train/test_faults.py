@@ -22,7 +22,7 @@ from helpers.files import (assert_every_file_as_the_reference, assert_same_run, 
 from helpers.kill_resume import kill_9_at, resume_as_the_reference
 from helpers.runs import hold_lock, lock_is_free, start_vit_train, vit_train
 from vit_train.outputs import integrity
-from vit_train.outputs.checkpoint import load_checkpoint
+from vit_train.checkpoint import load_checkpoint
 from vit_train.outputs.metrics import RunLogger
 from vit_train.train.trainer import train
 
@@ -321,8 +321,7 @@ def test_a_disk_full_write_in_torchs_own_words_is_named_as_such(tmp_path, monkey
     import shutil as shutil_module
     from collections import namedtuple
 
-    import vit_train.outputs.checkpoint as checkpoint_module
-    from vit_train.outputs.checkpoint import save_checkpoint
+    from vit_train.checkpoint import save_checkpoint
     from vit_train.errors import CheckpointError
 
     def full(state, f):
@@ -330,7 +329,7 @@ def test_a_disk_full_write_in_torchs_own_words_is_named_as_such(tmp_path, monkey
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1321216 vs 1321104")
 
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(checkpoint_module.torch, "save", full)
+    monkeypatch.setattr(torch, "save", full)
     monkeypatch.setattr(shutil_module, "disk_usage", lambda path: usage(2**30, 2**30 - 2**17, 2**17))
     with pytest.raises(CheckpointError) as failed:
         save_checkpoint({"model": {"w": torch.zeros(2**18)}}, tmp_path / "last.pt")

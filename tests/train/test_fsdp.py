@@ -202,7 +202,7 @@ def test_compiled_blocks_under_fsdp_train_as_eager_ones(tmp_path):
 def test_a_resume_maps_the_checkpoint_file_instead_of_reading_it_into_each_process(tmp_path, monkeypatch, door):
     """torch.load(mmap=True): the processes of a run share the file's pages (one copy a machine, not one a
     process: 2 x 10 GB for a ViT-H checkpoint otherwise); the weights and moments come from the file."""
-    import vit_train.outputs.checkpoint as checkpoint_module
+    import vit_train.checkpoint.files as checkpoint_module  # where find_resume_checkpoint calls it
     from vit_train.train.trainer import train
 
     cfg = tiny_config(trainer={"max_steps": 4, "ckpt_every": 2})

@@ -83,7 +83,7 @@ def test_a_partial_validation_is_marked_and_a_limit_past_the_set_is_the_whole_se
 def test_a_partial_validations_score_never_competes_with_a_full_ones(evals, best):
     """trainer=debug then resumed with a full validation: the partial 14.84% stayed best.pt and best_top1
     against a full 14.25%. Partial scores compete only with partial ones."""
-    from vit_train.train.state import TrainState
+    from vit_train.checkpoint import TrainState
 
     state = TrainState()
     for step, (partial, top1) in enumerate(evals, start=1):
@@ -98,7 +98,7 @@ def test_results_and_the_export_identity_say_a_best_score_is_partial(tmp_path):
 
     import torch
 
-    from vit_train.outputs.weights import eval_score
+    from vit_train.checkpoint import eval_score
 
     train(tiny_config(trainer={"max_steps": 2, "limit_val_batches": 1}), tmp_path / "run")
     results = json.loads((tmp_path / "run" / "results.json").read_text())

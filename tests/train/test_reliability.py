@@ -7,15 +7,14 @@ import signal
 import pytest
 import torch
 
-import vit_train.outputs.checkpoint as checkpoint_module
 from helpers.files import assert_identical, logged, read_results, rows
-from vit_train.outputs.checkpoint import check_classes, load_checkpoint, save_checkpoint
+from vit_train.checkpoint import check_classes, load_checkpoint, save_checkpoint
 from vit_train.data.datasets import TransformedDataset
 from vit_train.errors import CheckpointError, RunStopped
 from vit_train.runtime.preemption import StopRequest
 from vit_train.train.resume import check_compatible
-from vit_train.train.state import restore_rng
-from vit_train.outputs.weights import export_safetensors, load_weights
+from vit_train.checkpoint import restore_rng
+from vit_train.checkpoint import export_safetensors, load_weights
 from vit_train.train.trainer import train
 
 # Everything a resumed run must reproduce; timing fields (images_seen, train_seconds) aside.
@@ -97,7 +96,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_and_no_temp_file(tmp_path,
         f.truncate(10)
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(checkpoint_module.torch, "save", disk_full)
+    monkeypatch.setattr(torch, "save", disk_full)
     with pytest.raises(CheckpointError, match=r"no space left on .* MB free.*; the previous checkpoint there is intact"):
         save_checkpoint({"step": 2, "weights": torch.zeros(3)}, path)
     monkeypatch.undo()
@@ -108,7 +107,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_and_no_temp_file(tmp_path,
 def test_a_half_written_temp_file_is_never_renamed_over_the_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
     save_checkpoint({"step": 1}, path)
-    monkeypatch.setattr(checkpoint_module.torch, "save", lambda state, f: f.write(b"PK\x03\x04 half a zip"))
+    monkeypatch.setattr(torch, "save", lambda state, f: f.write(b"PK\x03\x04 half a zip"))
     with pytest.raises(CheckpointError):  # the verification load refuses it before the rename
         save_checkpoint({"step": 2}, path)
     monkeypatch.undo()

@@ -253,7 +253,7 @@ def test_cadence_and_loader_changes_continue_exactly_as_without_them(bases, unch
 def test_a_checkpoint_the_caller_loaded_is_not_loaded_again_nor_the_lock_taken_twice(bases, tmp_path, monkeypatch):
     """The command line loads the resume checkpoint for its config and holds the run directory's lock:
     train() takes both from it."""
-    from vit_train.outputs.checkpoint import load_checkpoint
+    from vit_train.checkpoint import load_checkpoint
 
     run = copy_run(bases, "classify", tmp_path)
     path = run / "checkpoints" / "last.pt"

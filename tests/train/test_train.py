@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from helpers.files import logged, model_weights, read_results, tb_steps
-from vit_train.outputs.checkpoint import REQUIRED_KEYS
+from vit_train.checkpoint import REQUIRED_KEYS
 from vit_train.errors import CheckpointError, ConfigError
-from vit_train.train.state import build_ema
+from vit_train.train.run import build_ema
 from vit_train.train.trainer import train
 
 
@@ -152,7 +152,7 @@ def test_compiled_model_trains_like_the_eager_one(tmp_path, make_config):
 
 def test_ema_moves_toward_the_model_at_its_decay():
     model = torch.nn.Linear(3, 2)
-    ema = build_ema(model, 0.9, None)
+    ema = build_ema(model, 0.9)
     ema.update_parameters(model)  # the first update copies the weights
     before = ema.module.weight.detach().clone()
     with torch.no_grad():

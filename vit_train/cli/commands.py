@@ -181,8 +181,8 @@ def _predict(argv: list[str]) -> tuple[list, Callable[[list], str]]:
     from vit_train.tools.predict import predict
 
     files = opts["images"] if isinstance(opts["images"], list) else [opts["images"]]
-    model, cfg, ckpt, _ = load_for_inference(str(opts["ckpt"]), opts["weights"])
-    results = predict(model, ckpt, cfg, [str(f) for f in files], int(opts["top_k"]))
+    trained = load_for_inference(str(opts["ckpt"]), opts["weights"])
+    results = predict(trained, [str(f) for f in files], int(opts["top_k"]))
     return results, lambda results: "\n".join(r["file"] + ": " + ", ".join(f"{t['class']} {t['probability']:.3f}"
                                                                          for t in r["top"]) for r in results)
 
@@ -195,7 +195,7 @@ def _export(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
         opts["format"] = suffix if suffix in ("safetensors", "onnx") else "safetensors"
     if opts["format"] not in ("safetensors", "onnx"):
         raise ConfigError(f"format must be safetensors or onnx; got {opts['format']!r}")
-    from vit_train.outputs.checkpoint import checkpoint_file
+    from vit_train.checkpoint import checkpoint_file
     from vit_train.outputs.places import check_output_file
     from vit_train.tools.export import export
     from vit_train.tools.inference import load_for_inference
@@ -209,8 +209,7 @@ def _export(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
         raise ConfigError(f"out={out} does not end in .{fmt}, the format written (format={fmt}); name it "
                           f"{out.with_suffix('.' + fmt).name}, or give format={out.suffix.lstrip('.') or '...'}")
     check_output_file(out, "out")  # a FIFO, a read-only or missing place: said before the checkpoint is read
-    model, cfg, ckpt, source = load_for_inference(ckpt_path, opts["weights"])
-    return export(model, cfg, ckpt, source, fmt, out, bool(opts["verbose"])), export_text
+    return export(load_for_inference(ckpt_path, opts["weights"]), fmt, out, bool(opts["verbose"])), export_text
 
 
 def export_text(result: dict) -> str:

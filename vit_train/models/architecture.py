@@ -3,7 +3,7 @@ user's key (`model.num_heads`, ...), so that weights crossing from one run into 
 compared with the network they go into (objectives/weights_in.py) and a refusal names what to set.
 
 Two sources: a config's model section (`architecture`: vit-train checkpoints and exports carry it in
-their identity record, outputs/identity.py), and the tensors of a state dict under timm's names
+their identity record, checkpoint/identity.py), and the tensors of a state dict under timm's names
 (`revealed`: what the shapes and names show of a timm, torchvision or plain file). Shapes cannot show
 the number of attention heads (it splits the same qkv matrix differently), or (timm's global_pool)
 whether a model with a class token pooled the mean: a class token is read as model.pool=cls. Only a

@@ -33,10 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit_train.checkpoint import open_weights, resolve
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.objectives.base import Loss
 from vit_train.objectives.classify import Classify
-from vit_train.objectives.weights_in import check_classes, first_difference, open_weights, resolve
+from vit_train.objectives.weights_in import check_classes, first_difference
 from vit_train.schema.config import Config
 from vit_train.schema.legacy import saved_arch
 from vit_train.schema.sections import ModelConfig

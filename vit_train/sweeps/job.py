@@ -144,7 +144,7 @@ def _remove_hydra_record(run_dir: Path) -> None:
 
 def holds_other_job(run_dir: Path, overrides: list[str]) -> str | None:
     """Why `run_dir` cannot take this job (it holds another sweep's run: a record or checkpoints), or None."""
-    from vit_train.outputs.checkpoint import run_checkpoints
+    from vit_train.checkpoint import run_checkpoints
 
     before = job_overrides(run_dir)
     if not before or same_job(before, overrides):
@@ -253,7 +253,7 @@ def _run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path
             record_refusal(run_dir, overrides, refused)
             return math.nan
         config, _, resume_from = compose()
-        from vit_train.outputs.checkpoint import run_checkpoints
+        from vit_train.checkpoint import run_checkpoints
 
         if run_checkpoints(run_dir):
             config.resume = "auto"  # an unfinished job of this sweep continues from its checkpoint

@@ -1,4 +1,6 @@
-"""Using a trained checkpoint: its weights (model or EMA), rebuilt for evaluation, prediction and export.
+"""A trained checkpoint ready for use: the one door vit-eval, vit-predict and vit-export take (`load_for_inference`),
+which gives the model (its weights, model or EMA, rebuilt at its size or another) with its config, class names,
+identity and preprocessing (`Trained`).
 
 A checkpoint carries everything needed here: the config (so the model can be rebuilt), the class
 names and the preprocessing (resize, crop, normalisation), so no data set is needed.
@@ -7,47 +9,74 @@ names and the preprocessing (resize, crop, normalisation), so no data set is nee
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
+from vit_train.checkpoint import best_weights, open_weights
 from vit_train.config import Config
 from vit_train.data.sources.base import DataSource
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.models.architecture import architecture, differing
-from vit_train.models.vit import VisionTransformer
-from vit_train.objectives.score import best_weights
+from vit_train.objectives.weights_in import first_difference
 from vit_train.schema import legacy
-from vit_train.objectives.weights_in import first_difference, open_weights
-from vit_train.outputs.weights import ema_weights
 
 log = logging.getLogger("vit_train")
 
 Weights = Literal["auto", "model", "ema"]
 
 
+@dataclass(frozen=True)
+class Trained:
+    """A trained model ready for use, and what using it needs (`load_for_inference`)."""
+
+    model: torch.nn.Module  # in eval mode on the CPU, its weights loaded: the objective's model (MAE: the autoencoder)
+    cfg: Config  # the checkpoint's config, upgraded, with the caller's overrides (another data root, model.img_size)
+    path: Path  # the file read: the one given, or a run directory's best.pt (else its newest readable checkpoint)
+    source: str  # which weights: "model" or "ema"
+    identity: dict[str, Any] | None  # run id, objective, architecture, class names; which weights, their step, score
+    checkpoint: dict[str, Any]  # the file's contents; for a .safetensors file, made of its metadata and weights
+
+    @property
+    def class_names(self) -> list[str]:
+        return list(self.checkpoint["class_names"])
+
+    @property
+    def step(self) -> int | None:
+        return self.checkpoint.get("step")
+
+    @property
+    def trained_size(self) -> int:
+        """The image size the weights were trained at (the config's model.img_size may be another)."""
+        return self.checkpoint["config"]["model"]["img_size"]
+
+    @property
+    def preprocess(self) -> dict[str, Any]:
+        """How an image becomes the input: the checkpoint's, or at another model.img_size the config's."""
+        return self.checkpoint.get("preprocess") or self.cfg.data.eval_spec(self.cfg.model.img_size)
+
+
 def auto_weights(ckpt: dict) -> tuple[str, str]:
     """("model" or "ema", why) for weights=auto: the weights that scored best for this checkpoint, by the
-    rule training follows (objectives/score.py `best_weights`: the objective's direction, the model
+    rule training follows (checkpoint/scores.py `best_weights`: the objective's direction, the model
     winning a tie)."""
     return best_weights(ckpt)
 
 
-def load_for_inference(path: str | Path, weights: Weights = "auto",
-                       overrides: dict | None = None) -> tuple[VisionTransformer, Config, dict, str]:
-    """(model in eval mode on the CPU, config, checkpoint, "model" or "ema") from vit-train weights.
+def load_for_inference(given: str | Path, weights: Weights = "auto", overrides: dict | None = None) -> Trained:
+    """The trained model `given` names, in eval mode on the CPU, with its config, class names and identity.
 
-    `path` goes through the door for weights (objectives/weights_in.py): a .pt checkpoint, a run
-    directory (its best.pt) or a .safetensors file written by vit-export; weights=auto takes the weights
-    that scored best for a checkpoint (`auto_weights`) and logs which and why. `overrides` (plain nested
-    dict) are merged into the saved config, e.g. another data root; the model's shape cannot change, but
-    model.img_size can: learned positions are then interpolated as for fine-tuning (bicubic). The
-    checkpoint returned is the file's, or for a .safetensors file one made of its metadata (config, class
-    names, preprocessing, the weights under "model" or "ema").
+    `given` goes through the door for weights (vit_train/checkpoint/ `open_weights`): a .pt checkpoint, a run
+    directory (its best.pt) or a .safetensors file written by vit-export; weights=auto takes the weights that scored best for a checkpoint (`auto_weights`)
+    and logs which and why. `overrides` (plain nested dict) are merged into the saved config, e.g. another data
+    root; the model's shape cannot change, but model.img_size can: learned positions are then interpolated as for
+    fine-tuning (bicubic).
     Raises ConfigError, CheckpointError (one line): a plain state dict names no network to rebuild.
     """
-    incoming = open_weights(path, "ckpt", weights, said_as=f"weights={weights}")
+    incoming = open_weights(given, "ckpt", weights, said_as=f"weights={weights}")
+    path = given
     if incoming.config is None:
         raise ConfigError(f"ckpt={path} is a state dict without a vit-train config: it names no network to rebuild; "
                           f"give a vit-train checkpoint, run directory or vit-export .safetensors, or train from "
@@ -87,7 +116,7 @@ def load_for_inference(path: str | Path, weights: Weights = "auto",
                  ckpt["config"]["model"]["img_size"], ckpt["config"]["model"]["img_size"],
                  "learned positions interpolated (bicubic)" if learned else "fixed sin-cos positions recomputed")
         ckpt = {**ckpt, "preprocess": None}  # the preprocessing follows the new size
-    return model.eval(), cfg, ckpt, source
+    return Trained(model.eval(), cfg, incoming.path, source, incoming.identity, ckpt)
 
 
 def _refuse_size(path, plain: dict, classes: int, state: dict, trained_size: int, error: RuntimeError) -> None:

@@ -15,12 +15,11 @@ import torch
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from vit_train.config import Config
 from vit_train.data.decoding.image import IMAGE_ERRORS, ResizeBombError, open_rgb
 from vit_train.data.decoding.listing import file_kind, list_images, path_is_image, say_skipped
 from vit_train.data.preprocess import eval_transform
 from vit_train.errors import ConfigError, DataError
-from vit_train.models.vit import VisionTransformer
+from vit_train.tools.inference import Trained
 
 BATCH = 64  # images per forward pass: a folder of thousands is not one batch
 GLOB_CHARACTERS = "*?["
@@ -106,19 +105,19 @@ def _folder_images(folder: Path, entry: str | None = None) -> list[str]:
 
 
 @torch.no_grad()
-def predict(model: VisionTransformer, ckpt: dict, cfg: Config, images: list[str], top_k: int = 5) -> list[dict]:
-    """For each image file `images` name (files, folders, glob patterns: `image_files`), the `top_k`
-    classes with their probabilities, most likely first: [{"file", "top": [{"class", "probability"}]}].
+def predict(trained: Trained, images: list[str], top_k: int = 5) -> list[dict]:
+    """For each image file `images` name (files, folders, glob patterns: `image_files`), the `top_k` classes of
+    the `trained` model with their probabilities, most likely first: [{"file", "top": [{"class", "probability"}]}].
     Raises ConfigError (no images given, an MAE checkpoint), DataError (a missing or unreadable file)."""
-    cfg.objective.refuse_prediction("predicts no classes")
+    trained.cfg.objective.refuse_prediction("predicts no classes")
     if not images:
         raise ConfigError("no images given: images=[a.jpg,b.png], a folder or a pattern such as 'images=[\"photos/*.jpg\"]'")
     files = image_files([str(f) for f in images])
-    transform = eval_transform(ckpt.get("preprocess") or cfg.data.eval_spec(cfg.model.img_size))
-    names, results = ckpt["class_names"], []
+    transform = eval_transform(trained.preprocess)
+    names, results = trained.class_names, []
     for start in range(0, len(files), BATCH):
         chunk = files[start:start + BATCH]
-        probs = model(torch.stack([transform(read_image(f)) for f in chunk])).float().softmax(dim=1)  # (B, classes)
+        probs = trained.model(torch.stack([transform(read_image(f)) for f in chunk])).float().softmax(dim=1)  # (B, classes)
         top = probs.topk(min(top_k, probs.shape[1]), dim=1)
         results += [{"file": f, "top": [{"class": names[i], "probability": p}
                                         for p, i in zip(values.tolist(), indices.tolist())]}

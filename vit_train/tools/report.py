@@ -26,7 +26,7 @@ import torch
 from vit_train.config import Config, run_dir_of
 from vit_train.errors import ConfigError
 from vit_train.extras import available
-from vit_train.outputs.checkpoint import check_classes, checkpoint_file
+from vit_train.checkpoint import check_classes
 from vit_train.outputs.places import FREE_SPACE, check_output_folder, fsync_dir, fsync_file, os_error_of, place_error
 from vit_train.runtime.device import autocast_dtype, pick_device
 from vit_train.schema.typed import options
@@ -115,24 +115,24 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights
     the metrics, with what was evaluated (checkpoint, step, weights, img_size, overrides). `unwritten`: called
     with the results (no "out_dir", "figures" empty) when writing them fails, before the error is raised, so
     the numbers can still be shown (vit-eval prints them)."""
-    path = checkpoint_file(path)
-    model, cfg, ckpt, source = load_for_inference(path, weights, overrides)
-    changed = changed_keys(ckpt["config"], cfg)
-    out = Path(out_dir) if out_dir else eval_dir(path, changed, cfg.data.all_loading_keys())
+    trained = load_for_inference(path, weights, overrides)  # a run directory: its best.pt (trained.path)
+    model, cfg = trained.model, trained.cfg
+    changed = changed_keys(trained.checkpoint["config"], cfg)
+    out = Path(out_dir) if out_dir else eval_dir(trained.path, changed, cfg.data.all_loading_keys())
     check_output_folder(out, "out")  # a read-only, missing or file-blocked place is said before the evaluation
     previous_files(out)  # and another tool's metrics.json there
     objective = cfg.objective
     device = pick_device(cfg.trainer.device)
     data = cfg.data.build(cfg, device, labels=objective.reads_labels)
     if objective.reads_labels:  # an MAE checkpoint evaluates on any images: it read no labels
-        check_classes(ckpt, data.class_names)
+        check_classes(trained.checkpoint, data.class_names)
     model.to(device)
     # the run's own evaluation (objectives/): a classifier's with its confusion matrix, MAE's reconstruction loss
     metrics = objective.evaluate(model, data.val_loader, device, autocast_dtype(cfg.trainer.precision, device), cfg,
                                  progress, confusion=True)
-    what = {"checkpoint": str(path), "step": ckpt.get("step"), "weights": source, "objective": objective.name,
-            "data": cfg.data.name, "data_root": cfg.data.location(), "img_size": cfg.model.img_size,
-            "trained_img_size": ckpt["config"]["model"]["img_size"], "overrides": changed}
+    what = {"checkpoint": str(trained.path), "step": trained.step, "weights": trained.source,
+            "objective": objective.name, "data": cfg.data.name, "data_root": cfg.data.location(),
+            "img_size": cfg.model.img_size, "trained_img_size": trained.trained_size, "overrides": changed}
     figures = {}
     if attention_images > 0 and not available("matplotlib"):
         log.warning("figures skipped: they need matplotlib (pip install 'vit-train[viz]')")

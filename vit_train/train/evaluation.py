@@ -77,7 +77,9 @@ def _evaluate(run: Run, stop: StopRequest | None, during) -> dict[str, float] | 
         run.logger.scalars("val", state.step, {k: v for k, v in metrics.items() if not k.startswith("ema_")})
         if ema_metrics is not None:
             run.logger.scalars("val_ema", state.step, ema_metrics)
-    state.record_eval(metric, scores, partial=val.partial, metrics=metrics)
+    state.record_eval(metric, scores, partial=val.partial)
+    run.latest.clear()
+    run.latest.update(metrics)  # this attempt's latest evaluation: results.json's final_*
     best = objective.score_text(state.best_score) if state.best_score is not None else "none"
     log.info("step %d (epoch %.2f): %s (best %s, %s)%s", state.step, state.epochs_done,
              objective.eval_text(metrics, ema_metrics, classes=len(run.data.class_names)), best, state.best_source,

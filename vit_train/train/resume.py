@@ -11,20 +11,19 @@ import os
 from pathlib import Path
 from typing import Any
 
+from vit_train.checkpoint import (TrainState, find_resume_checkpoint, mixed_runs, mixed_text, position_from_batches,
+                                  repair_run_checkpoints, run_checkpoints, run_id_of)
 from vit_train.config import Config
 from vit_train.errors import CheckpointError, ConfigError
-from vit_train.outputs.checkpoint import find_resume_checkpoint, repair_run_checkpoints, run_checkpoints
-from vit_train.outputs.identity import mixed_runs, mixed_text, run_id_of
 from vit_train.schema import legacy
 from vit_train.schema.config import OPTION_GROUPS
 from vit_train.schema.sections import TrainerConfig
-from vit_train.train.state import TrainState
 
 
 def find_start(resume: str | None, run_dir: Path) -> tuple[Path, dict] | None:
     """The checkpoint a run in `run_dir` continues from, loaded (mapped: a machine's processes share one copy),
     or None for a fresh start: `resume` null, `auto` (the newest readable checkpoint of `run_dir`; none there
-    starts fresh), a run directory or a file (outputs/checkpoint.py). Raises CheckpointError (one line, nothing
+    starts fresh), a run directory or a file (vit_train/checkpoint/). Raises CheckpointError (one line, nothing
     touched) for a fresh start in a directory that holds checkpoints, and for a checkpoint of another run than
     the directory's (`check_own_run`). The command line calls it for resume=PATH (it needs the saved config),
     train() for the rest: once per run."""
@@ -39,7 +38,7 @@ def find_start(resume: str | None, run_dir: Path) -> tuple[Path, dict] | None:
 
 def check_own_run(path: Path, ckpt: dict, run_dir: Path) -> None:
     """Refuse (CheckpointError, one line, nothing touched) to resume in a run directory whose files name
-    more than one run (outputs/identity.py `mixed_runs`): another run's checkpoint copied in (as last.pt,
+    more than one run (checkpoint/identity.py `mixed_runs`): another run's checkpoint copied in (as last.pt,
     a step file or best.pt) would be continued here, or kept beside this run's; resuming another run's
     file into a directory that holds a run would overwrite it. Checkpoints written before run ids were
     kept are not checked."""
@@ -65,7 +64,7 @@ def check_data_position(state: TrainState, ckpt: dict, cfg: Config, train_images
     `position_changes`) is refused with a ConfigError: images would be skipped or trained on twice. A
     checkpoint written before positions were counted in images gets its position from its own batch size."""
     saved = legacy.upgrade_saved(ckpt["config"])
-    state.position_from_batches(saved["data"]["batch_size"], train_images)
+    position_from_batches(state, saved["data"]["batch_size"], train_images)
     if not state.sample_in_epoch:
         return  # at an epoch's boundary: the next epoch is a new permutation anyway
     before = {"data.repeated_aug": saved["data"].get("repeated_aug", 1), "seed": saved.get("seed", 0)}
@@ -73,7 +72,7 @@ def check_data_position(state: TrainState, ckpt: dict, cfg: Config, train_images
     changed = [f"the training set holds {train_images} images, not {state.train_images}"] if (
         state.train_images and state.train_images != train_images) else []
     changed += [f"{key} is {now[key]}, not {before[key]}" for key in before if now[key] != before[key]]
-    changed += cfg.data.position_changes(saved["data"], state.stream_layout, world_size)
+    changed += cfg.data.position_changes(saved["data"], ckpt.get("stream_layout"), world_size)
     if changed:
         end = state.step - (-(state.epoch_end - state.sample_in_epoch) // saved["data"]["batch_size"])
         # (not trainer.max_steps=<end>: the warmup and cosine schedule would be fitted to that shorter run)
@@ -175,7 +174,7 @@ def cli_value(value: Any) -> str:
 
 def complete_interrupted_save(path: Path, run_dir: Path, state: TrainState, keep_last: int) -> None:
     """A resume from this run's own checkpoint first completes the save a kill may have cut short: its step
-    file, best.pt holding the run's best step, the rotation (checkpoint.repair_run_checkpoints). Another
+    file, best.pt holding the run's best step, the rotation (checkpoint/saving.py `repair_run_checkpoints`). Another
     run's checkpoint (resume=<its file>) is left as it is."""
     folder = run_dir / "checkpoints"
     if path.resolve().parent == folder.resolve():

@@ -17,15 +17,15 @@ from typing import Sequence
 
 import torch
 from torch import nn
-from torch.optim.swa_utils import AveragedModel
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
+from vit_train.checkpoint import (TrainState, check_classes, new_run_id, restore, restore_ema, restore_loop,
+                                  restore_weights)
 from vit_train.config import Config
 from vit_train.data.loaders import Data
 from vit_train.data.mix import BatchMix
 from vit_train.objectives.base import Loss
 from vit_train.objectives.weights_in import load_pretrained
-from vit_train.outputs.checkpoint import check_classes
-from vit_train.outputs.identity import new_run_id
 from vit_train.outputs.metrics import EarlyRecords, NullLogger, RunLogger
 from vit_train.runtime import distributed
 from vit_train.runtime.cpu import set_cpu_threads
@@ -38,7 +38,6 @@ from vit_train.train.optim import build_optimizer, build_scheduler
 from vit_train.schema.legacy import upgrade_saved
 from vit_train.train.resume import check_data_position, cli_value, config_changes
 from vit_train.train.skips import SkippedSteps, skips_on_device
-from vit_train.train.state import TrainState, build_ema, restore, restore_weights
 from vit_train.train.throughput import TrainWindow, peak_tflops
 from vit_train.viz.figures import TrainingVisuals
 
@@ -75,7 +74,8 @@ class Run:
     visuals: TrainingVisuals | None
     window: TrainWindow
     progress: EpochProgress  # each epoch's bar (batches.py), which the train rows update
-    state: TrainState
+    state: TrainState  # what crosses a restart (the checkpoint's TrainState)
+    latest: dict  # the latest evaluation's metrics in this attempt (results.json's final_*); empty before the first
     total_steps: int
     started: float  # time.time() when this attempt began (before its checkpoint was found)
     earlier_seconds: float  # wall time of earlier attempts, up to their last checkpoint
@@ -123,7 +123,9 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
     if ckpt:  # into the whole model, before any sharding: checkpoints hold whole tensors whatever wrote them
         check_classes(ckpt, data.class_names)
         restore_weights(ckpt, model)
-    ema = build_ema(model, t.ema_decay, ckpt)
+    ema = build_ema(model, t.ema_decay)  # from the restored weights: the EMA of a checkpoint without one starts there
+    if ckpt:
+        restore_ema(ckpt, ema)
     if sharding.wanted(cfg, ctx):  # trainer.strategy=fsdp: model and EMA sharded in place (FSDP2)
         sharding.shard(model, ema, cfg, amp_dtype)
     elif t.strategy == "fsdp":
@@ -147,13 +149,9 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
     # DistributedDataParallel with several processes (FSDP's model is its own wrapper), else the model itself
     ddp = model if sharding.is_sharded(model) else distributed.wrap(model)
     loss = objective.build_loss(cfg, model, classes, data.class_names, ctx.rank)
-    loss.load_state_dict((ckpt or {}).get("objective"))
-    terms = ((ckpt or {}).get("train_window") or {}).get("terms")
-    if terms:
-        loss.load_window(terms)  # the train row's window continues, the objective's terms too
     mix = BatchMix(cfg.aug, classes, cfg.seed) if BatchMix.wanted(cfg.aug) else None
     window = TrainWindow(device, objective.flops_per_image(cfg, classes), peak_tflops(device, amp_dtype, t.peak_tflops))
-    window.load_state_dict(ckpt.get("train_window") if ckpt else None)
+    restore_loop(ckpt, loss, window)  # the objective's state, the train row's window (its terms too)
     window.advice = cfg.data.data_bound_advice(device)
     # counted on the device and read at logs and saves: a fused optimiser's, and the compiled step's on a GPU (whose
     # graph skips the update itself); elsewhere read every step, as the eager step decides with it
@@ -179,8 +177,15 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
                compile_seconds=compile_seconds, resumed_with=resumed_with(cfg, ckpt), loss=loss, mix=mix, ema=ema, optimizer=optimizer, scheduler=scheduler,
                scaler=scaler, skips=skips,
                logger=logger, visuals=visuals, window=window, progress=EpochProgress(t.progress and ctx.is_main),
-               state=state, total_steps=total_steps, started=time.time() if started is None else started,
+               state=state, latest={}, total_steps=total_steps, started=time.time() if started is None else started,
                earlier_seconds=state.wall_seconds)
+
+
+def build_ema(model: nn.Module, decay: float | None) -> AveragedModel | None:
+    """An EMA of the weights (and buffers) at `decay` per step; None without one (trainer.ema_decay=null)."""
+    if decay is None:
+        return None
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
 
 
 def resumed_with(cfg: Config, ckpt: dict | None) -> list[str]:

@@ -17,7 +17,7 @@ on those, so its moments are sharded too. A block's weights are all-gathered jus
   layout keyed like the unsharded model's, EMA) is gathered to rank 0 on the CPU
   (torch.distributed.checkpoint.state_dict, full_state_dict + cpu_offload) and written in the usual
   format; resuming loads the weights into the whole model before sharding and the optimiser state with
-  set_optimizer_state_dict (train/optimizer_state.py). So an FSDP run resumes under DDP or one process and
+  set_optimizer_state_dict (checkpoint/optimizer.py). So an FSDP run resumes under DDP or one process and
   the other way round.
 - Evaluation (and rank 0's figures) runs with every unit gathered and kept gathered (`gathered`): the
   processes evaluate different numbers of val batches, which per-batch all-gathers could not follow.
@@ -40,7 +40,7 @@ from torch.optim.swa_utils import AveragedModel
 from vit_train.config import Config
 from vit_train.errors import ConfigError
 from vit_train.runtime.distributed import Context
-from vit_train.train.optimizer_state import param_names
+from vit_train.checkpoint import param_names
 
 log = logging.getLogger("vit_train")
 

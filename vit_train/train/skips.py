@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from vit_train.train.state import TrainState
+from vit_train.checkpoint import TrainState
 
 log = logging.getLogger("vit_train")
 

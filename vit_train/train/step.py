@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from vit_train.checkpoint import TrainState, run_checkpoints
 from vit_train.runtime import distributed
-from vit_train.outputs.checkpoint import run_checkpoints
 from vit_train.train.sharding import clip_grad_norm
-from vit_train.train.state import TrainState
 
 if TYPE_CHECKING:
     from vit_train.train.run import Run

@@ -21,11 +21,10 @@ from typing import Any, Sequence
 import torch
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from vit_train.checkpoint import TrainState, checkpoint_state, run_checkpoints, save_run_checkpoint, short_of_space, shown
 from vit_train.config import Config
 from vit_train.errors import RunStopped, UserError
-from vit_train.objectives.score import shown
 from vit_train.outputs import rundir
-from vit_train.outputs.checkpoint import run_checkpoints, save_run_checkpoint, short_of_space
 from vit_train.outputs.metrics import output_error, results_summary, write_results
 from vit_train.runtime import distributed
 from vit_train.runtime.logs import EarlyRecords
@@ -36,7 +35,6 @@ from vit_train.train.evaluation import evaluate
 from vit_train.train.resume import (check_compatible, complete_interrupted_save, find_start, how_to_train_longer,
                                     resume_auto_found_nothing)
 from vit_train.train.run import Run, build_run, describe
-from vit_train.train.state import TrainState, checkpoint_state
 from vit_train.train.step import diverged_message, step_seed, train_step
 from vit_train.train.throughput import log_train
 
@@ -144,7 +142,7 @@ def loop(run: Run) -> dict[str, Any]:
                 evaluate_and_save(run, stop)
             elif saving:
                 save(run)
-        if not state.metrics and not stop:  # resumed a run that had already finished
+        if not run.latest and not stop:  # resumed a run that had already finished
             log.info("the run already reached its last step (%d); %s", run.total_steps, how_to_train_longer(t, run.total_steps))
             evaluate_and_save(run, stop)
         if stop:
@@ -191,9 +189,7 @@ def save(run: Run, best: bool = False) -> None:
         gathered = sharding.full_states(run.model, run.optimizer, run.ema)  # FSDP: every process sends rank 0 its shards
         if run.ctx.is_main:
             ckpt = checkpoint_state(run.model, run.optimizer, run.scheduler, run.scaler, run.ema, run.state, run.cfg,
-                                    run.overrides, run.data.class_names, run.loss, gathered)
-            # the next train row's sums (the objective's terms too): a resume logs the uninterrupted run's row
-            ckpt["train_window"] = {**run.window.state_dict(), "terms": run.loss.window_state()}
+                                    run.overrides, run.data.class_names, run.loss, gathered, run.window)
             run.logger.sync()  # the rows up to this step reach the disk before the checkpoint that will not log them again
             save_run_checkpoint(ckpt, run.run_dir / "checkpoints", run.cfg.trainer.keep_last, best)
         distributed.barrier()
@@ -204,8 +200,8 @@ def results(run: Run, status: str, error: str | None = None) -> dict[str, Any]:
     state, objective = run.state, run.cfg.objective
     seconds = time.time() - run.started
     return results_summary(status, state, objective.name, objective.results_of(state.best_of(objective.metric),
-                                                                               state.metrics),
-                           state.metrics, seconds, run.run_dir, all_attempts=run.earlier_seconds + seconds, error=error,
+                                                                               run.latest),
+                           run.latest, seconds, run.run_dir, all_attempts=run.earlier_seconds + seconds, error=error,
                            compile_seconds=sum(run.compile_seconds.values()) if run.compile_seconds else None)
 
 

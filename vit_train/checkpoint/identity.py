@@ -1,6 +1,7 @@
 """The identity of weights, as data: the run id made at a run's start, and the comparisons every door
-for weights makes (objectives/weights_in.py): class names, and whether a checkpoint in a run
-directory belongs to that run. The architecture half of the record is models/architecture.py's.
+for weights makes (weights.py `open_weights`, a resume): class names, and whether a checkpoint in a run
+directory belongs to that run; the record an export carries for one set of a checkpoint's weights. The
+architecture half of the record is models/architecture.py's.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import torch
+from vit_train.checkpoint.files import read_archive
+from vit_train.errors import CheckpointError
 
 
 def new_run_id() -> str:
@@ -62,7 +64,7 @@ def recorded_run_ids(run_dir: Path, besides: Path) -> dict[str, str]:
         try:
             if besides.exists() and os.path.samefile(path, besides):
                 continue
-            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            ckpt = read_archive(path, mmap=True)
         except Exception:  # a damaged or foreign file: resume passes over those itself
             continue
         rid = run_id_of(ckpt) if isinstance(ckpt, dict) else None
@@ -92,3 +94,36 @@ def mixed_text(run_dir: Path, strangers: dict[str, str], own: str, mine: list[st
     named, theirs = ", ".join(strangers), next(iter(strangers.values()))
     return (f"{run_dir} holds files of two runs: {named} {'is' if len(strangers) == 1 else 'are'} run {theirs[:8]}'s, "
             f"{', '.join(mine)} run {own[:8]}'s: another run's checkpoint was put here")
+
+
+def check_classes(ckpt: dict, class_names: list[str]) -> None:
+    """Refuse data whose classes differ from the checkpoint's (known only once the data is loaded; a resumed
+    run and vit-eval's report both check): CheckpointError, one line."""
+    difference = class_difference(list(ckpt["class_names"]), list(class_names), "saved", "in the data now")
+    if difference is not None:
+        raise CheckpointError(f"the checkpoint does not fit this data (classes: {len(ckpt['class_names'])} saved, "
+                              f"{len(class_names)} in the data now: {difference.split(' (')[0]}); use "
+                              f"the data it was trained on, or start a new run from its weights "
+                              f"(model.pretrained=<the checkpoint> model.reset_head=true)")
+
+
+def weights_identity(ckpt: dict[str, Any], source: str) -> dict[str, Any] | None:
+    """A checkpoint's identity record (contents.py writes it; models/architecture.py `identity`) for
+    one set of its weights: with "weights" (`source`), "step" and "score" (`eval_score`). None for a
+    checkpoint written before the record (the door for weights rebuilds it from the config)."""
+    if not ckpt.get("identity"):
+        return None
+    record = {**ckpt["identity"], "weights": source}
+    if "step" not in record:  # a checkpoint's record; an export's says its step and score already
+        record.update(step=ckpt.get("step"), score=eval_score(ckpt, source))
+    return record
+
+
+def eval_score(ckpt: dict[str, Any], source: str) -> dict[str, Any] | None:
+    """{"metric", "value", "step"} of the weights `source` ("model" or "ema") at a checkpoint's last
+    evaluation (`last_eval`), None when it records none."""
+    last = ckpt.get("last_eval") or {}
+    if source in last:  # "partial": scored on a share of the val set (trainer.limit_val_batches)
+        return {"metric": last.get("metric") or "top1", "value": last[source], "step": last.get("step"),
+                **({"partial": True} if last.get("partial") else {})}
+    return None

@@ -1,6 +1,7 @@
 """Scores: which of two is better, and which weights (the model or its EMA) scored best. The one rule
 that training (best.pt, `last_eval`), vit-eval/vit-predict/vit-export's `weights=auto` and a
-distillation teacher taken from a checkpoint follow: the objective's direction, the model winning a tie.
+distillation teacher taken from a checkpoint follow: the objective's direction (the registered objective
+scored by the metric: schema/typed.py `options`), the model winning a tie.
 """
 
 from __future__ import annotations
