@@ -108,12 +108,11 @@ def device_batches(aug, native: int = 16, size: int = 16, batch_size: int = 16, 
     return device, images, [(x.clone(), y.clone()) for x, y in device]
 
 
-CASES = [(name, {}, 16) for name in OPTIONS] + [
+CASES = [(name, {}, native) for native in (16, 32, 12) for name in OPTIONS] + [  # at, above and below the model's side
     ("basic", {"random_erasing": 0.5}, 16),
     ("none", {"random_erasing": 0.5}, 16),
     ("randaug", {"randaug_n": 3, "randaug_m": 20, "random_erasing": 0.3}, 16),
     ("autoaug", {"autoaug_policy": "svhn"}, 16),
-    ("autoaug", {}, 32),  # CIFAR's 32x32 at a 16 model: resized, then cropped, then the policy
     ("trivial", {"random_erasing": 1.0}, 32),
 ]
 

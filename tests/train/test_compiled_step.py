@@ -66,9 +66,9 @@ def test_the_step_is_one_graph_compiled_once_across_warmup_epochs_checkpoints_an
         sections["trainer"]["epochs"] = 3
         results = train(step_config(**sections, resume="auto"), tmp_path)
     assert results["steps"] == 24 and not counters["graph_break"] and counters["stats"]["unique_graphs"] == 2
-    lrs = [r["lr"] for r in train_rows(tmp_path)]  # each row: the next step's lr
-    assert lrs[:3] == sorted(set(lrs[:3])) and lrs[2] == 1e-3  # warmup
-    assert lrs[2:16] == sorted(lrs[2:16], reverse=True) and lrs[15] < lrs[3]  # cosine, then a longer one resumed
+    lrs = [r["lr"] for r in train_rows(tmp_path)]  # each row: the lr its step trained with
+    assert lrs[:4] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3], rel=1e-12)  # warmup: (step / 4) x lr
+    assert lrs[3:16] == sorted(lrs[3:16], reverse=True) and lrs[15] < lrs[4]  # cosine, then a longer one resumed
 
 
 def test_compile_time_is_reported_apart_and_left_out_of_images_per_second(tmp_path, counters, caplog):

@@ -4,11 +4,15 @@ the optimiser and the schedule themselves are the options optim=NAME (vit_train/
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from vit_train.schema.sections import ModelConfig, OptimConfig, ScheduleConfig
+
+log = logging.getLogger("vit_train")
 
 # The ViT's learned tokens and positions (timm's no_weight_decay(), reg_token included: timm issue #2712).
 NO_DECAY_NAMES = ("pos_embed", "cls_token", "dist_token", "reg_token")
@@ -65,7 +69,12 @@ def build_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, cfg: S
     follows the same curve times its scale, min_lr included (as timm and MAE do).
     """
     lr = optim.lr if lr is None else lr
-    warmup = min(round(cfg.warmup_epochs * steps_per_epoch), total_steps)
+    asked = round(cfg.warmup_epochs * steps_per_epoch)
+    if asked > total_steps:
+        log.warning("schedule.warmup_epochs=%g is %d steps, longer than the run's %d: the lr rises for the whole run "
+                    "and reaches its peak (%g) only at the last step, with no %s after it; lower "
+                    "schedule.warmup_epochs or train longer", cfg.warmup_epochs, asked, total_steps, lr, cfg.name)
+    warmup = min(asked, total_steps)
     for group in optimizer.param_groups:
         group["initial_lr"] = lr * group.get("lr_scale", 1.0)
     scheduler = LambdaLR(optimizer, lambda step: cfg.factor(step, warmup, total_steps, lr), last_epoch=start_step - 1)

@@ -114,6 +114,7 @@ def loop(run: Run) -> dict[str, Any]:
                 run.data.epoch_done(state.epoch)
             if run.ctx.enabled:  # dropout, drop path, MAE's masks: each process its own draws, a function of the step
                 torch.manual_seed(step_seed(run.cfg.seed, state.step, run.ctx.rank))
+            lr = max(run.scheduler.get_last_lr())  # the rate this step trains with (the head's under layer decay)
             started = time.perf_counter()
             if compiling:
                 log.info("compiling the training step (torch.compile: a minute or more the first time, seconds from "
@@ -131,7 +132,7 @@ def loop(run: Run) -> dict[str, Any]:
             saving = evaluating or state.batch_in_epoch == 0 or due(state.step, t.ckpt_every)
             if due(state.step, t.log_every) or state.step == run.total_steps:
                 run.skips.settle(state)
-                log_train(run.logger, run.progress, run.window, state, run.scheduler.get_last_lr()[0], run.scaler,
+                log_train(run.logger, run.progress, run.window, state, lr, run.scaler,
                           run.loss.terms())
             elif saving:  # counts kept on the device: read before a checkpoint, which must not keep a diverged run
                 run.skips.settle(state)

@@ -13,7 +13,8 @@ parameters torchvision derives from a magnitude, and the same results per image:
     and `bmm`, one matrix per image), `grid_sample`, nearest, fill 0. Rotations by exactly 90, 180 or 270
     degrees, which torchvision does with `rot90`, go through the grid like any angle: pixel centres land on
     pixel centres, the same pixels.
-  - Brightness, Color, Contrast, Sharpness: torchvision's float32 arithmetic, truncation to uint8 included.
+  - Brightness, Color, Contrast, Sharpness: torchvision's float32 arithmetic, truncation to uint8 included
+    (Contrast on the CPU is torchvision's own kernel per image: `contrast` says why).
     Where torchvision blends with `add_(x, alpha=s)`, a fused multiply-add (on CPUs with FMA, and on CUDA
     where nvcc fuses by default), the sum is taken in float64, exact for these operands, and rounded once to
     float32: the fused result. Sharpness's 3x3 blur is the integer round(k / 13), which torchvision's float
@@ -169,7 +170,16 @@ def color(images: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
 
 
 def contrast(images: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
-    """Contrast factor 1 + magnitude: a blend with the mean grey level (torchvision's adjust_contrast)."""
+    """Contrast factor 1 + magnitude: a blend with the mean grey level (torchvision's adjust_contrast).
+
+    On the CPU, torchvision's kernel per image: its `add_` of the broadcast mean is fused (one rounding) in
+    the vectorized loop but not in the last partial vector of each image (3*H*W not a multiple of the vector
+    length: e.g. element 65 of a 3x5x5 image), so the truncated result differs by one grey level there, and
+    where that tail falls depends on the CPU's vector width. On CUDA every element is fused: one batched blend.
+    """
+    if images.device.type == "cpu":
+        factors = (1.0 + magnitude.double()).tolist()
+        return torch.stack([TF.adjust_contrast(image, factor) for image, factor in zip(images, factors)])
     mean = _grey(images).mean(dim=(-3, -2, -1), keepdim=True)  # (B, 1, 1, 1); sums of integers, exact
     return _blend(images, mean, 1.0 + magnitude.double())
 

@@ -190,12 +190,12 @@ class DeviceTrainPipeline:
         mine = slice(self.sampler.rank * len(images), (self.sampler.rank + 1) * len(images))
         draws = self.draws(batch).part(mine)
         padding = None if self.crop is None else self.crop[0]
+        images = self.prepare.resize(images)  # uint8 to uint8, as the loader's Resize: rounded to grey levels
         if draws.plan is None:  # crop and flip the [0, 1] floats (no policy: aug=basic's path as it always was)
             images = self.prepare.scale(images)
             if draws.offsets is not None:
                 images = crop_and_flip(images, padding, draws.offsets, draws.flips)
-        else:  # the policy works on uint8 pixels: resize, crop and flip, policy, then to [0, 1]
-            images = self.prepare.resize(images)
+        else:  # the policy works on uint8 pixels: crop and flip, policy, then to [0, 1]
             if draws.offsets is not None:
                 images = crop_and_flip(images, padding, draws.offsets, draws.flips)
             images = self.prepare.scale(apply_plan(images, draws.plan))
@@ -206,8 +206,9 @@ class DeviceTrainPipeline:
 
 
 class Prepare:
-    """uint8 images -> [0, 1] at the model's side (`scale`) -> normalised (`normalise`); `resize`: uint8
-    images to the model's side, as uint8 (the loader path's Resize of uint8 tensors)."""
+    """uint8 images -> the model's side, as uint8 (`resize`: the loader path's Resize of uint8 tensors, which
+    rounds to grey levels; resizing the [0, 1] floats instead differs by one level on most images) -> [0, 1]
+    (`scale`) -> normalised (`normalise`)."""
 
     def __init__(self, img_size: int, stats: tuple, device: torch.device):
         self.size = img_size
@@ -220,11 +221,8 @@ class Prepare:
         return images
 
     def scale(self, images: torch.Tensor) -> torch.Tensor:
-        images = images.float().div_(255)
-        if images.shape[-1] != self.size:
-            images = F.interpolate(images, size=(self.size, self.size), mode="bilinear", antialias=True,
-                                   align_corners=False)
-        return images
+        """uint8 images at the model's side (`resize` first) -> float32 in [0, 1] (ToDtype(scale=True))."""
+        return images.float().div_(255)
 
     def normalise(self, images: torch.Tensor) -> torch.Tensor:
         return (images - self.mean) / self.std
