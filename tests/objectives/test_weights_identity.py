@@ -21,7 +21,7 @@ from vit_train.objectives.distill import Distill
 from vit_train.data.sources.shapes import CLASS_NAMES
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.models.vit import VisionTransformer
-from vit_train.objectives.distill import load_teacher
+from vit_train.objectives.teacher import load_teacher
 from vit_train.objectives.weights_in import load_pretrained, open_weights
 from vit_train.outputs.weights import ema_weights, export_safetensors
 from vit_train.tools.inference import load_for_inference
