@@ -49,3 +49,33 @@ def test_help_with_a_package_of_options_that_cannot_be_imported_is_the_help_and_
     assert done.stderr.splitlines() == [
         "the options of their_options (entry point theirs of vit_train.options, package their-options 0.1) are not "
         "available: ImportError: their_options needs a package that is not installed", "torch imported: False"]
+
+
+COPIES = """
+import atexit, runpy, sys
+import hydra._internal.config_repository as repository
+made = []
+plain = repository.CachingConfigRepository.__init__
+repository.CachingConfigRepository.__init__ = lambda self, delegate: made.append(1) or plain(self, delegate)
+atexit.register(lambda: print("copies:", len(made), file=sys.stderr))
+sys.argv = ["vit-train", *sys.argv[1:]]
+runpy.run_module("vit_train", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("flag", ["--help", "--hydra-help"])
+def test_help_lists_the_groups_from_one_copy_of_hydras_config_repository(tmp_path, flag):
+    """Hydra lists each group's options through a fresh deep copy of its repository, the ConfigStore with every
+    option's schema node: about 140 copies, longer than `import torch` (cli/train.py `_list_groups_from_one_copy`).
+    One copy composes the config the help shows, one serves the listing; the help is Hydra's as before."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", COPIES, flag], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[-1] == "copies: 2"
+    groups = "aug, data, experiment, hparams_search, model, objective, optim, schedule, trainer"
+    if flag == "--help":
+        assert "data: cifar10, cifar100, hf, imagefolder, shapes, webdataset" in done.stdout
+        assert all(f"\n{group}: " in done.stdout for group in groups.split(", ")), done.stdout
+    else:
+        assert "hydra/launcher: basic" in done.stdout and "hydra/help: default" in done.stdout, done.stdout
