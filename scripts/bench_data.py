@@ -57,7 +57,7 @@ def write_hf(folder: Path, out: Path) -> None:
     """The image folder's files as a save_to_disk DatasetDict (train, validation) with a ClassLabel."""
     import datasets
 
-    from vit_train.data.sources.imagefolder import load_image_folders
+    from vit_train.data.sources.imagefolder_files import load_image_folders
 
     datasets.disable_progress_bars()
 

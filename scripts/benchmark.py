@@ -110,7 +110,8 @@ def training_step(model: torch.nn.Module, loss_fn, batch: tuple, dtype: torch.dt
 def distill_cost(cfg: ViT, teacher_arch: str, num_classes: int, batch: tuple, dtype, device, args) -> dict:
     """Seconds per training step of a distilled student with and without its teacher's forward."""
     from vit_train.models.families.resnet import build_resnet
-    from vit_train.objectives.distill import Distill, DistillationLoss
+    from vit_train.objectives.distill import Distill
+    from vit_train.objectives.teacher import DistillationLoss
 
     student = ViT(**{**cfg.__dict__, "distilled": True}).build(num_classes).to(device)
     teacher = build_resnet(teacher_arch, num_classes, cfg.img_size).to(device).eval().requires_grad_(False)

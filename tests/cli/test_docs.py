@@ -81,21 +81,19 @@ def your_options(tmp: Path):
     import importlib
     import sys
 
+    from helpers.registry import registry_kept
     from vit_train.cli.train import register_options
-    from vit_train.schema.typed import REGISTRY
 
-    registered = {group: dict(found) for group, found in REGISTRY.items()}
-    try:
-        importlib.import_module("helpers.toy_options")
-        register_options()
-        for group, name in (("data", "stripes"), ("objective", "hinge")):
-            (tmp / group).mkdir(parents=True, exist_ok=True)
-            (tmp / group / f"{name}.yaml").write_text(f"defaults:\n  - /schema/{group}/{name}\n  - _self_\n")
-        yield f"hydra.searchpath=[file://{tmp}]"
-    finally:
-        sys.modules.pop("helpers.toy_options", None)
-        REGISTRY.clear()
-        REGISTRY.update(registered)
+    with registry_kept():
+        try:
+            importlib.import_module("helpers.toy_options")
+            register_options()
+            for group, name in (("data", "stripes"), ("objective", "hinge")):
+                (tmp / group).mkdir(parents=True, exist_ok=True)
+                (tmp / group / f"{name}.yaml").write_text(f"defaults:\n  - /schema/{group}/{name}\n  - _self_\n")
+            yield f"hydra.searchpath=[file://{tmp}]"
+        finally:
+            sys.modules.pop("helpers.toy_options", None)
 
 
 def check_command(args: list[str]) -> Config:
@@ -233,21 +231,21 @@ def test_the_composed_configs_length():
 
 
 def test_the_groups_with_options_of_their_own():
-    from vit_train.schema.typed import REGISTRY
+    from vit_train.schema.typed import registered
 
     (count,) = stated("docs/architecture.md", r"the bases of the (\w+) option groups \([a-z, ]+\)")
     text = (ROOT / "docs" / "architecture.md").read_text()
     named = re.search(r"the bases of the \w+ option groups \(([a-z, ]+)\)", text).group(1).split(", ")
-    assert sorted(named) == sorted(REGISTRY) == sorted(OPTION_GROUPS) and count == len(REGISTRY)
+    assert sorted(named) == sorted(registered()) == sorted(OPTION_GROUPS) and count == len(registered())
 
 
 def test_the_objectives_of_your_own_in_docs_extending():
-    from vit_train.schema.typed import REGISTRY
+    from vit_train.schema.typed import registered
 
     (count,) = stated("docs/extending.md", r"\(`data=stripes`\), (\w+) objectives")
-    before = {group: set(found) for group, found in REGISTRY.items()}
+    before = {group: set(found) for group, found in registered().items()}
     with tempfile.TemporaryDirectory() as tmp, your_options(Path(tmp)):
-        added = {group: set(found) - before.get(group, set()) for group, found in REGISTRY.items()}
+        added = {group: set(found) - before.get(group, set()) for group, found in registered().items()}
     assert count == len(added["objective"]) and added["objective"] == {"hinge", "brier"}, added
     assert added["model"] == {"tinycnn"} and added["data"] == {"stripes"}, added  # the model family it names
 

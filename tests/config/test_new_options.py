@@ -21,6 +21,7 @@ import torch
 
 from helpers.configs import composed
 from helpers.files import assert_identical, logged, read_results, summary_tables
+from helpers.registry import registry_kept
 from helpers.sweep_runs import sweep
 from vit_train.cli.arguments import check_override_keys
 from vit_train.cli.train import register_options
@@ -53,17 +54,15 @@ def mine(tmp_path):
     for name, text in YAML.items():
         (folder / "configs" / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / "configs" / name).write_text(text)
-    registered = {group: dict(found) for group, found in REGISTRY.items()}
     sys.path.insert(0, str(folder))
-    try:
-        importlib.import_module("my_options")
-        register_options()
-        yield folder
-    finally:
-        sys.path.remove(str(folder))
-        sys.modules.pop("my_options", None)
-        REGISTRY.clear()
-        REGISTRY.update(registered)
+    with registry_kept():
+        try:
+            importlib.import_module("my_options")
+            register_options()
+            yield folder
+        finally:
+            sys.path.remove(str(folder))
+            sys.modules.pop("my_options", None)
 
 
 def args_of(mine: Path, *extra: str) -> list[str]:
@@ -83,17 +82,13 @@ def test_a_second_option_of_the_same_name_is_refused_not_silently_swapped(mine):
 
     from vit_train.data.sources.base import DataSource
 
-    registered = {group: dict(found) for group, found in REGISTRY.items()}
-    try:
+    with registry_kept():
         with pytest.raises(ConfigError, match=r"^data=cifar10 is vit_train.data.sources.cifar.Cifar10 already; give "
                                               r".*\.Impostor another name$"):
             @dataclass
             class Impostor(DataSource):
                 name: str = "cifar10"
         assert REGISTRY["data"]["cifar10"].__module__ == "vit_train.data.sources.cifar"
-    finally:
-        REGISTRY.clear()
-        REGISTRY.update(registered)
 
 
 def test_the_new_options_compose_with_their_own_keys_and_refuse_another_options(mine):
@@ -194,24 +189,20 @@ def test_an_objective_of_only_what_it_must_define_trains_resumes_evaluates_and_i
 @pytest.mark.parametrize("group, base, missing", [
     ("objective", "vit_train.objectives.base:Objective", "metric, build_model, build_loss, evaluate"),
     ("data", "vit_train.data.sources.base:DataSource", "splits"),
-    ("aug", "vit_train.data.transforms:Augmentation", "train_transform"),
+    ("aug", "vit_train.data.aug.base:Augmentation", "train_transform"),
 ])
 def test_an_option_short_of_its_groups_contract_is_refused_in_one_line_when_chosen(group, base, missing):
     """Not a traceback from the middle of a run (flops_per_image, inference_model: NotImplementedError)."""
     from dataclasses import dataclass
 
     module, _, name = base.partition(":")
-    registered = {g: dict(found) for g, found in REGISTRY.items()}
-    try:
+    with registry_kept():
         Short = dataclass(type("Short", (getattr(importlib.import_module(module), name),),
                                {"__annotations__": {"name": str}, "name": "short", "__module__": "theirs"}))
         assert REGISTRY[group]["short"] is Short
         with pytest.raises(ConfigError, match=rf"^{group}=short \(theirs.Short\) does not define {missing}, which every "
                                               rf"{group} option defines; add (it|them) \(docs/extending.md\)$"):
             Config.from_dict({group: {"name": "short"}})
-    finally:
-        REGISTRY.clear()
-        REGISTRY.update(registered)
 
 
 def test_a_registered_option_without_its_yaml_and_a_yaml_without_its_class_are_named(mine):
@@ -261,8 +252,8 @@ class Weighted(Shapes):
 
 @pytest.mark.parametrize("module, said", [
     ("raise ImportError('needs a module that is not installed')\n",
-     ["the options of their_options (entry point theirs of vit_train.options) are not available: ImportError: "
-      "needs a module that is not installed"]),
+     ["the options of their_options (entry point theirs of vit_train.options, package their-options 0.1) are not "
+      "available: ImportError: needs a module that is not installed"]),
     (NEEDY, ["data=waves (their_options.Waves) is not available: its class cannot be made from its defaults "
              "(TypeError: Waves.__init__() missing 1 required keyword-only argument: 'freq'); give every key a default",
              "aug=mine (their_options.Mine) is not available: it sets default = True, but the default aug is "

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-import vit_train.config  # noqa: F401 (registers every option)
 from vit_train.schema.typed import chooser, options
 
 PACKAGE = Path(__file__).resolve().parents[2] / "vit_train"

@@ -9,7 +9,7 @@ from torchvision.transforms import v2
 
 from helpers.files import rows
 from helpers.configs import aug as aug_option
-from vit_train.data.transforms import Augmentation
+from vit_train.data.aug.base import Augmentation
 from vit_train.data.sources.shapes import SHAPES_STATS
 from vit_train.data.mix import BatchMix
 from vit_train.data.sampler import EpochSampler

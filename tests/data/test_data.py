@@ -15,7 +15,7 @@ from PIL import Image
 from helpers.images import write_cifar10, write_image, write_image_folder
 from helpers.configs import build_data
 from vit_train.data.sources import cifar
-from vit_train.data.sources.imagefolder import load_image_folders
+from vit_train.data.sources.imagefolder_files import load_image_folders
 from vit_train.data.datasets import TensorImages, TransformedDataset
 from vit_train.data.sampler import EpochSampler
 from vit_train.data.sources.shapes import CLASS_NAMES, generate_shapes

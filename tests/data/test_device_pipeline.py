@@ -200,8 +200,8 @@ def test_repeated_augmentation_gives_each_copy_its_own_draws():
 
 
 def test_auto_keeps_shapes_on_the_device_whatever_the_option_and_a_users_own_policy_is_refused(make_config):
+    from helpers.registry import registry_kept
     from vit_train.data.aug.randaug import RandAug
-    from vit_train.schema.typed import REGISTRY
 
     splits = make_config().data.splits(16)
     for name in OPTIONS:
@@ -209,8 +209,7 @@ def test_auto_keeps_shapes_on_the_device_whatever_the_option_and_a_users_own_pol
             cfg = make_config(data={"pipeline": "auto"}, aug={"name": name, "random_erasing": erasing})
             assert pipeline(cfg, torch.device("cuda"), splits) == "device", (name, erasing)
             assert pipeline(cfg, CPU, splits) == "loader"
-    registered = {group: dict(found) for group, found in REGISTRY.items()}
-    try:
+    with registry_kept():
         @dataclass
         class Posterized(RandAug):  # a user's policy on RandAug's crop and flip, keeping RandAug's flag
             name: str = "posterized"
@@ -223,9 +222,6 @@ def test_auto_keeps_shapes_on_the_device_whatever_the_option_and_a_users_own_pol
             build_data(cfg, CPU)
         auto = make_config(data={"pipeline": "auto"}, aug={"name": "posterized"})
         assert pipeline(auto, torch.device("cuda"), splits) == "loader"
-    finally:
-        REGISTRY.clear()
-        REGISTRY.update(registered)
 
 
 def test_random_erasing_draws_at_its_rate_with_torchvisions_rectangles():

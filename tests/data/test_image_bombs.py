@@ -15,8 +15,8 @@ import pytest
 from PIL import Image, features
 
 import vit_train.data.decoding.image as decode
-from vit_train.data.decoding.image import IMAGE_ERRORS, decode_rgb, open_rgb
-from vit_train.data.sources.imagefolder import UnreadableImage, load_image_folders
+from vit_train.data.decoding.image import IMAGE_ERRORS, UnreadableImage, decode_rgb, open_rgb
+from vit_train.data.sources.imagefolder_files import load_image_folders
 from helpers.images import write_image_folder
 
 LIMIT = Image.MAX_IMAGE_PIXELS  # 89,478,485 pixels by default: data/decoding/image.py keeps it, strict

@@ -13,7 +13,7 @@ from helpers.ugly_folder import SIDE, picture, write_every_mode
 
 from helpers.configs import build_data
 from vit_train.data.decoding.image import open_rgb, read_uint8
-from vit_train.data.sources.imagefolder import load_image_folders
+from vit_train.data.sources.imagefolder_files import load_image_folders
 from vit_train.errors import DataError
 from vit_train.tools.inference import Trained
 from vit_train.tools.predict import predict, read_image

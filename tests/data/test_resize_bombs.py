@@ -28,7 +28,7 @@ from vit_train.cli.commands import eval_main, predict_main
 from vit_train.data.datasets import TransformedDataset
 from vit_train.data.decoding.image import decode_rgb, decode_with_format, open_rgb
 from vit_train.data.preprocess import eval_transform, spec
-from vit_train.data.sources.imagefolder import UnlabelledImages
+from vit_train.data.sources.imagefolder_files import UnlabelledImages
 from vit_train.data.transforms import build_transforms
 from vit_train.errors import DataError
 from vit_train.train.trainer import train

@@ -17,7 +17,7 @@ from helpers.special_files import DEADLINE, make_socket, release, within
 from vit_train.data.sources.cifar import find_folder, load_cifar
 from vit_train.data.decoding.image import open_rgb
 from vit_train.data.decoding.image import UnreadableImage, describe_unreadable
-from vit_train.data.sources.imagefolder import load_image_folders
+from vit_train.data.sources.imagefolder_files import load_image_folders
 from vit_train.data.decoding.regular import NotRegularFile, not_regular
 from vit_train.errors import CheckpointError, ConfigError, DataError
 from vit_train.checkpoint import find_resume_checkpoint, resolve

@@ -12,7 +12,7 @@ from helpers.configs import TINY_MODEL
 from helpers.images import write_image, write_image_folder
 from helpers.runs import command, vit_train
 from helpers.special_files import make_socket
-from vit_train.data.sources.imagefolder import load_image_folders, load_unlabelled_folders
+from vit_train.data.sources.imagefolder_files import load_image_folders, load_unlabelled_folders
 from vit_train.data.decoding.listing import list_images
 from vit_train.errors import DataError
 from vit_train.tools.predict import image_files

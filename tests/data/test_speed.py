@@ -104,13 +104,12 @@ def test_device_pipeline_does_only_what_it_does_whole(make_config, sections, why
     naming why."""
     from dataclasses import dataclass
 
+    from helpers.registry import registry_kept
     from vit_train.data.aug.basic import Basic
     from vit_train.data.loaders import pipeline
     from vit_train.data.sources.shapes import Shapes
-    from vit_train.schema.typed import REGISTRY
 
-    registered = {group: dict(found) for group, found in REGISTRY.items()}
-    try:
+    with registry_kept():
         @dataclass
         class Solarized(Basic):  # a user's augmentation as docs/extending.md builds one: Basic plus a transform
             name: str = "solarized"
@@ -132,9 +131,6 @@ def test_device_pipeline_does_only_what_it_does_whole(make_config, sections, why
             build_data(cfg, CPU)
         auto = make_config(**{**sections, "data": {**sections.get("data", {}), "pipeline": "auto"}})
         assert pipeline(auto, torch.device("cuda"), cfg.data.splits(16)) == "loader"
-    finally:
-        REGISTRY.clear()
-        REGISTRY.update(registered)
     assert pipeline(make_config(data={"pipeline": "auto"}), torch.device("cuda"),
                     make_config().data.splits(16)) == "device"  # what it does whole: on the device
 

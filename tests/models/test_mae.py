@@ -275,7 +275,7 @@ def test_a_classifier_starts_from_the_mae_encoder_with_a_new_head(tmp_path, capl
 
 
 def test_unlabelled_folders_flat_nested_or_split_by_holdout(tmp_path):
-    from vit_train.data.sources.imagefolder import load_unlabelled_folders
+    from vit_train.data.sources.imagefolder_files import load_unlabelled_folders
 
     write_images(tmp_path / "a" / "train", 5)
     write_images(tmp_path / "a" / "train" / "cats", 2, start=50)  # class folders are read too, labels ignored
@@ -293,7 +293,7 @@ def test_unlabelled_folders_flat_nested_or_split_by_holdout(tmp_path):
 
 
 def test_unlabelled_folders_that_cannot_work_are_explained(tmp_path):
-    from vit_train.data.sources.imagefolder import load_unlabelled_folders
+    from vit_train.data.sources.imagefolder_files import load_unlabelled_folders
     from vit_train.errors import DataError
 
     with pytest.raises(DataError, match="does not exist"):

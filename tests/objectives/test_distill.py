@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
-from vit_train.objectives.distill import (Distill, DistillationLoss, check_teacher_output, distillation_loss, file_sha256,
+from vit_train.objectives.distill import Distill
+from vit_train.objectives.teacher import (DistillationLoss, check_teacher_output, distillation_loss, file_sha256,
                                           load_teacher)
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.models.vit import VisionTransformer

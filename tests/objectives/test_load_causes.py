@@ -13,7 +13,8 @@ import torch
 from helpers.configs import tiny_config
 from vit_train.errors import ConfigError
 from vit_train.models.vit import VisionTransformer
-from vit_train.objectives.distill import Distill, load_teacher
+from vit_train.objectives.distill import Distill
+from vit_train.objectives.teacher import load_teacher
 from vit_train.objectives.weights_in import load_pretrained
 from vit_train.train.trainer import train
 

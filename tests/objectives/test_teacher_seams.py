@@ -13,7 +13,7 @@ import torch
 
 from helpers.files import file_bytes
 from vit_train.errors import CheckpointError, ConfigError
-from vit_train.objectives.distill import file_sha256
+from vit_train.objectives.teacher import file_sha256
 from vit_train.checkpoint import load_checkpoint
 from vit_train.train.trainer import train
 

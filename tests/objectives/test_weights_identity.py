@@ -22,7 +22,7 @@ from vit_train.objectives.distill import Distill
 from vit_train.data.sources.shapes import CLASS_NAMES
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.models.vit import VisionTransformer
-from vit_train.objectives.distill import load_teacher
+from vit_train.objectives.teacher import load_teacher
 from vit_train.checkpoint import open_weights
 from vit_train.objectives.weights_in import load_pretrained
 from vit_train.checkpoint import ema_weights, export_safetensors

@@ -57,7 +57,7 @@ def pixels(data: bytes) -> np.ndarray:
 @pytest.mark.parametrize("image_format", ["source", "png", "webp"])
 def test_an_ugly_image_folder_round_trips_to_the_same_pixels_and_labels(tmp_path, image_format):
     ugly = write_ugly_folder(tmp_path / "src")
-    from vit_train.data.sources.imagefolder import load_image_folders
+    from vit_train.data.sources.imagefolder_files import load_image_folders
 
     train, val, classes = load_image_folders(ugly.root)
     index = write_shards(cfg(name="imagefolder", root=str(ugly.root)), tmp_path / "out", ["train", "val"],

@@ -96,8 +96,6 @@ def check_override_keys(args: list[str], sweeps: bool = True) -> None:
     has it; group options that do not exist; values that cannot be parsed (naming the quoting that works; with
     `sweeps` False also a comma-separated value, which Hydra reads as a sweep); and plugins that are not
     installed, naming the extra that installs them."""
-    from vit_train import config  # noqa: F401 (registers every option, whose keys are valid here)
-
     valid, keys, appends = known_keys(), [], []
     # a resumed run's options are its checkpoint's: its keys are checked on the saved config (train/resume.py)
     resuming = any(is_resume_path(read_override(a).value()) for a in args if a.startswith("resume="))

@@ -37,7 +37,6 @@ def parse_args(argv: list[str], options: dict[str, Any], config: bool = False) -
     `options` maps each option to its default (... = required). With `config`, `data=NAME` picks a
     data group file and `data.KEY=VALUE` / `trainer.KEY=VALUE` override single keys.
     """
-    from vit_train import config  # noqa: F401 (registers every option, whose keys are valid here; torch)
     from vit_train.cli.arguments import parse_override  # values are read as vit-train reads its overrides (Hydra's grammar)
 
     values, overrides = dict(options), {}

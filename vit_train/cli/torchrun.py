@@ -17,7 +17,6 @@ from typing import NoReturn
 
 from vit_train.config import Config
 from vit_train.outputs import rundir
-from vit_train.runtime import distributed
 
 log = logging.getLogger("vit_train")
 RUN_ID_MARKER = ".torchrun_run_id"  # which torchrun chose the directory: its restarts resume there
@@ -120,6 +119,8 @@ def shared_run_dir(config: Config, run_dir: Path, lock: rundir.RunLock | None) -
     processes started a second apart); an elastic restart (torchrun --max-restarts) resumes: sets
     `config.resume` to auto. Returns the directory and its lock: rank 0 holds it for all processes,
     moving `lock` (the one it took on `run_dir`) there when the directory changes; other ranks None."""
+    from vit_train.runtime import distributed  # torch: only once the config is known to be valid
+
     ctx = distributed.setup(config.trainer.device)
     run_id, restart = os.environ.get("TORCHELASTIC_RUN_ID", ""), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     chosen = run_dir

@@ -22,6 +22,7 @@ import hydra
 import hydra.core.utils as hydra_core_utils
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.object_type import ObjectType
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -303,6 +304,24 @@ def show_config(args: list[str]) -> None:
     sys.exit(0)
 
 
+def _list_groups_from_one_copy() -> None:
+    """For --help: Hydra (1.3) lists each config group's options through a fresh deep copy of its config repository,
+    the ConfigStore with every option's schema node included, about 140 copies that took longer than `import torch`
+    (docs/speed.md, "Start-up"). The listing only reads, so one copy per config loader serves it all."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    plain = ConfigLoaderImpl.get_group_options
+
+    def get_group_options(self, group_name, results_filter=ObjectType.CONFIG, config_name=None, overrides=None):
+        if config_name is not None or overrides:  # not the listing's call: as Hydra does it
+            return plain(self, group_name, results_filter, config_name, overrides)
+        if "_vit_listing" not in self.__dict__:
+            self._vit_listing = self._parse_overrides_and_create_caching_repo(None, [])[1]
+        return self._vit_listing.get_group_options(group_name, results_filter)
+
+    ConfigLoaderImpl.get_group_options = get_group_options
+
+
 def train_main() -> None:
     launcher, sys.argv[1:] = torchrun.launcher_options(sys.argv[1:])  # vit-train --nproc_per_node=N ...: torchrun's
     given = list(sys.argv[1:])
@@ -322,4 +341,6 @@ def train_main() -> None:
         exit_with("vit-train", e)
     if launcher and not {"--cfg", "-c", "--help", "-h", "--info", "--hydra-help"} & set(given):
         torchrun.launch(launcher, given)  # checked here once; each process reads the command line again
+    if {"--help", "-h", "--hydra-help"} & set(given):
+        _list_groups_from_one_copy()
     _train_app()

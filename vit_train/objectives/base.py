@@ -37,15 +37,15 @@ no FLOPs are known (no TFLOP/s or MFU logged).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from vit_train.errors import ConfigError
-from vit_train.models.pretrained import at_size
 from vit_train.schema.sections import ObjectiveConfig
 from vit_train.schema.typed import overridden
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 class Loss:
@@ -158,6 +158,8 @@ class Objective(ObjectiveConfig):
         """The model rebuilt from a checkpoint's `weights` (a checkpoint's "model" or "ema"): `build_model`'s, at
         `cfg.model.img_size` (learned positions interpolated from `trained_img_size`: models/pretrained.py
         `at_size`). Raises RuntimeError (load_state_dict's) for weights that do not fit it."""
+        from vit_train.models.pretrained import at_size
+
         model = self.build_model(cfg, num_classes)
         model.load_state_dict(at_size(model, weights))
         return model

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import unicodedata
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from vit_train.objectives.base import Loss, Objective
-from vit_train.objectives.evaluate import evaluate as evaluate_logits
-from vit_train.viz.figures import model_figures
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 class CrossEntropy(Loss):
@@ -26,6 +25,8 @@ class CrossEntropy(Loss):
     `aug.label_smoothing` (Szegedy et al. 2016, torch.nn.CrossEntropyLoss)."""
 
     def __init__(self, label_smoothing: float = 0.0):
+        from torch import nn
+
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
 
     def __call__(self, module: nn.Module, images: torch.Tensor,
@@ -63,6 +64,8 @@ class Classify(Objective):
                  progress: bool = False, confusion: bool = False) -> dict[str, Any]:
         """{"loss", "top1", "top5"} over the val loader (evaluate.py); with `confusion`, also the
         (classes, classes) confusion matrix under "confusion"."""
+        from vit_train.objectives.evaluate import evaluate as evaluate_logits
+
         return evaluate_logits(model, loader, device, amp_dtype, progress, confusion)
 
     def eval_text(self, metrics: dict[str, float], ema: dict[str, float] | None, classes: int | None = None) -> str:
@@ -85,6 +88,8 @@ class Classify(Objective):
                 stats: tuple, confusion: torch.Tensor | None = None) -> dict[str, Any]:
         """Attention, rollout, per-head attention, positions, patch filters, and the confusion matrix (a ResNet:
         the confusion matrix only; viz/figures.py)."""
+        from vit_train.viz.figures import model_figures
+
         return model_figures(model, images, labels, class_names, stats, confusion)
 
     def evaluation(self, metrics: dict[str, Any], class_names: list[str]) -> dict[str, Any]:

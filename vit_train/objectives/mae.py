@@ -12,20 +12,18 @@ frozen encoder (`model.trainable=head`), a distillation head, layer-wise lr deca
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from vit_train.errors import ConfigError
 from vit_train.models.families.vit import ViT
-from vit_train.models.mae import (EVAL_SEED, MaskSampler, MaskedAutoencoder, build_autoencoder, mae_flops_per_image,
-                                  reconstruction_loss)
 from vit_train.objectives.base import Loss, Objective
-from vit_train.runtime.distributed import context, sum_all
-from vit_train.runtime.progress import progress_iter
 from vit_train.schema.typed import positive, require
-from vit_train.viz.figures import reconstruction_figures
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from vit_train.models.mae import MaskedAutoencoder
 
 DECODER = "the decoder has another shape"
 
@@ -39,6 +37,8 @@ class MaskedReconstruction(Loss):
     """
 
     def __init__(self, cfg: Any, rank: int = 0):
+        from vit_train.models.mae import MaskSampler
+
         self.norm_pix_loss = cfg.objective.norm_pix_loss
         self.patch_size = cfg.model.patch_size
         self.num_patches = (cfg.model.img_size // cfg.model.patch_size) ** 2
@@ -51,6 +51,8 @@ class MaskedReconstruction(Loss):
     def __call__(self, model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
                  noise: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
         """`noise` (B, patches) from `draws`; drawn here when not given."""
+        from vit_train.models.mae import reconstruction_loss
+
         if noise is None:
             noise = self.draws(images)["noise"]
         pred, mask = model(images, noise)
@@ -117,6 +119,8 @@ class Mae(Objective):
 
     def build_model(self, cfg: Any, num_classes: int) -> MaskedAutoencoder:
         """The autoencoder: the encoder from `cfg.model` (no head: no classes) and the decoder from its own keys."""
+        from vit_train.models.mae import build_autoencoder
+
         return build_autoencoder(cfg.model, self)
 
     def pretrained_target(self, model: MaskedAutoencoder) -> nn.Module:
@@ -125,27 +129,35 @@ class Mae(Objective):
 
     def flops_per_image(self, cfg: Any, num_classes: int) -> float:
         """Training FLOPs (forward and backward) of one image: the encoder on the visible patches, the decoder on all."""
+        from vit_train.models.mae import mae_flops_per_image
+
         return mae_flops_per_image(cfg.model, self)
 
     def build_loss(self, cfg: Any, model: nn.Module, num_classes: int, class_names: list[str] | None = None,
                    rank: int = 0) -> Loss:
         return MaskedReconstruction(cfg, rank)
 
-    @torch.no_grad()
     def evaluate(self, model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None, cfg: Any,
                  progress: bool = False, confusion: bool = False) -> dict[str, Any]:
         """{"loss"}: the mean reconstruction loss on the masked patches of the val set, with fixed masks (no
         classes, so never a confusion matrix)."""
+        import torch
+
+        from vit_train.models.mae import EVAL_SEED
+        from vit_train.runtime.distributed import context, sum_all
+        from vit_train.runtime.progress import progress_iter
+
         was_training = model.training
         model.eval()
         loss_of = MaskedReconstruction(cfg, context().rank)
         loss_of.masks.seed = EVAL_SEED
         totals = torch.zeros(2, device=device, dtype=torch.float64)  # loss sum over images, image count
-        for images, targets in progress_iter(loader, "eval", progress):
-            images = images.to(device, non_blocking=True)
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                loss, _ = loss_of(model, images, targets)
-            totals += torch.stack([loss.double() * len(images), torch.tensor(len(images), device=device).double()])
+        with torch.no_grad():
+            for images, targets in progress_iter(loader, "eval", progress):
+                images = images.to(device, non_blocking=True)
+                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    loss, _ = loss_of(model, images, targets)
+                totals += torch.stack([loss.double() * len(images), torch.tensor(len(images), device=device).double()])
         model.train(was_training)
         sum_all(totals)
         return {"loss": (totals[0] / totals[1]).item()}
@@ -173,6 +185,8 @@ class Mae(Objective):
     def figures(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, class_names: list[str],
                 stats: tuple, confusion: torch.Tensor | None = None) -> dict[str, Any]:
         """Original / masked / reconstruction of the images, with the fixed val masks (viz/figures.py)."""
+        from vit_train.viz.figures import reconstruction_figures
+
         return reconstruction_figures(model, images, stats)
 
     @classmethod

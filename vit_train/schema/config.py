@@ -4,8 +4,8 @@ The YAML files under configs/ compose (with Hydra, in cli/) into a plain dict; `
 builds the typed sections from it (an option section, data/aug/objective, as the option its `name`
 picks, schema/typed.py) and `validate` fills the input size from the data set and runs each
 section's checks. `from_saved` reads a config a checkpoint or an exported file carries, written by
-this version or an earlier one (schema/legacy.py). No torch here: the options' own modules are
-imported by vit_train/config/, which is where the public `Config` is taken from.
+this version or an earlier one (schema/legacy.py). No torch here, nor in the options' own modules, which
+the registry imports on its first lookup (schema/typed.py `load_options`); vit_train/config/ gives the public name.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from vit_train.errors import ConfigError
-from vit_train.schema.typed import REGISTRY, chooser, section_keys
+from vit_train.schema.typed import chooser, registered, section_keys
 
 FIRST_FAMILY = "vit"  # every model section written before model.arch existed was a ViT's
 
@@ -27,7 +27,7 @@ def saved_arch(model: dict[str, Any]) -> Any:
 def moved_options() -> dict[str, list[type]]:
     """{old top-level section: the options whose keys it held}, e.g. {"mae": [Mae]}."""
     found: dict[str, list[type]] = {}
-    for group in REGISTRY.values():
+    for group in registered().values():
         for cls in group.values():
             if cls.moved_from:
                 found.setdefault(cls.moved_from, []).append(cls)
@@ -55,7 +55,7 @@ def upgrade_saved(plain: dict[str, Any]) -> dict[str, Any]:
             section = plain.get(cls.group)
             if isinstance(section, dict) and section.get("name") == cls.name:
                 plain[cls.group] = {**keys, **section}
-    for group, known in REGISTRY.items():
+    for group, known in registered().items():
         section, key = plain.get(group), chooser(group)
         if group == "model" and isinstance(section, dict):
             section = {**section, "arch": saved_arch(section)}

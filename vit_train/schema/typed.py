@@ -2,18 +2,24 @@
 
 A section is a dataclass (`Section`); `build` makes one from a plain dict, checking every key and
 type and raising one-line ConfigErrors that name the key. A varying config group (data, aug,
-objective) is a base dataclass whose subclasses are its options (`Option`): a subclass that sets its
+objective, ...) is a base dataclass whose subclasses are its options (`Option`): a subclass that sets its
 own `name` default registers itself under (group, name) when its class statement runs, so the module
-that defines an option is the only place that names it. vit_train/config/ imports the built-in
-options' modules; the layers below it see only the bases.
+that defines an option is the only place that names it. The registry imports the modules of the options on
+its first lookup (`load_options`): vit-train's own, listed in `BUILT_IN`, then those that installed packages
+name in the entry-point group `vit_train.options`. None of them imports torch at its top, so reading a config
+imports no torch; the layers below an option see only its group's base.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
+import logging
+import threading
 import types
 import typing
+from importlib.metadata import entry_points
 from typing import Any, ClassVar, Literal, Union
 
 from vit_train.errors import ConfigError
@@ -56,6 +62,89 @@ class Section:
 REGISTRY: dict[str, dict[str, type]] = {}  # group -> option name -> its class
 BASES: dict[str, type] = {}  # group -> its base class (the keys every option of it has)
 
+# The modules of vit-train's own options, by group: imported by the first lookup of the registry, before the modules
+# that installed packages name in the entry-point group ENTRY_POINTS (docs/extending.md). Importing one registers its
+# classes and imports no torch (tests/config/test_registry.py).
+BUILT_IN = {
+    "model": ("vit_train.models.families.vit", "vit_train.models.families.resnet"),
+    "optim": ("vit_train.optim.adamw", "vit_train.optim.sgd"),
+    "schedule": ("vit_train.schedules.cosine", "vit_train.schedules.constant"),
+    "data": ("vit_train.data.sources.shapes", "vit_train.data.sources.cifar", "vit_train.data.sources.imagefolder",
+             "vit_train.data.sources.webdataset", "vit_train.data.sources.hf"),
+    "aug": ("vit_train.data.aug.none", "vit_train.data.aug.basic", "vit_train.data.aug.randaug",
+            "vit_train.data.aug.autoaug", "vit_train.data.aug.trivial", "vit_train.data.aug.deit"),
+    "objective": ("vit_train.objectives.classify", "vit_train.objectives.distill", "vit_train.objectives.mae"),
+}
+ENTRY_POINTS = "vit_train.options"
+_BUILT_IN_MODULES = frozenset(module for modules in BUILT_IN.values() for module in modules)
+_lock = threading.RLock()
+_loaded = False  # every module of BUILT_IN and of the entry points imported
+_loading = False  # being imported, by this thread while it holds _lock
+
+
+def load_options() -> None:
+    """Import the modules of the options, once in a process: vit-train's own (`BUILT_IN`), then those that installed
+    packages name in the entry-point group vit_train.options. A package's module that cannot be imported, or an
+    option of it that cannot be chosen (`unusable`), is said in one warning line and left out; everything else works.
+    Every lookup of the registry calls it first; a lookup made while the modules are being imported sees those
+    registered so far."""
+    global _loaded, _loading
+    if _loaded:
+        return
+    with _lock:
+        if _loaded or _loading:
+            return
+        _loading = True
+        try:
+            for modules in BUILT_IN.values():
+                for module in modules:
+                    importlib.import_module(module)
+            for plugin in entry_points(group=ENTRY_POINTS):
+                load_plugin(plugin)
+            _loaded = True
+        finally:
+            _loading = False
+
+
+def load_plugin(plugin: Any) -> None:
+    """Import the module that entry point `plugin` names; one warning line for it when it cannot be imported (the
+    options it registered before the error stay), and one for each option it registered that cannot be chosen
+    (which is taken out again)."""
+    log = logging.getLogger("vit_train")
+    before = {group: dict(found) for group, found in REGISTRY.items()}
+    try:
+        plugin.load()
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - another package's code: said in one line, the rest goes on
+        dist = getattr(plugin, "dist", None)
+        package = f", package {dist.name} {dist.version}" if dist is not None else ""
+        first = str(error).splitlines()[0] if str(error) else ""
+        log.warning("the options of %s (entry point %s of %s%s) are not available: %s: %s", plugin.value,
+                    plugin.name, ENTRY_POINTS, package, type(error).__name__, first)
+    for group, found in REGISTRY.items():
+        for name, cls in list(found.items()):
+            problem = None if before.get(group, {}).get(name) is cls else unusable(cls)
+            if problem:  # one line, and the option is not there: every other command works
+                del found[name]
+                log.warning("%s=%s (%s.%s) is not available: %s", group, name, cls.__module__, cls.__qualname__,
+                            problem)
+
+
+def unusable(cls: type) -> str | None:
+    """Why another package's option class cannot be chosen (None when it can): its defaults must make it and pass
+    its own types, and the group's default stays vit-train's (the command line also drops one whose keys a Hydra
+    node cannot hold: cli/train.py `register_options`)."""
+    try:
+        plain = dataclasses.asdict(cls())
+    except Exception as e:  # noqa: BLE001 - their code
+        return f"its class cannot be made from its defaults ({type(e).__name__}: {e}); give every key a default"
+    try:
+        build(cls, plain, f"{cls.group}.", [])
+    except ConfigError as e:
+        return f"its defaults do not pass its own types ({e})"
+    if cls.__dict__.get("default"):
+        return f"it sets default = True, but the default {cls.group} is vit-train's; drop that line"
+    return None
+
 
 def chooser(group: str) -> str:
     """The key whose value picks `group`'s option: "name", or "arch" for the model group."""
@@ -83,6 +172,8 @@ class Option(Section):
             BASES[cls.group] = cls
         name = cls.__dict__.get(cls.chooser)
         if isinstance(name, str) and name and cls.group:
+            if cls.__module__ not in _BUILT_IN_MODULES:
+                load_options()  # vit-train's own first, whatever was imported first: a name of theirs is refused here
             known = REGISTRY.setdefault(cls.group, {})
             other = known.get(name)
             if other is not None and (other.__module__, other.__qualname__) != (cls.__module__, cls.__qualname__):
@@ -105,14 +196,21 @@ class Option(Section):
 
 def options(group: str) -> dict[str, type]:
     """{name: class} of the options registered in `group`, by name."""
+    load_options()
     return dict(sorted(REGISTRY.get(group, {}).items()))
+
+
+def registered() -> dict[str, dict[str, type]]:
+    """{group: {name: class}} of every group's options."""
+    load_options()
+    return {group: options(group) for group in sorted(REGISTRY)}
 
 
 def option_class(group: str, name: Any) -> type:
     """The class of option `name` of `group`; ConfigError naming the choices for any other name."""
     known = options(group)
     if not isinstance(name, str) or name not in known:
-        choices = ", ".join(sorted(known)) or "none registered (import vit_train.config, which registers the built-in ones)"
+        choices = ", ".join(sorted(known)) or "none registered"
         chooser = next(iter(known.values())).chooser if known else "name"
         raise ConfigError(f"{group}.{chooser} must be one of {choices}; got {name!r}")
     missing = known[name].unimplemented()
@@ -208,7 +306,7 @@ def build(cls: type, data: Any, prefix: str, valid: list[str]) -> Any:
         key = prefix + str(name)
         if name not in hints:
             chosen = getattr(cls, cls.chooser, None) if getattr(cls, "group", "") else None  # an option's own name
-            known = isinstance(chosen, str) and chosen in REGISTRY.get(cls.group, {})
+            known = isinstance(chosen, str) and chosen in options(cls.group)
             line = not_this_option(cls.group, chosen, str(name)) if known else None
             raise ConfigError(line or unknown_key_message(key, valid))
         kwargs[name] = coerce(hints[name], value, key, valid)

@@ -19,7 +19,6 @@ from typing import IO, Any
 
 import yaml
 
-from vit_train import config  # noqa: F401 (registers the objectives, whose numbers the summary shows)
 from vit_train.data.decoding.regular import not_regular
 from vit_train.errors import ConfigError, UserError, exit_with
 from vit_train.outputs.places import place_error, print_output, write_atomic

@@ -6,12 +6,13 @@ path, `device_plan` (data/device/ops.py) on the device pipeline."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from torchvision.transforms import v2
-
-from vit_train.data.transforms import Augmentation, finish
+from vit_train.data.aug.base import Augmentation
 from vit_train.schema.typed import fraction, options, require
+
+if TYPE_CHECKING:
+    from torchvision.transforms import v2
 
 
 @dataclass
@@ -42,6 +43,10 @@ class Basic(Augmentation):
         return []
 
     def train_transform(self, img_size: int, stats: tuple, native_size: int | None) -> list[v2.Transform]:
+        from torchvision.transforms import v2
+
+        from vit_train.data.transforms import finish
+
         if native_size is not None:
             resize = [v2.Resize(img_size, antialias=True)] if native_size != img_size else []
             crop = [*resize, v2.RandomCrop(img_size, padding=self.padding(img_size)), v2.RandomHorizontalFlip(self.hflip)]

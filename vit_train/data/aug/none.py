@@ -4,11 +4,12 @@ normalised, as in evaluation. Batch mixing and random erasing still apply when s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from torchvision.transforms import v2
+from vit_train.data.aug.base import Augmentation
 
-from vit_train.data.preprocess import eval_transform, spec
-from vit_train.data.transforms import Augmentation
+if TYPE_CHECKING:
+    from torchvision.transforms import v2
 
 
 @dataclass
@@ -18,4 +19,6 @@ class NoAug(Augmentation):
     name: str = "none"
 
     def train_transform(self, img_size: int, stats: tuple, native_size: int | None) -> list[v2.Transform]:
+        from vit_train.data.preprocess import eval_transform, spec
+
         return list(eval_transform(spec(img_size, native_size is not None, stats)).transforms)

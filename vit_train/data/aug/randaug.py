@@ -5,14 +5,16 @@ plain-ViT setting."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torchvision.transforms import v2
-
-from vit_train.data.device import ops as device_ops
 from vit_train.data.aug.basic import Basic
 from vit_train.schema.typed import require
+
+if TYPE_CHECKING:
+    import torch
+    from torchvision.transforms import v2
+
+    from vit_train.data.device import ops as device_ops
 
 
 @dataclass
@@ -29,8 +31,12 @@ class RandAug(Basic):
         require(self.randaug_n >= 0, f"aug.randaug_n must be >= 0, got {self.randaug_n}")
 
     def policy(self, small_images: bool) -> list[v2.Transform]:
+        from torchvision.transforms import v2
+
         return [v2.RandAugment(num_ops=self.randaug_n, magnitude=self.randaug_m)]
 
     def device_plan(self, batch_size: int, height: int, width: int, generator: torch.Generator,
                     small_images: bool = True) -> device_ops.Plan:
+        from vit_train.data.device import ops as device_ops
+
         return device_ops.rand_augment_plan(batch_size, height, width, self.randaug_n, self.randaug_m, generator)

@@ -1,6 +1,6 @@
 """Which files of a folder are images to read: regular files only, each folder once.
 
-Every reader of image folders (imagefolder.py's labelled and unlabelled sets, vit-predict's folders)
+Every reader of image folders (imagefolder_files.py's labelled and unlabelled sets, vit-predict's folders)
 lists through `list_images`, so one rule holds everywhere:
 
 - An image is a regular file (after following a link to it) whose name has an image extension.
@@ -24,14 +24,16 @@ import os
 import stat
 from pathlib import Path
 
-from torchvision.datasets.folder import IMG_EXTENSIONS
-
 log = logging.getLogger("vit_train")
 SHOWN = 3  # skipped entries named in the warning line; the rest are counted
 
 
 def path_is_image(path: str | Path) -> bool:
-    """Whether the name has an image extension (IMG_EXTENSIONS, any case); says nothing of what the file is."""
+    """Whether the name has an image extension (torchvision's IMG_EXTENSIONS, any case); says nothing of what the file
+    is. torchvision is imported here, not at the top: the regular-file checks of this room (regular.py) serve the
+    config's own modules, which import no torch."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
     return str(path).lower().endswith(IMG_EXTENSIONS)
 
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 
 from vit_train.data.device.ops import Plan, apply_plan
-from vit_train.data.transforms import Augmentation
+from vit_train.data.aug.base import Augmentation
 from vit_train.data.sampler import EpochSampler
 
 # torchvision's RandomErasing defaults, which the loader path uses (transforms.py `build_transforms`)

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import torch
-
-from vit_train.data.device.files import check_decode, device_decoding
-from vit_train.data.loaders import Data, random_access_data
-from vit_train.data.preprocess import spec
 from vit_train.schema.sections import DataConfig
 from vit_train.schema.typed import fraction, overridden, require
+
+if TYPE_CHECKING:
+    import torch
+
+    from vit_train.data.loaders import Data
 
 UNLABELLED_CLASS = "image"  # the one "class" of images read without labels (an objective that reads none)
 IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # ImageNet's per-channel mean and std
@@ -47,10 +47,14 @@ class DataSource(DataConfig):
 
     def build(self, cfg: Any, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
         """This process's loaders for the run `cfg` (its share of every global batch and of the val set)."""
+        from vit_train.data.loaders import random_access_data
+
         return random_access_data(cfg, self.splits(cfg.model.img_size, labels), device, rank, world_size)
 
     def eval_spec(self, img_size: int) -> dict[str, Any]:
         """The evaluation preprocessing (data/preprocess.py) for a model of input side `img_size`."""
+        from vit_train.data.preprocess import spec
+
         return spec(img_size, not self.encoded, self.stats)
 
     def data_bound_advice(self, device: torch.device) -> str:
@@ -114,6 +118,9 @@ class EncodedImages(DataSource):
 
     def build(self, cfg: Any, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
         """This process's loaders; with data.decode=gpu the images are decoded on `device` (device/files.py)."""
+        from vit_train.data.device.files import device_decoding
+        from vit_train.data.loaders import random_access_data
+
         decoding = device_decoding(cfg, device, rank)
         return random_access_data(cfg, self.splits(cfg.model.img_size, labels), device, rank, world_size, decoding)
 
@@ -129,4 +136,7 @@ class EncodedImages(DataSource):
         super().check(cfg)
         require(bool(self.root), f"data={self.name} needs data.root, {self.root_hint}")
         fraction("data.max_bad_fraction", self.max_bad_fraction)
-        check_decode(cfg)
+        if self.decode == "gpu":  # the aug option's transforms read (torchvision): the one check that imports torch
+            from vit_train.data.device.files import check_decode
+
+            check_decode(cfg)

@@ -12,16 +12,14 @@ import pickle
 import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import numpy as np
-import torch
-from torchvision.datasets.utils import download_and_extract_archive
-
-from vit_train.data.datasets import TensorImages
 from vit_train.data.decoding.regular import NotRegularFile, not_regular, open_regular
 from vit_train.data.sources.base import DataSource
 from vit_train.errors import DataError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -77,6 +75,8 @@ class Cifar10(DataSource):
         return self.root
 
     def splits(self, img_size: int, labels: bool = True) -> tuple:
+        from vit_train.data.datasets import TensorImages
+
         (train_x, train_y), (val_x, val_y), names = load_cifar(self.name, self.root or "data", self.download)
         return TensorImages(train_x, train_y), TensorImages(val_x, val_y), names, 32
 
@@ -142,6 +142,8 @@ def find_folder(name: str, root: Path, download: bool) -> Path:
 
 
 def _download(fmt: CifarFormat, root: Path) -> None:
+    from torchvision.datasets.utils import download_and_extract_archive
+
     archive = root / Path(fmt.url).name
     try:
         download_and_extract_archive(fmt.url, download_root=str(root), md5=fmt.md5)
@@ -156,6 +158,9 @@ def _download(fmt: CifarFormat, root: Path) -> None:
 
 def load_cifar(name: str, root: str | Path, download: bool = True):
     """Train and test images (N, 3, 32, 32) uint8 with int64 labels, and the class names."""
+    import numpy as np
+    import torch
+
     fmt = FORMATS[name]
     folder = find_folder(name, Path(root).expanduser(), download)
 

@@ -15,16 +15,16 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
-
-import torch
+from typing import TYPE_CHECKING, Any, Optional
 
 from vit_train.errors import DataError
 from vit_train.extras import require
-from vit_train.data.decoding.image import IMAGE_ERRORS, UnreadableImage, decode_rgb
 from vit_train.data.sources.base import UNLABELLED_CLASS, EncodedImages
 from vit_train.data.sources.hf_files import check_regular, load_from_disk, parquet_files, process_copy_folder, reclaim_copies
 from vit_train.data.decoding.regular import open_regular
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("vit_train")
 
@@ -67,6 +67,8 @@ class HFImages:
         return len(self.labels)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
+        from vit_train.data.decoding.image import IMAGE_ERRORS, UnreadableImage
+
         try:
             return self.image(index), int(self.labels[index])
         except IMAGE_ERRORS as e:
@@ -74,6 +76,8 @@ class HFImages:
 
     def image(self, index: int):
         """Item `index`'s image (PIL RGB); raises one of IMAGE_ERRORS when it cannot be read."""
+        from vit_train.data.decoding.image import decode_rgb
+
         return decode_rgb(self.encoded(index), f"{self.where}[{index}]")
 
     def encoded(self, index: int) -> bytes:
@@ -92,6 +96,8 @@ class HFImages:
 
     def describe_unreadable(self, index: int) -> str:
         """Why item `index`'s image cannot be read, in a few words."""
+        from vit_train.data.decoding.image import IMAGE_ERRORS
+
         try:
             self.image(index)
         except IMAGE_ERRORS as e:
@@ -233,6 +239,7 @@ def _column(ds, key: str, where: str) -> torch.Tensor:
     Raises DataError naming the first row of `where` (e.g. "ROOT train") whose cell is empty (None)."""
     import numpy as np
     import pyarrow.compute as pc
+    import torch
 
     column = ds.with_format("arrow", columns=[key])[:].column(key)
     if column.null_count:
@@ -243,6 +250,7 @@ def _column(ds, key: str, where: str) -> torch.Tensor:
 
 
 def _images(ds, image_key: str, label_key: str | None, classes: int, where: str, root: Path) -> HFImages:
+    import torch
     from datasets import Image
 
     labels = _column(ds, label_key, where) if label_key else torch.zeros(len(ds), dtype=torch.int64)

@@ -8,12 +8,13 @@ attention maps mean something. Images are a pure function of (seed, split, index
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from vit_train.data.datasets import TensorImages
 from vit_train.data.sources.base import DataSource
 from vit_train.schema.typed import positive
+
+if TYPE_CHECKING:
+    import torch
 
 CLASS_NAMES = ["circle", "square", "diamond", "ring", "plus", "cross", "triangle", "hbar", "vbar", "frame"]
 SHAPES_STATS = ((0.28, 0.28, 0.28), (0.236, 0.236, 0.236))  # measured on 10k images; the same at any size
@@ -38,6 +39,8 @@ class Shapes(DataSource):
         positive(("data.train_size", self.train_size), ("data.val_size", self.val_size))
 
     def splits(self, img_size: int, labels: bool = True) -> tuple:
+        from vit_train.data.datasets import TensorImages
+
         train = TensorImages(*generate_shapes(self.train_size, img_size, seed=2 * self.seed))
         val = TensorImages(*generate_shapes(self.val_size, img_size, seed=2 * self.seed + 1))
         return train, val, list(CLASS_NAMES), img_size
@@ -46,7 +49,7 @@ class Shapes(DataSource):
 def _masks(u: torch.Tensor, v: torch.Tensor, label: int) -> torch.Tensor:
     """Inside-shape mask from coordinates normalised by the shape's centre and radius."""
     au, av = u.abs(), v.abs()
-    box = torch.maximum(au, av)
+    box = au.maximum(av)
     r = (u**2 + v**2).sqrt()
     return [
         r < 1.0,                                                   # circle
@@ -70,6 +73,8 @@ def generate_shapes(count: int, img_size: int, seed: int) -> tuple[torch.Tensor,
 
 def generate_shapes_with_masks(count: int, img_size: int, seed: int) -> tuple[torch.Tensor, ...]:
     """generate_shapes' images and labels, and each shape's pixel mask (count, img_size, img_size) bool."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     labels = torch.arange(count) % len(CLASS_NAMES)
     labels = labels[torch.randperm(count, generator=g)]

@@ -7,19 +7,16 @@ may not change (the stream's layout, kept in the checkpoint).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import torch
-from torchvision.transforms import v2
-
-from vit_train.data.device.files import device_decoding
-from vit_train.data.loaders import Data, loader_options, loader_workers, pipeline, small_images
-from vit_train.data.shards.index import load_index, train_fingerprint
-from vit_train.data.shards.stream import build_stream_loaders
 from vit_train.data.sources.base import EncodedImages
-from vit_train.data.transforms import build_transforms
 from vit_train.errors import ConfigError
 from vit_train.schema.typed import require
+
+if TYPE_CHECKING:
+    import torch
+
+    from vit_train.data.loaders import Data
 
 
 @dataclass
@@ -43,6 +40,12 @@ class WebDataset(EncodedImages):
 
     def build(self, cfg: Any, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
         """Shards read as streams in a planned order: each (process, worker) its slot of the epoch's plan."""
+        from vit_train.data.device.files import device_decoding
+        from vit_train.data.loaders import Data, loader_options, pipeline, small_images
+        from vit_train.data.shards.index import load_index
+        from vit_train.data.shards.stream import build_stream_loaders
+        from vit_train.data.transforms import build_transforms
+
         pipeline(cfg, device)  # refuses data.pipeline=device
         if self.repeated_aug > 1:  # its copies must land in one global batch: a stream cannot place them
             raise ConfigError(f"data.repeated_aug={self.repeated_aug} works with random-access data sets only, not "
@@ -73,6 +76,9 @@ class WebDataset(EncodedImages):
         """The world size and loader worker count (data.num_workers resolved) the epoch's stream plan is cut for
         (data/shards/order.py), and the fingerprint of the index's training shards and classes (train_index,
         when the index can be read)."""
+        from vit_train.data.loaders import loader_workers
+        from vit_train.data.shards.index import train_fingerprint
+
         layout = {"world_size": world_size, "loader_workers": max(1, loader_workers(self.num_workers))}
         fingerprint = train_fingerprint(self.root)
         return layout if fingerprint is None else {**layout, "train_index": fingerprint}
@@ -107,6 +113,8 @@ def train_side(train_tf: Any, img_size: int, aug: str) -> tuple[int, str]:
     """(the shorter side, in pixels, that the training transform reads each image at, what it is): a Resize's
     side where the option resizes (aug=none resizes and centre-crops as evaluation does), else the crop's
     model.img_size (RandomResizedCrop: the largest crop is the whole image resized to it)."""
+    from torchvision.transforms import v2
+
     sides = [s if isinstance(s, int) else s[0] for t in train_tf.transforms if isinstance(t, v2.Resize)
              for s in [t.size] if s]
     if sides and max(sides) > img_size:
