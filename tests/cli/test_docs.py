@@ -23,7 +23,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf, open_dict
 
-from vit_train.cli.train import check_override_keys
+from vit_train.cli.compose import read
 from vit_train.config import Config, config_dir
 from vit_train.errors import ConfigError
 from vit_train.schema.config import OPTION_GROUPS
@@ -108,11 +108,12 @@ def check_command(args: list[str]) -> Config:
 
 def composes(args: list[str]) -> Config:
     """`check_command`'s check of `args` as they are."""
+    resumes = any(a.startswith("resume=") and a.split("=", 1)[1] not in ("auto", "null") for a in args)
+    read([*args, "--help"] if resumes else args)  # the command line's checks (a resumed run's checkpoint: not here)
     args = [a for a in args if a not in ("-m", "--multirun")]
     if "--cfg" in args:
         k = args.index("--cfg")
         del args[k:k + 2]
-    check_override_keys(args)
     fixed, swept = [], []
     for override in OverridesParser.create().parse_overrides(args):
         if not override.is_sweep_override():
