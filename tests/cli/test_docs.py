@@ -4,7 +4,7 @@ The commands are collected from fenced code blocks (a `$ ` prompt, `python -m vi
 `torchrun ... -m vit_train` and `srun vit-train` count too; `\\` continues a line; `${VAR}` is a
 shell variable). Each is checked as `vit-train --cfg job` would compose it, in this process (a
 subprocess per command would take minutes), plus what a run checks before any work: unknown keys
-and missing plugins (`check_override_keys`), Hydra's composition of the config groups, launcher and
+and missing plugins (cli/compose.py `read`), Hydra's composition of the config groups, launcher and
 sweeper, and the typed schema (`Config.from_dict`). A sweep is checked with each swept value in
 turn. A page added under docs/ is covered without being listed here.
 """

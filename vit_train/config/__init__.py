@@ -27,7 +27,7 @@ from vit_train.schema.typed import REGISTRY, build
 def _unusable(cls: type) -> str | None:
     """Why another package's option class cannot be chosen (None when it can): its defaults must make it and pass
     its own types, and the group's default stays vit-train's (the command line also drops one whose keys a Hydra
-    node cannot hold: cli/train.py `register_options`)."""
+    node cannot hold: cli/nodes.py `register_options`)."""
     try:
         plain = dataclasses.asdict(cls())
     except Exception as e:  # noqa: BLE001 - their code
