@@ -35,7 +35,7 @@ from vit_train.cli.compose import CommandLine, Run, read, run_config, show
 from vit_train.cli.flags import shows_config
 from vit_train.cli.nodes import register_options  # noqa: F401 (the schema's nodes in ConfigStore; run again for your own option)
 from vit_train.config import config_dir as _config_dir
-from vit_train.errors import ConfigError, RunStopped, UserError, exit_with
+from vit_train.errors import RunStopped, UserError, exit_with
 from vit_train.outputs import rundir
 from vit_train.outputs.rundir import RunDirBusy
 from vit_train.runtime.logs import EarlyRecords, QuietStdout
@@ -237,7 +237,7 @@ def train_main() -> None:
             sys.exit(0)
         if not shows_config(command.flags):
             check_writable(command.overrides, command.multirun)
-    except ConfigError as e:
+    except UserError as e:  # a refused argument; a resume=PATH without its checkpoint
         exit_with("vit-train", e)
     if launcher and not shows_config(command.flags):
         torchrun.launch(launcher, argv)  # checked here once; each process reads the command line again
