@@ -12,6 +12,7 @@ from helpers.files import read_results
 from helpers.runs import vit_train
 
 from vit_train.cli import arguments, train as cli, commands
+from vit_train.cli.compose import read
 from vit_train.errors import ConfigError
 
 NASTY = ["/tmp/a=b", "/tmp/photo #1.png", "/tmp/my data", "/tmp/a,b", "/tmp/[x]", "/tmp/café", "/tmp/日本",
@@ -55,10 +56,10 @@ def test_an_unreadable_value_is_one_line_naming_the_argument_and_the_quoting(arg
 
 def test_a_comma_is_a_sweep_only_with_minus_m():
     with pytest.raises(ConfigError, match=r"""is a sweep over several values .* e.g. "data.root='/d/a,b'", or add -m"""):
-        arguments.check_override_keys(["data=imagefolder", "data.root=/d/a,b"], sweeps=False)
-    assert not arguments.is_multirun(["data.root=/d/a,b"]) and arguments.is_multirun(["-m", "optim.lr=1e-3,5e-4"])
-    arguments.check_override_keys(["-m", "optim.lr=1e-3,5e-4"], sweeps=True)
-    arguments.check_override_keys(["data=imagefolder", "data.root='/d/a,b'"], sweeps=False)
+        read(["data=imagefolder", "data.root=/d/a,b"])
+    assert not read(["data=imagefolder", "data.root='/d/a,b'"]).multirun and read(["-m", "optim.lr=1e-3,5e-4"]).multirun
+    read(["-m", "optim.lr=1e-3,5e-4"])
+    read(["data=imagefolder", "data.root='/d/a,b'"])
 
 
 @pytest.mark.parametrize("main, args", [
@@ -86,7 +87,7 @@ def test_a_bare_word_is_one_line_and_exit_2_not_hydras_parser_trace(args, monkey
     assert info.value.code == 2 and err == (f"vit-train: error: {args[-1]!r} is not an override: vit-train takes "
                                             f"key=value (model.depth=12) and group=option (model=vit_tiny) "
                                             f"arguments; see vit-train --help\n")
-    arguments.check_override_keys(["--cfg", "job", "model=vit_micro"])  # a flag's value is no override
+    read(["--cfg", "job", "model=vit_micro"])  # a flag's value is no override
 
 
 def test_all_commands_read_values_the_same_way():

@@ -124,6 +124,6 @@ def test_an_unwritable_working_directory_is_one_line_naming_hydra_run_dir(tmp_pa
     from vit_train.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"sweep directory .* hydra\.sweep\.dir="):
-        check_writable(["-m", "optim.lr=1,2", f"hydra.sweep.dir={read_only}/a/b"])
+        check_writable(["optim.lr=1,2", f"hydra.sweep.dir={read_only}/a/b"], multirun=True)
     check_writable([f"hydra.run.dir={tmp_path}/new/run"])  # a writable place: no complaint, nothing created
     assert not (tmp_path / "new").exists()

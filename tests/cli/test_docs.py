@@ -4,7 +4,7 @@ The commands are collected from fenced code blocks (a `$ ` prompt, `python -m vi
 `torchrun ... -m vit_train` and `srun vit-train` count too; `\\` continues a line; `${VAR}` is a
 shell variable). Each is checked as `vit-train --cfg job` would compose it, in this process (a
 subprocess per command would take minutes), plus what a run checks before any work: unknown keys
-and missing plugins (`check_override_keys`), Hydra's composition of the config groups, launcher and
+and missing plugins (cli/compose.py `read`), Hydra's composition of the config groups, launcher and
 sweeper, and the typed schema (`Config.from_dict`). A sweep is checked with each swept value in
 turn. A page added under docs/ is covered without being listed here.
 """
@@ -25,7 +25,7 @@ from omegaconf import OmegaConf, open_dict
 
 from helpers.cases import (ARCHITECTURE_FIELDS, FAST_KILL_MOMENTS, FLIPPED_PLACES, KILL_MOMENTS, VIT_LAYOUTS,
                            VIT_OPTIONS)
-from vit_train.cli.train import check_override_keys
+from vit_train.cli.compose import read
 from vit_train.config import Config, config_dir
 from vit_train.errors import ConfigError
 from vit_train.schema.config import OPTION_GROUPS
@@ -108,11 +108,12 @@ def check_command(args: list[str]) -> Config:
 
 def composes(args: list[str]) -> Config:
     """`check_command`'s check of `args` as they are."""
+    resumes = any(a.startswith("resume=") and a.split("=", 1)[1] not in ("auto", "null") for a in args)
+    read([*args, "--help"] if resumes else args)  # the command line's checks (a resumed run's checkpoint: not here)
     args = [a for a in args if a not in ("-m", "--multirun")]
     if "--cfg" in args:
         k = args.index("--cfg")
         del args[k:k + 2]
-    check_override_keys(args)
     fixed, swept = [], []
     for override in OverridesParser.create().parse_overrides(args):
         if not override.is_sweep_override():

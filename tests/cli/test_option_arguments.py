@@ -10,9 +10,29 @@ import sys
 
 import pytest
 
-from vit_train.cli import arguments, train  # noqa: F401 (train: the schema's Hydra nodes, as the command line has them)
-from vit_train.cli.arguments import check_composed, check_override_keys, chosen_options, resumed_keys
+from vit_train.cli import arguments
+from vit_train.cli.compose import composed, read, search_places, sweep_points, typed_config
 from vit_train.errors import ConfigError
+from vit_train.schema.config import OPTION_GROUPS
+from vit_train.schema.typed import chooser
+
+
+def chosen_options(args: list[str]) -> dict[str, list[str]]:
+    """{group: the options the jobs of the command line `args` train}, as Hydra composes each swept value."""
+    command = read(args)
+    places = search_places(command.flags, command.overrides)
+    found: dict[str, list[str]] = {}
+    for point in sweep_points(command.overrides, places) if command.multirun else [command.overrides]:
+        cfg = composed(point, places)
+        for group in OPTION_GROUPS:
+            name = str(cfg[group][chooser(group)])
+            found.setdefault(group, []).extend([] if name in found.get(group, []) else [name])
+    return found
+
+
+def check_composed(args: list[str]):
+    """The typed config that `--cfg job` shows for `args` (checked as a run would check it)."""
+    return read([*args, "--cfg", "job"] if "--cfg" not in args else args).run.config
 
 
 @pytest.mark.parametrize("args, refused", [
@@ -49,7 +69,7 @@ from vit_train.errors import ConfigError
 ])
 def test_a_spelling_that_would_not_do_what_it_says_is_refused_in_one_line(args, refused):
     with pytest.raises(ConfigError, match=refused) as info:
-        check_override_keys(args, sweeps="-m" in args)
+        read(args)
     assert "\n" not in str(info.value)
 
 
@@ -58,25 +78,26 @@ def test_a_spelling_that_would_not_do_what_it_says_is_refused_in_one_line(args, 
     (["-m", "aug=glob(*,exclude=[d*,t*,r*,a*])"], {"aug": ["basic", "none"]}),
     (["-m", "experiment=cifar10_vit_tiny,cifar100_vit_small", "data.root=/x"],
      {"data": ["cifar10", "cifar100"], "aug": ["autoaug"], "objective": ["classify"]}),
-    (["-m", "experiment=cifar10_mae_pretrain,imagefolder_mae_pretrain", "objective.mask_ratio=0.6"],
-     {"objective": ["mae"]}),
+    (["-m", "experiment=cifar10_mae_pretrain,imagefolder_mae_pretrain", "objective.mask_ratio=0.6",
+      "sweep.objective=best_loss", "sweep.direction=minimize"], {"objective": ["mae"]}),  # what MAE jobs report
     (["-m", "data=cifar10,cifar100", "data.root=/x"], {"data": ["cifar10", "cifar100"]}),
 ])
 def test_sweeps_over_options_and_recipes_check_each_jobs_options(args, picked):
-    check_override_keys(args, sweeps=True)
+    read(args)
     chosen = chosen_options(args)
     assert {group: sorted(chosen[group]) for group in picked} == {g: sorted(v) for g, v in picked.items()}
 
 
 def test_a_sweeps_option_keys_compose_whatever_the_default_option_lacks():
     """Hydra composes a sweep's command line without its swept values first: data.root on train.yaml's shapes
-    stopped `-m data=cifar10,cifar100 data.root=X` with "Key 'root' is not in struct"."""
+    stopped `-m data=cifar10,cifar100 data.root=X` with "Key 'root' is not in struct". The option sections of the
+    schema's node take another option's key (each job's is checked for its own option), so these compose as given."""
     args = ["-m", "data=cifar10,cifar100", "data.root=/x", "optim.lr=1e-3", "trainer.epochs=2"]
-    assert resumed_keys(args) == ["-m", "data=cifar10,cifar100", "++data.root=/x", "optim.lr=1e-3",
-                                  "trainer.epochs=2"]  # an option's own key: ++; every option's, the trainer's: as given
-    assert resumed_keys(["-m", "optim=adamw,sgd", "optim.momentum=0.8"])[2] == "++optim.momentum=0.8"
-    assert resumed_keys(["data=cifar10", "data.root=/x"]) == ["data=cifar10", "data.root=/x"]  # one run: as given
-    assert resumed_keys(["resume=/no/such/run", "objective.mask_ratio=0.5"])[1] == "++objective.mask_ratio=0.5"
+    assert read(args).overrides == args[1:]
+    assert [composed(p).data.root for p in sweep_points(args[1:], [])] == ["/x", "/x"]
+    with pytest.raises(ConfigError, match=r"^optim.momentum is a key of optim=sgd, not of optim=adamw"):
+        read(["-m", "optim=adamw,sgd", "optim.momentum=0.8"])  # each job's keys are its own option's
+    assert composed(["data=cifar10", "data.root=/x"]).data.root == "/x"  # one run
 
 
 def test_recipes_from_a_config_dir_and_a_package_search_path_are_found(tmp_path, monkeypatch):
@@ -90,11 +111,11 @@ def test_recipes_from_a_config_dir_and_a_package_search_path_are_found(tmp_path,
     for args in (["--config-dir", str(tmp_path / "mine"), "experiment=dirmae"],
                  [f"-cd={tmp_path / 'mine'}", "experiment=dirmae"],
                  ["hydra.searchpath=[pkg://their_configs]", "experiment=pkgmae"]):
-        check_override_keys([*args, "objective.mask_ratio=0.5"])
+        read([*args, "objective.mask_ratio=0.5"])
         assert chosen_options([*args, "objective.mask_ratio=0.5"])["objective"] == ["mae"]
         assert check_composed([*args, "objective.mask_ratio=0.5"]).objective.mask_ratio == 0.5
     with pytest.raises(ConfigError, match="^experiment=pkgmae is not an option"):
-        check_override_keys(["experiment=pkgmae"])  # without the search path
+        read(["experiment=pkgmae"])  # without the search path
 
 
 @pytest.mark.parametrize("args, refused", [
@@ -128,7 +149,7 @@ def test_an_old_name_list_or_mapping_as_an_option_name_is_one_line():
     assert arguments.group_values(arguments.read_override("aug=null"), "aug", []) == ["null"]
 
 
-def test_a_section_a_config_file_renames_or_leaves_without_its_option_is_refused(tmp_path, caplog):
+def test_a_section_a_config_file_renames_or_leaves_without_its_option_is_refused(tmp_path):
     """An option YAML without its `/schema/<group>/<name>` line trained the default option silently (results.json
     said classify after objective=hinge); a recipe setting data.name was refused naming a key the user never set."""
     (tmp_path / "objective").mkdir()
@@ -139,18 +160,17 @@ def test_a_section_a_config_file_renames_or_leaves_without_its_option_is_refused
     search = f"hydra.searchpath=[file://{tmp_path}]"
     with pytest.raises(ConfigError, match=r"^objective=nameless's YAML file does not make the option: its defaults "
                                           r"list must start with `- /schema/objective/nameless`"):
-        check_composed(["objective=nameless", search])
+        typed_config(composed(["objective=nameless"], [f"file://{tmp_path}"]), [])  # (the command line: no class)
     with pytest.raises(ConfigError, match=r"^experiment=renamed sets data.name=imagefolder over data=shapes: choose "
                                           r"the option itself, with `- override /data: imagefolder` in the recipe's "
                                           r"defaults list \(or data=imagefolder\)$"):
         check_composed(["experiment=renamed", search])
-    with caplog.at_level("WARNING", logger="vit_train"):
-        cfg = check_composed(["experiment=cifar10_mae_pretrain", "aug=none"])  # the recipe set aug.scale_min
-    assert cfg.aug.name == "none" and cfg.objective.name == "mae"
-    assert caplog.messages == ["aug.scale_min=0.08 (set by experiment=cifar10_mae_pretrain) is not a key of aug=none: "
-                               "ignored"]
+    run = read(["experiment=cifar10_mae_pretrain", "aug=none"]).run  # the recipe set aug.scale_min
+    assert run.config.aug.name == "none" and run.config.objective.name == "mae"
+    assert run.warnings == ["aug.scale_min=0.08 (set by experiment=cifar10_mae_pretrain) is not a key of aug=none: "
+                            "ignored"]  # logged once by the run (cli/train.py `prepared`)
     with pytest.raises(ConfigError, match=r"^aug.scale_min is a key of aug="):  # given on the command line: refused
-        check_override_keys(["experiment=cifar10_mae_pretrain", "aug=none", "aug.scale_min=0.5"])
+        read(["experiment=cifar10_mae_pretrain", "aug=none", "aug.scale_min=0.5"])
 
 
 @pytest.mark.parametrize("edit, said", [

@@ -23,7 +23,7 @@ from helpers.configs import composed
 from helpers.files import assert_identical, logged, read_results, summary_tables
 from helpers.registry import registry_kept
 from helpers.sweep_runs import sweep
-from vit_train.cli.arguments import check_override_keys
+from vit_train.cli.compose import read
 from vit_train.cli.train import register_options
 from vit_train.config import Config
 from vit_train.errors import ConfigError
@@ -93,7 +93,7 @@ def test_a_second_option_of_the_same_name_is_refused_not_silently_swapped(mine):
 
 def test_the_new_options_compose_with_their_own_keys_and_refuse_another_options(mine):
     args = args_of(mine, "objective.margin=0.5", "data.stripe_width=3")
-    check_override_keys(args)  # what the command line checks before Hydra reads it
+    read(args)  # what the command line checks before Hydra reads it
     plain = composed(args)
     assert plain["data"] == {"name": "stripes", "batch_size": 16, "eval_batch_size": None, "num_workers": 0,
                              "pipeline": "auto", "repeated_aug": 1, "train_size": 64, "val_size": 32, "stripe_width": 3}
@@ -101,7 +101,7 @@ def test_the_new_options_compose_with_their_own_keys_and_refuse_another_options(
     cfg = Config.from_dict(plain)
     assert (type(cfg.data).__name__, type(cfg.objective).__name__, cfg.model.img_size) == ("Stripes", "Hinge", 16)
     with pytest.raises(ConfigError, match="^data.train_size is a key of data=shapes and stripes, not of data=cifar10"):
-        check_override_keys(["data=cifar10", "data.train_size=9"])
+        read(["data=cifar10", "data.train_size=9"])
     with pytest.raises(ConfigError, match="^objective.margin is a key of objective=hinge, not of objective=classify"):
         Config.from_dict({"objective": {"margin": 0.5}})
     with pytest.raises(ConfigError, match="^data.stripe_width must be > 0, got 0$"):
@@ -210,11 +210,11 @@ def test_a_registered_option_without_its_yaml_and_a_yaml_without_its_class_are_n
     "pick data=stripes"; a YAML file whose module was not imported names the entry-point group."""
     with pytest.raises(ConfigError, match=r"^data=stripes \(my_options.Stripes\) has no data/stripes.yaml in the config "
                                           r"folders; give the folder that holds it: hydra.searchpath="):
-        check_override_keys(["data=stripes"])
+        read(["data=stripes"])
     (mine / "configs" / "data" / "ghost.yaml").write_text("name: ghost\n")
     with pytest.raises(ConfigError, match=r"^data=ghost has a YAML file but no class: its module was not imported "
                                           r"\(name it in the entry-point group vit_train.options"):
-        check_override_keys(["data=ghost", "data.batch_size=8", f"hydra.searchpath=[file://{mine / 'configs'}]"])
+        read(["data=ghost", "data.batch_size=8", f"hydra.searchpath=[file://{mine / 'configs'}]"])
 
 
 def installed(mine: Path) -> dict[str, str]:
@@ -328,7 +328,7 @@ def test_a_model_family_of_ones_own_trains_resumes_bit_for_bit_evaluates_exports
             "data.batch_size=16", "trainer.device=cpu", "trainer.progress=false", "trainer.epochs=2",
             "trainer.log_every=1", "trainer.ckpt_every=1", "trainer.keep_last=100"]
     with pytest.raises(ConfigError, match="^model.depth is a key of model.arch=vit, not of model.arch=tinycnn"):
-        check_override_keys([*args, "model.depth=3"])
+        read([*args, "model.depth=3"])
     cfg = Config.from_dict(composed(args))
     assert (type(cfg.model).__name__, cfg.model.width, cfg.model.name) == ("TinyCNN", 8, "tinycnn")
     full = tmp_path / "full"

@@ -17,7 +17,7 @@ from helpers.jpegs import jpeg, kinds, photo, write_jpeg_folder
 from helpers.shards import write_shards
 from helpers.runs import vit_train
 from vit_train.cli import train as _cli  # noqa: F401 (the schema's Hydra nodes, as the command line has them)
-from vit_train.cli.arguments import check_override_keys
+from vit_train.cli.compose import read
 from vit_train.data.decoding import batched, image as decode
 from vit_train.data.aug.basic import Basic
 from vit_train.data.device.files import DecodedTrain, check_decode
@@ -142,7 +142,7 @@ def test_decode_is_a_key_of_the_data_sets_of_image_files_only():
     for other in ("cifar10", "shapes"):
         with pytest.raises(ConfigError, match=rf"^data.decode is a key of data=hf, imagefolder and webdataset, not of "
                                               rf"data={other} .*; pick one of data=hf, imagefolder, webdataset or drop data.decode$") as info:
-            check_override_keys([f"data={other}", "data.decode=gpu"])
+            read([f"data={other}", "data.decode=gpu"])
         assert "\n" not in str(info.value)
 
 

@@ -4,7 +4,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from helpers.configs import composed, config_dir
-from vit_train.cli.train import check_override_keys
+from vit_train.cli.compose import read
 from vit_train.config import Config
 from vit_train.schema.config import known_keys
 from vit_train.errors import ConfigError
@@ -99,11 +99,11 @@ def test_bad_config_is_refused_naming_the_key(plain, message):
 
 def test_unknown_command_line_key_is_refused_with_a_suggestion():
     with pytest.raises(ConfigError, match=r"did you mean 'optim.weight_decay'"):
-        check_override_keys(["model=vit_tiny", "optim.weight_dacay=0.1"])
-    check_override_keys(["model=vit_tiny", "optim.lr=1e-3", "hydra.run.dir=x", "++model.depth=3", "-m"])
+        read(["model=vit_tiny", "optim.weight_dacay=0.1"])
+    read(["model=vit_tiny", "optim.lr=1e-3", "hydra.run.dir=x", "++model.depth=3", "-m"])
     with pytest.raises(ConfigError, match=r"^\+model.depth=3: model.depth is a config key already \('\+' adds one "
                                           r"that does not exist\); give model.depth=3$"):  # Hydra: "already at"
-        check_override_keys(["model=vit_tiny", "+model.depth=3"])
+        read(["model=vit_tiny", "+model.depth=3"])
 
 
 def test_ints_widen_to_floats_and_config_round_trips():

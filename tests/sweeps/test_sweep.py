@@ -12,7 +12,7 @@ import yaml
 from helpers.configs import TINY
 from helpers.files import read_results
 from helpers.runs import vit_sweep_summary, vit_train
-from vit_train.cli.train import check_override_keys
+from vit_train.cli.compose import read
 from vit_train.errors import ConfigError
 from vit_train.sweeps.job import claim_device
 
@@ -224,12 +224,12 @@ def test_no_hydra_plugin_at_all_is_one_line_too(monkeypatch, arg, extra):
     with pytest.raises(ModuleNotFoundError):
         importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper")
     with pytest.raises(ConfigError, match=rf"{arg} needs a Hydra plugin .* pip install 'vit-train\[{extra}\]'"):
-        check_override_keys(["-m", arg])
+        read(["-m", arg])
 
 
 def test_a_missing_plugin_names_the_extra(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"pip install 'vit-train\[sweep\]'"):
-        check_override_keys(["hparams_search=optuna"])
+        read(["hparams_search=optuna"])
     with pytest.raises(ConfigError, match=r"pip install 'vit-train\[slurm\]'"):
-        check_override_keys(["-m", "hydra/launcher=slurm"])
+        read(["-m", "hydra/launcher=slurm"])

@@ -126,11 +126,11 @@ def test_a_job_of_the_same_grid_in_another_order_is_found_in_its_sibling(tmp_pat
 
 
 def test_hydra_keeps_the_record_of_a_finished_job_whose_checkpoints_were_deleted(tmp_path):
-    from vit_train.cli.train import _output_subdir
+    from vit_train.cli.train import record_subdir
 
-    assert _output_subdir(None, str(tmp_path)) == ".hydra"  # a new job directory gets Hydra's record
+    assert record_subdir(None, str(tmp_path)) == ".hydra"  # a new job directory gets Hydra's record
     (tmp_path / "results.json").write_text('{"status": "completed"}')
-    assert _output_subdir(None, str(tmp_path)) is None  # else a later sweep's overrides.yaml would replace it
+    assert record_subdir(None, str(tmp_path)) is None  # else a later sweep's overrides.yaml would replace it
 
 
 def test_the_summary_of_a_refusal_names_its_row_and_one_instruction(tmp_path):

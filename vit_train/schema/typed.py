@@ -190,7 +190,7 @@ class Option(Section):
     @classmethod
     def composed(cls) -> dict[str, Any]:
         """What choosing this option puts into the composed config, as plain data by section: its own section
-        with its defaults (vit-train's Hydra node for group=NAME, cli/train.py)."""
+        with its defaults (vit-train's Hydra node for group=NAME, cli/nodes.py)."""
         return {cls.group: dataclasses.asdict(cls())}
 
 

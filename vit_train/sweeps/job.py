@@ -62,8 +62,8 @@ def same_job(recorded: list[str], overrides: list[str]) -> bool:
 
 
 def plain_override(override: str) -> str:
-    """An override as written, without the `++` vit-train adds to a sweep's option keys (cli/arguments.py
-    `resumed_keys`): `++data.root=/x` and `data.root=/x` set the same key."""
+    """An override as written, without the `++` earlier versions recorded for a sweep's option keys (a job
+    directory of theirs): `++data.root=/x` and `data.root=/x` set the same key."""
     return override.removeprefix("++")
 
 

@@ -124,7 +124,7 @@ def short_override(override: str) -> str:
     """An override as the Markdown table shows it: a float to 4 significant digits (an Optuna trial's
     `optim.lr=0.0012345678901234567` is `optim.lr=0.001235`), `|` escaped for the table."""
     key, value = split_override(override)
-    override = override.removeprefix("++")  # vit-train's spelling of a sweep's option keys (cli/arguments.py)
+    override = override.removeprefix("++")  # how earlier versions recorded a sweep's option keys
     if isinstance(value, float) and "'" not in override and '"' not in override:
         override = f"{key}={value:.4g}"
     return override.replace("|", "\\|")
