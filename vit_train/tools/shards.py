@@ -102,7 +102,8 @@ class SplitWriter:
         self.shards.append({"name": c.path.name, "samples": c.samples, "bytes": c.path.stat().st_size})
 
     def abandon(self) -> None:
-        """After a failure: close and remove the shard being written (earlier ones are kept, with no index)."""
+        """After a failure: close and remove every shard this writer wrote, the one being written included (no
+        index lists them: left, they would only make a re-run refuse the folder)."""
         c, self.current = self.current, None
         if c is not None:
             try:
@@ -110,6 +111,8 @@ class SplitWriter:
             except OSError:
                 pass
             c.path.unlink(missing_ok=True)
+        for shard in self.shards:
+            (self.out / shard["name"]).unlink(missing_ok=True)
 
 
 def encoded(base: Any, index: int, image_format: str,
@@ -248,6 +251,7 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
     target = shard_out.refuse_used(out, splits, overwrite)
     train, val, names, _ = cfg.data.splits(cfg.model.img_size)
     shard_out.prepare(target, list(names))  # after: a data set that cannot be read leaves no folder behind
+    writers: list[SplitWriter] = []  # every split's, so that a failure in val removes train's shards too
     bases = {"train": train, "val": val}
     index: dict[str, Any] = {"format": FORMAT, "version": VERSION, "classes": list(names), "image_size": None,
                              "source": {"data": cfg.data.name, "root": cfg.data.location(), "image_format": image_format},
@@ -255,6 +259,7 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
     sizes: set[tuple[int, int]] = set()
     for split in splits:
         base, writer, skipped = bases[split], SplitWriter(target.folder, split, shard_size, maxsize), []
+        writers.append(writer)
         stream = iter(())
         try:
             stream = encoded_all(base, image_format, workers, short_side)
@@ -271,13 +276,11 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
                 writer.add(sample_key(split, i), ext, data, label)
             writer.close()
         except OSError as e:
-            writer.abandon()
-            shard_out.abandon(target)
+            shard_out.abandon(target, writers)
             raise OutputError(f"cannot write the shards into {out} ({e.strerror or e}); free space or choose "
                               f"another out= ({shard_out.failure_note(target)})") from None
         except BaseException:
-            writer.abandon()
-            shard_out.abandon(target)
+            shard_out.abandon(target, writers)
             raise
         finally:
             stream.close()  # its worker processes end now, not when the generator is collected
@@ -288,6 +291,12 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
                                   "shards": writer.shards}
     index["image_size"] = list(sizes.pop()) if len(sizes) == 1 else None
     index = shard_out.merged(target, index)
-    shard_out.finish(target, index)
+    try:
+        shard_out.finish(target, index)
+    except OutputError as e:
+        if target.folder != target.out:  # the staged set: finish said what is kept
+            raise
+        shard_out.abandon(target, writers)  # an index that cannot be written: no shards without one either
+        raise OutputError(f"{str(e).split(' (the shards')[0]} ({shard_out.failure_note(target)})") from None
     return index
 
