@@ -467,3 +467,41 @@ def test_a_val_image_that_cannot_be_read_leaves_no_train_shard_and_the_rerun_aft
     else:
         index = write_shards(cfg(name="imagefolder", root=str(root)), out, splits, shard_size=2, progress=False)
         assert index["splits"]["train"]["samples"] == 6 and index["splits"]["val"]["samples"] == 4
+
+
+def photo(width: int, height: int, seed: int = 0) -> Image.Image:
+    """A photo-like RGB image: smooth gradients with some grain (what lossy encoders are for)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 / width, y * 255 / height, (x + y) * 127 / (width + height)], -1)
+    return Image.fromarray(np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8))
+
+
+class _Files:
+    def __init__(self, path: Path):
+        self.samples = [(str(path), 0)]
+
+
+@pytest.mark.parametrize("kind, options", [
+    ("webp", {"quality": 50}), ("webp", {"quality": 80}), ("webp", {"quality": 95}), ("webp", {"lossless": True}),
+    ("webp", {"quality": 80, "exif": Image.Exif().tobytes()}),  # an extended file (VP8X first), lossy
+    ("webp", {"lossless": True, "exif": Image.Exif().tobytes()}),
+    ("jpg", {"quality": 75}), ("png", {})],
+    ids=["webp-q50", "webp-q80", "webp-q95", "webp-lossless", "webp-extended-q80", "webp-extended-lossless", "jpg-q75",
+         "png"])
+def test_a_pre_resized_image_is_stored_in_its_own_kind_and_costs_no_more_per_pixel_than_its_source(tmp_path, kind,
+                                                                                                   options):
+    path = tmp_path / f"x.{kind}"
+    photo(300, 200).save(path, **options)
+    source = path.read_bytes()
+    assert (source[12:16] == b"VP8X") == ("exif" in options)
+    ext, data, (h, w) = shards.encoded(_Files(path), 0, "source", short_side=100)
+    assert (ext, h, w) == (kind, 100, 150)
+    resized = shards.pre_resize(open_rgb(path), 100)
+    if kind == "png" or options.get("lossless"):  # lossless in, lossless out: the resized pixels themselves
+        assert np.array_equal(pixels(data), np.asarray(resized))
+        assert not shards.webp_is_lossy(data) if kind == "webp" else True
+    else:
+        assert len(data) / (h * w) <= len(source) / (300 * 200), (len(data), len(source))
+        assert shards.webp_is_lossy(data) if kind == "webp" else True
+        assert np.abs(pixels(data).astype(int) - np.asarray(resized)).mean() < 8  # lossy: close, not equal

@@ -122,8 +122,8 @@ def encoded(base: Any, index: int, image_format: str,
     JPEG/PNG/WebP file or cell keeps its bytes (they decode to the same pixels); anything else is
     written as PNG (lossless). `short_side`: an image whose shorter side is longer is resized to that side
     first (`pre_resize`) and re-encoded (image_format=source: a JPEG as a JPEG encoded as the source was,
-    `jpeg_settings`; a WebP as lossless `webp`, anything else as PNG). Raises one of IMAGE_ERRORS when the
-    image cannot be read."""
+    `jpeg_settings`; a lossless WebP as lossless, a lossy one as lossy at no more bytes per pixel, `webp_like`;
+    anything else as PNG). Raises one of IMAGE_ERRORS when the image cannot be read."""
     data = _source_bytes(base, index)
     source_format = None
     if data is None:  # an image in memory (CIFAR, shapes): (3, H, W) uint8
@@ -136,6 +136,8 @@ def encoded(base: Any, index: int, image_format: str,
         if image_format == "source":
             image_format = KEEP.get(source_format, "png")
             options = jpeg_settings(data) if image_format == "jpg" else None
+            if image_format == "webp" and webp_is_lossy(data):
+                return "webp", webp_like(rgb, data), (rgb.height, rgb.width)
     elif image_format == "source":
         kept = KEEP.get(source_format)
         if kept:
@@ -158,6 +160,37 @@ def jpeg_settings(data: bytes) -> dict | None:
     if not tables or len(tables) < 2 or sampling == -1:
         return None
     return {"qtables": [tables[0], tables[1]], "subsampling": sampling}
+
+
+def webp_is_lossy(data: bytes) -> bool:
+    """Whether the WebP `data` holds a lossy (VP8) picture rather than a lossless (VP8L) one: the first of those
+    two chunks of its RIFF container (WebP container specification; an extended file starts with VP8X)."""
+    at = 12
+    while at + 8 <= len(data):
+        kind, size = data[at:at + 4], int.from_bytes(data[at + 4:at + 8], "little")
+        if kind in (b"VP8 ", b"VP8L"):
+            return kind == b"VP8 "
+        at += 8 + size + (size & 1)  # chunks are padded to an even size
+    return False
+
+
+WEBP_QUALITIES = (95, 90, 85, 80, 75, 70, 65, 60, 55, 50)
+
+
+def webp_like(rgb: Image.Image, data: bytes) -> bytes:
+    """`rgb` as a lossy WebP that costs at most what the lossy WebP `data` cost per pixel: the highest quality of
+    WEBP_QUALITIES that does (else the lowest). A WebP keeps no record of its quality, so it is found by encoding;
+    re-encoded losslessly, a resized lossy photo came out 2-3x larger than its source."""
+    with Image.open(io.BytesIO(data)) as source:
+        budget = len(data) / (source.width * source.height)  # bytes per pixel
+    pixels, encoded = rgb.width * rgb.height, b""
+    for quality in WEBP_QUALITIES:
+        buffer = io.BytesIO()
+        rgb.save(buffer, format="WEBP", quality=quality)
+        encoded = buffer.getvalue()
+        if len(encoded) <= budget * pixels:
+            break
+    return encoded
 
 
 def pre_resize(rgb: Image.Image, short_side: int) -> Image.Image:
