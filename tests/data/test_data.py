@@ -1,5 +1,6 @@
 import hashlib
 import http.server
+import os
 import pickle
 import shutil
 import tarfile
@@ -135,6 +136,44 @@ def test_cifar_download_with_a_bad_checksum_is_refused_and_deleted(served_archiv
         cifar.load_cifar("cifar10", root, download=True)
     assert not (root / "cifar-10-python.tar.gz").exists()
     assert not (root / "cifar-10-batches-py").exists()
+
+
+@pytest.mark.parametrize("placed", ["truncated", "another file", "whole", "a folder", "a FIFO"])
+def test_a_cifar_archive_put_there_by_hand_is_unpacked_when_whole_and_otherwise_named_never_deleted(
+        served_archive, tmp_path, placed):
+    """An archive the user put under data.root (no network on a compute node) is theirs: whole (its MD5 the
+    official one), it is unpacked without a download; otherwise the line names the file and why, and the file
+    stays as it was (it was deleted, with "could not download" as the only word)."""
+    served_archive()
+    fmt = cifar.FORMATS["cifar10"]
+    root = tmp_path / "root"
+    root.mkdir()
+    archive = root / "cifar-10-python.tar.gz"
+    served = tmp_path / "serve" / "cifar-10-python.tar.gz"
+    if placed == "truncated":
+        archive.write_bytes(served.read_bytes()[:-100])
+    elif placed == "another file":
+        archive.write_bytes(b"<html>a login page</html>")
+    elif placed == "whole":
+        archive.write_bytes(served.read_bytes())
+        served.unlink()  # nothing to download: the placed archive is all there is
+    elif placed == "a folder":
+        archive.mkdir()
+    else:
+        os.mkfifo(archive)
+    before = archive.read_bytes() if archive.is_file() else None
+    if placed == "whole":
+        (train_x, _), _, names = cifar.load_cifar("cifar10", root, download=True)
+        assert train_x.shape == (20, 3, 32, 32) and len(names) == 10
+    else:
+        why = {"truncated": "is not the CIFAR-10 archive", "another file": "is not the CIFAR-10 archive",
+               "a folder": "is a folder, not the CIFAR-10 archive", "a FIFO": "is a FIFO, not the CIFAR-10 archive"}
+        with pytest.raises(DataError) as refused:
+            cifar.load_cifar("cifar10", root, download=True)
+        assert str(refused.value).startswith(f"{archive} {why[placed]}"), str(refused.value)
+        assert "download" not in str(refused.value).split(";")[0]  # the cause is the file, not the network
+        assert not (root / fmt.folder).exists()
+    assert os.path.lexists(archive) and (before is None or archive.read_bytes() == before)
 
 
 def test_cifar_download_error_is_reported(tmp_path, monkeypatch):

@@ -202,8 +202,9 @@ def test_a_full_disk_mid_way_leaves_no_index_and_no_partial_shard(tmp_path, monk
     out = tmp_path / "out"
     code, _, err = vit_shards(monkeypatch, capsys, "data=shapes", "data.train_size=10", "model.img_size=16",
                               f"out={out}", "shard_size=4", "progress=false")
-    assert code == 2 and err.count("\n") == 1 and "No space left on device" in err and "no index.json" in err, err
-    assert sorted(p.name for p in out.iterdir()) == ["train-000000.tar"]  # the whole first shard; no index
+    assert code == 2 and err.count("\n") == 1 and "No space left on device" in err, err
+    assert err.endswith("(the shards written are removed)\n"), err
+    assert not out.exists()  # made by this run, and nothing of it left: a re-run starts as the first did
 
 
 KILLED = """
@@ -432,3 +433,75 @@ def test_overwrite_on_a_full_disk_keeps_the_earlier_set_whole(tmp_path, monkeypa
     assert code == 0 and sorted(files(out)) == ["index.json", *(s["name"] for sp in ("train", "val")
                                                                 for s in index["splits"][sp]["shards"])]
     assert [s["samples"] for s in index["splits"]["train"]["shards"]] == [2, 2, 2]
+
+
+@pytest.mark.parametrize("where", ["fresh", "made", "added"])
+def test_a_val_image_that_cannot_be_read_leaves_no_train_shard_and_the_rerun_after_the_fix_needs_no_overwrite(
+        tmp_path, where):
+    """splits=train,val: train is written whole, then a val image cannot be read (val images are never skipped).
+    Whatever this run wrote goes with it (a fresh out=, an empty out= the user made, or one whose index lists
+    other splits: what it held stays as it was), so the same command after the fix runs without overwrite=true."""
+    root = write_image_folder(tmp_path / "src", {"train": 3, "val": 2})
+    (root / "val" / "b" / "1.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(20))  # truncated
+    out = tmp_path / "out"
+    splits = ["train", "val"]
+    before: dict[str, bytes] = {}
+    if where == "made":
+        out.mkdir()
+    elif where == "added":  # a set holding only... nothing of these splits: its index lists none of them
+        (tmp_path / "other").mkdir()
+        write_image_folder(tmp_path / "other" / "src", {"train": 1, "val": 1})
+        write_shards(cfg(name="imagefolder", root=str(tmp_path / "other" / "src")), out, ["train"], progress=False)
+        splits = ["val"]
+        before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(shards.DataError, match=r"1\.png cannot be read"):
+        write_shards(cfg(name="imagefolder", root=str(root)), out, splits, shard_size=2, progress=False)
+    if where == "fresh":
+        assert not out.exists()
+    else:
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    Image.new("RGB", (20, 20)).save(root / "val" / "b" / "1.png")  # the fix
+    if where == "added":  # val of another source is refused for its classes only if they differ: same (a, b) here
+        index = write_shards(cfg(name="imagefolder", root=str(root)), out, splits, shard_size=2, progress=False)
+        assert sorted(index["splits"]) == ["train", "val"] and index["splits"]["val"]["samples"] == 4
+    else:
+        index = write_shards(cfg(name="imagefolder", root=str(root)), out, splits, shard_size=2, progress=False)
+        assert index["splits"]["train"]["samples"] == 6 and index["splits"]["val"]["samples"] == 4
+
+
+def photo(width: int, height: int, seed: int = 0) -> Image.Image:
+    """A photo-like RGB image: smooth gradients with some grain (what lossy encoders are for)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 / width, y * 255 / height, (x + y) * 127 / (width + height)], -1)
+    return Image.fromarray(np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8))
+
+
+class _Files:
+    def __init__(self, path: Path):
+        self.samples = [(str(path), 0)]
+
+
+@pytest.mark.parametrize("kind, options", [
+    ("webp", {"quality": 50}), ("webp", {"quality": 80}), ("webp", {"quality": 95}), ("webp", {"lossless": True}),
+    ("webp", {"quality": 80, "exif": Image.Exif().tobytes()}),  # an extended file (VP8X first), lossy
+    ("webp", {"lossless": True, "exif": Image.Exif().tobytes()}),
+    ("jpg", {"quality": 75}), ("png", {})],
+    ids=["webp-q50", "webp-q80", "webp-q95", "webp-lossless", "webp-extended-q80", "webp-extended-lossless", "jpg-q75",
+         "png"])
+def test_a_pre_resized_image_is_stored_in_its_own_kind_and_costs_no_more_per_pixel_than_its_source(tmp_path, kind,
+                                                                                                   options):
+    path = tmp_path / f"x.{kind}"
+    photo(300, 200).save(path, **options)
+    source = path.read_bytes()
+    assert (source[12:16] == b"VP8X") == ("exif" in options)
+    ext, data, (h, w) = shards.encoded(_Files(path), 0, "source", short_side=100)
+    assert (ext, h, w) == (kind, 100, 150)
+    resized = shards.pre_resize(open_rgb(path), 100)
+    if kind == "png" or options.get("lossless"):  # lossless in, lossless out: the resized pixels themselves
+        assert np.array_equal(pixels(data), np.asarray(resized))
+        assert not shards.webp_is_lossy(data) if kind == "webp" else True
+    else:
+        assert len(data) / (h * w) <= len(source) / (300 * 200), (len(data), len(source))
+        assert shards.webp_is_lossy(data) if kind == "webp" else True
+        assert np.abs(pixels(data).astype(int) - np.asarray(resized)).mean() < 8  # lossy: close, not equal

@@ -33,6 +33,7 @@ class Target:
     def __init__(self, out: Path, overwrite: bool, added_to: dict | None, old: list[Path]):
         self.out, self.overwrite, self.added_to, self.old = out, overwrite, added_to, old
         self.folder = out / STAGING if overwrite and old else out
+        self.created = not os.path.lexists(out)  # made by this run: removed again after a failure
 
 
 def refuse_inside_source(cfg: Config, out: Path) -> None:
@@ -124,10 +125,20 @@ def merged(target: Target, index: dict) -> dict:
             "splits": {**old["splits"], **index["splits"]}}
 
 
-def abandon(target: Target) -> None:
-    """After a failure: the staging folder removed (the earlier set untouched)."""
+def abandon(target: Target, writers: list = ()) -> None:
+    """After a failure (a full disk, a val image that cannot be read after train was written, Ctrl-C): every
+    shard this run wrote removed (each SplitWriter's `abandon`), the staging folder too (the earlier set
+    untouched), and out= itself where this run made it and nothing else is in it: a re-run after the fix
+    starts as the first did, with no overwrite=true."""
+    for writer in writers:
+        writer.abandon()
     if target.folder != target.out:
         shutil.rmtree(target.folder, ignore_errors=True)
+    if target.created:
+        try:
+            target.out.rmdir()
+        except OSError:
+            pass
 
 
 def failure_note(target: Target) -> str:
@@ -135,8 +146,8 @@ def failure_note(target: Target) -> str:
     if target.folder != target.out:
         return f"the earlier set in {target.out} is kept as it was"
     if target.added_to is not None:
-        return f"{INDEX} still lists only {', '.join(target.added_to['splits'])}"
-    return f"no {INDEX} was written, so the shards there are not a set"
+        return f"{INDEX} still lists only {', '.join(target.added_to['splits'])}; the new shards are removed"
+    return "the shards written are removed"
 
 
 def finish(target: Target, index: dict) -> None:

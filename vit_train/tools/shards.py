@@ -102,7 +102,8 @@ class SplitWriter:
         self.shards.append({"name": c.path.name, "samples": c.samples, "bytes": c.path.stat().st_size})
 
     def abandon(self) -> None:
-        """After a failure: close and remove the shard being written (earlier ones are kept, with no index)."""
+        """After a failure: close and remove every shard this writer wrote, the one being written included (no
+        index lists them: left, they would only make a re-run refuse the folder)."""
         c, self.current = self.current, None
         if c is not None:
             try:
@@ -110,6 +111,8 @@ class SplitWriter:
             except OSError:
                 pass
             c.path.unlink(missing_ok=True)
+        for shard in self.shards:
+            (self.out / shard["name"]).unlink(missing_ok=True)
 
 
 def encoded(base: Any, index: int, image_format: str,
@@ -119,8 +122,8 @@ def encoded(base: Any, index: int, image_format: str,
     JPEG/PNG/WebP file or cell keeps its bytes (they decode to the same pixels); anything else is
     written as PNG (lossless). `short_side`: an image whose shorter side is longer is resized to that side
     first (`pre_resize`) and re-encoded (image_format=source: a JPEG as a JPEG encoded as the source was,
-    `jpeg_settings`; a WebP as lossless `webp`, anything else as PNG). Raises one of IMAGE_ERRORS when the
-    image cannot be read."""
+    `jpeg_settings`; a lossless WebP as lossless, a lossy one as lossy at no more bytes per pixel, `webp_like`;
+    anything else as PNG). Raises one of IMAGE_ERRORS when the image cannot be read."""
     data = _source_bytes(base, index)
     source_format = None
     if data is None:  # an image in memory (CIFAR, shapes): (3, H, W) uint8
@@ -133,6 +136,8 @@ def encoded(base: Any, index: int, image_format: str,
         if image_format == "source":
             image_format = KEEP.get(source_format, "png")
             options = jpeg_settings(data) if image_format == "jpg" else None
+            if image_format == "webp" and webp_is_lossy(data):
+                return "webp", webp_like(rgb, data), (rgb.height, rgb.width)
     elif image_format == "source":
         kept = KEEP.get(source_format)
         if kept:
@@ -155,6 +160,37 @@ def jpeg_settings(data: bytes) -> dict | None:
     if not tables or len(tables) < 2 or sampling == -1:
         return None
     return {"qtables": [tables[0], tables[1]], "subsampling": sampling}
+
+
+def webp_is_lossy(data: bytes) -> bool:
+    """Whether the WebP `data` holds a lossy (VP8) picture rather than a lossless (VP8L) one: the first of those
+    two chunks of its RIFF container (WebP container specification; an extended file starts with VP8X)."""
+    at = 12
+    while at + 8 <= len(data):
+        kind, size = data[at:at + 4], int.from_bytes(data[at + 4:at + 8], "little")
+        if kind in (b"VP8 ", b"VP8L"):
+            return kind == b"VP8 "
+        at += 8 + size + (size & 1)  # chunks are padded to an even size
+    return False
+
+
+WEBP_QUALITIES = (95, 90, 85, 80, 75, 70, 65, 60, 55, 50)
+
+
+def webp_like(rgb: Image.Image, data: bytes) -> bytes:
+    """`rgb` as a lossy WebP that costs at most what the lossy WebP `data` cost per pixel: the highest quality of
+    WEBP_QUALITIES that does (else the lowest). A WebP keeps no record of its quality, so it is found by encoding;
+    re-encoded losslessly, a resized lossy photo came out 2-3x larger than its source."""
+    with Image.open(io.BytesIO(data)) as source:
+        budget = len(data) / (source.width * source.height)  # bytes per pixel
+    pixels, encoded = rgb.width * rgb.height, b""
+    for quality in WEBP_QUALITIES:
+        buffer = io.BytesIO()
+        rgb.save(buffer, format="WEBP", quality=quality)
+        encoded = buffer.getvalue()
+        if len(encoded) <= budget * pixels:
+            break
+    return encoded
 
 
 def pre_resize(rgb: Image.Image, short_side: int) -> Image.Image:
@@ -248,6 +284,7 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
     target = shard_out.refuse_used(out, splits, overwrite)
     train, val, names, _ = cfg.data.splits(cfg.model.img_size)
     shard_out.prepare(target, list(names))  # after: a data set that cannot be read leaves no folder behind
+    writers: list[SplitWriter] = []  # every split's, so that a failure in val removes train's shards too
     bases = {"train": train, "val": val}
     index: dict[str, Any] = {"format": FORMAT, "version": VERSION, "classes": list(names), "image_size": None,
                              "source": {"data": cfg.data.name, "root": cfg.data.location(), "image_format": image_format},
@@ -255,6 +292,7 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
     sizes: set[tuple[int, int]] = set()
     for split in splits:
         base, writer, skipped = bases[split], SplitWriter(target.folder, split, shard_size, maxsize), []
+        writers.append(writer)
         stream = iter(())
         try:
             stream = encoded_all(base, image_format, workers, short_side)
@@ -271,13 +309,11 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
                 writer.add(sample_key(split, i), ext, data, label)
             writer.close()
         except OSError as e:
-            writer.abandon()
-            shard_out.abandon(target)
+            shard_out.abandon(target, writers)
             raise OutputError(f"cannot write the shards into {out} ({e.strerror or e}); free space or choose "
                               f"another out= ({shard_out.failure_note(target)})") from None
         except BaseException:
-            writer.abandon()
-            shard_out.abandon(target)
+            shard_out.abandon(target, writers)
             raise
         finally:
             stream.close()  # its worker processes end now, not when the generator is collected
@@ -288,6 +324,12 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
                                   "shards": writer.shards}
     index["image_size"] = list(sizes.pop()) if len(sizes) == 1 else None
     index = shard_out.merged(target, index)
-    shard_out.finish(target, index)
+    try:
+        shard_out.finish(target, index)
+    except OutputError as e:
+        if target.folder != target.out:  # the staged set: finish said what is kept
+            raise
+        shard_out.abandon(target, writers)  # an index that cannot be written: no shards without one either
+        raise OutputError(f"{str(e).split(' (the shards')[0]} ({shard_out.failure_note(target)})") from None
     return index
 

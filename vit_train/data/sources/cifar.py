@@ -142,9 +142,22 @@ def find_folder(name: str, root: Path, download: bool) -> Path:
 
 
 def _download(fmt: CifarFormat, root: Path) -> None:
-    from torchvision.datasets.utils import download_and_extract_archive
+    """The archive under `root`, fetched and MD5-checked, then unpacked. An archive already there (put by hand, or
+    a whole earlier download) is unpacked if its MD5 is the official one, and otherwise refused, never deleted:
+    only a file this call downloaded is removed after a failure."""
+    from torchvision.datasets.utils import check_integrity, download_and_extract_archive, extract_archive
 
     archive = root / Path(fmt.url).name
+    if os.path.lexists(archive):
+        kind = not_regular(archive)
+        if kind is not None:
+            raise DataError(f"{archive} is {kind if kind != 'missing' else 'a broken link'}, not the {fmt.title} "
+                            f"archive; move it away to download the archive, or put the archive there")
+        if not check_integrity(str(archive), fmt.md5):
+            raise DataError(f"{archive} is not the {fmt.title} archive (its MD5 is not {fmt.md5}: incomplete, or "
+                            f"another file); replace it with a complete copy, or move it away to download one")
+        extract_archive(str(archive), str(root))
+        return
     try:
         download_and_extract_archive(fmt.url, download_root=str(root), md5=fmt.md5)
     except RuntimeError as e:  # torchvision's checksum failure
