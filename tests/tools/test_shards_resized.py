@@ -22,7 +22,7 @@ from helpers.shards import write_shards as write_raw_shards
 from vit_train.config import Config
 from vit_train.data.decoding.image import decode_rgb
 from vit_train.errors import DataError
-from vit_train.tools.shards import write_shards
+from vit_train.tools.shards import webp_is_lossy, webp_like, write_shards
 
 
 def _noise(width: int, height: int, seed: int) -> Image.Image:
@@ -89,6 +89,11 @@ def test_each_image_is_stored_at_its_shorter_side_resized_as_pillow_resizes_and_
         expected = decode_rgb(source.read_bytes(), name).resize(stored, Image.Resampling.BILINEAR)  # the oracle
         if ext == "jpg":  # re-encoded as the source was: its quantization tables and chroma subsampling
             assert np.array_equal(np.asarray(got), np.asarray(encoded_as(expected, source.read_bytes()))), name
+        elif name == "lossy.webp":  # re-encoded lossy, at no more bytes per pixel than its source (shards.webp_like)
+            assert webp_is_lossy(data) and len(data) / (stored[0] * stored[1]) <= \
+                source.stat().st_size / (size[0] * size[1]), name
+            assert np.array_equal(np.asarray(got), np.asarray(decode_rgb(webp_like(expected, source.read_bytes()),
+                                                                         name))), name
         else:  # png, lossless webp: the resized pixels exactly
             assert np.array_equal(np.asarray(got), np.asarray(expected)), name
 
