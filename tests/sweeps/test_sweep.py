@@ -166,6 +166,34 @@ def test_optuna_search_runs_its_trials(tmp_path):
     assert f"Best value: {max(t['best_top1'] for t in trials)}" in done.stdout + done.stderr
 
 
+@pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None,
+                    reason="the [sweep] extra is not installed")
+@pytest.mark.slow  # ~15 s on 2 cores; a sweep in a subprocess
+def test_an_optuna_search_goes_on_past_failed_trials_and_its_lines_are_plain(tmp_path):
+    """Every trial fails (a batch larger than the data set): each is given the worst value, so the study runs all
+    its trials (a NaN made Optuna raise: the sweep ended in a traceback at the first); the summary lists them
+    failed, exit 1 in one line. The search space is given as the key itself, as docs/sweeps.md shows; Optuna's
+    lines come through Hydra's log without colour codes, and its storage layer says nothing."""
+    sweep_dir = tmp_path / "optuna"
+    done = vit_train("hparams_search=optuna", "hydra.sweeper.n_trials=2", *SHORT, "data.batch_size=4096",
+                     "optim.lr=tag(log, interval(3e-4, 3e-3))", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in out, out
+    assert [read_results(sweep_dir / j)["status"] for j in "01"] == ["failed", "failed"]
+    assert done.stderr.splitlines()[-1].startswith("vit-train: 2 of 2 jobs did not complete: job 0 failed")
+    assert "\x1b[" not in out and "setup plugin" not in out, out
+    assert "[HYDRA] A new study created in memory with name: vit-train" in out
+    lrs = [yaml.safe_load((sweep_dir / j / ".hydra" / "overrides.yaml").read_text())[0] for j in "01"]
+    assert all(3e-4 <= float(lr.split("=")[1]) <= 3e-3 for lr in lrs), lrs  # the command line's range
+
+
+def test_a_search_space_under_hydra_sweeper_params_is_one_line_naming_the_spelling_that_works():
+    with pytest.raises(ConfigError, match=r"^hydra\.sweeper\.params\.optim\.lr=tag\(log, interval\(3e-4, 3e-3\)\): "
+                                          r"Hydra cannot sweep over its own config, .* give the search space as the "
+                                          r"key itself: 'optim\.lr=tag\(log, interval\(3e-4, 3e-3\)\)'"):
+        read(["hparams_search=optuna", "hydra.sweeper.params.optim.lr=tag(log, interval(3e-4, 3e-3))"])
+
+
 @pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None,
                     reason="the [sweep] extra is not installed")
 @pytest.mark.slow  # ~9 s on 2 cores; slots also unit-tested here

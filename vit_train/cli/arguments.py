@@ -96,6 +96,11 @@ def check_arguments(overrides: list[str], multirun: bool, resuming: bool, dirs: 
         override = read_override(arg, sweep=multirun)
         key = override.get_key_element().lstrip("+~")
         group = key.split(".")[0]
+        if key.startswith("hydra.sweeper.params.") and override.is_sweep_override():
+            swept = key.removeprefix("hydra.sweeper.params.")  # Hydra reads a dotted name as nested keys, then
+            raise ConfigError(f"{arg}: Hydra cannot sweep over its own config, and reads {swept} there as nested "  # exits 1
+                              f"keys; give the search space as the key itself: '{swept}={arg.split('=', 1)[1]}' "
+                              f"(the Optuna sweeper reads it from the command line: docs/sweeps.md)")
         if override.is_delete():
             check_deletion(arg, key, resuming)
         elif key in GROUPS and key != "hydra":

@@ -117,13 +117,21 @@ def _run_or_job(cfg: DictConfig, command: CommandLine) -> float:
 
 
 def _sweep_job(cfg: DictConfig, command: CommandLine, run_dir: Path, overrides: list[str], job: int) -> float:
-    """One job of a sweep (sweep.run_job): its objective, or NaN when it failed (the sweep goes on). Its config is
-    Hydra's composition for it (each swept value was checked before the sweep began, compose.py `read`)."""
+    """One job of a sweep (sweep.run_job): its objective, or when it has none (failed, refused, diverged) the worst
+    value for sweep.direction, -inf or inf, so the sweep goes on: the Optuna sweeper (hydra-optuna-sweeper 1.2)
+    hands a NaN to Optuna, which refuses it, and the whole study ended in a traceback; a worst value is a trial
+    the sampler learns from. The summary lists the job as failed either way. Its config is Hydra's composition for
+    it (each swept value was checked before the sweep began, compose.py `read`)."""
+    import math
+
     from vit_train.sweeps.job import run_job
 
     choices = HydraConfig.get().runtime.choices
-    return run_job(lambda: prepared(run_config(overrides, cfg, choices), command.renamed), run_dir, overrides, job,
-                   str(cfg.sweep.objective))
+    value = run_job(lambda: prepared(run_config(overrides, cfg, choices), command.renamed), run_dir, overrides, job,
+                    str(cfg.sweep.objective))
+    if math.isnan(value):
+        return -math.inf if cfg.sweep.direction == "maximize" else math.inf
+    return value
 
 
 def record_subdir(resume: object, run_dir: str) -> str | None:
@@ -208,6 +216,15 @@ class RunRecords(Callback):
 class SweepSummary(Callback):
     """After a sweep: the summary table (printed, summary.csv, summary.md), TensorBoard HParams, and exit status 1
     when any job did not complete. (That its jobs report its objective was checked before it began, compose.py.)"""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        """Optuna's lines through the root logger, in Hydra's format: its own handler colours them (ANSI codes in
+        a file or a CI log) and repeats what the sweeper says."""
+        if "optuna" in str(OmegaConf.select(config, "hydra.sweeper._target_", default="")):  # hparams_search=optuna
+            import optuna
+
+            optuna.logging.disable_default_handler()
+            optuna.logging.enable_propagation()
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         from vit_train.sweeps.summary import incomplete_jobs, summarize
