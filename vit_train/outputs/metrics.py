@@ -235,15 +235,17 @@ def write_results(run_dir: Path, results: dict[str, Any]) -> None:
 
 def results_summary(status: str, state, objective: str, scores: dict[str, Any], metrics: dict[str, float],
                     wall_seconds: float, run_dir: Path, all_attempts: float | None = None,
-                    error: str | None = None, compile_seconds: float | None = None) -> dict[str, Any]:
+                    error: str | None = None, compile_seconds: float | None = None, name: str = "",
+                    tags: list[str] | None = None) -> dict[str, Any]:
     """results.json: how the run ended and its numbers. `state` is the run's TrainState; `objective` its
     objective's name and `scores` that objective's own numbers (its `results_of`: best and final scores, null
     before an evaluation); `metrics` the last evaluation's. `wall_seconds` is this attempt's, `all_attempts`
     adds the earlier attempts' (each up to its last checkpoint); `error` says why a `failed` run stopped;
     `compile_seconds` what trainer.compile spent compiling in this attempt (None: nothing was compiled), which
-    images_per_s leaves out."""
+    images_per_s leaves out; `name` and `tags` the config's."""
     return {
         "status": status, "run_id": state.run_id,  # made at the run's start, kept across resumes
+        "name": name, "tags": list(tags or []),  # the config's: what the user called the run
         "objective": objective, **scores,
         "best_step": state.best_step, "best_source": state.best_source,
         # trainer.limit_val_batches: the last evaluation covered only these val images (not the val set's score)

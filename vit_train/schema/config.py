@@ -41,8 +41,8 @@ class Config:
     sweep: SweepConfig = field(default_factory=SweepConfig)
     seed: int = 0  # seeds the model init, data order and augmentation
     resume: str | None = None  # null, auto (newest checkpoint in the run dir), or a path
-    name: str = ""  # free-form run name, for logs
-    tags: list[str] = field(default_factory=list)  # free-form labels, for logs
+    name: str = ""  # free-form run name: in train.log, results.json and a sweep's summary.csv
+    tags: list[str] = field(default_factory=list)  # free-form labels: in train.log, results.json, summary.csv
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Config":

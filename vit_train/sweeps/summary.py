@@ -49,7 +49,7 @@ def read_refusal(job: Path) -> dict[str, Any] | None:
 
 # the columns around the objectives' own (each objective's `summary_columns`); *_partial: scored on a share of the val set
 FIRST, LAST = ("job", "status", "objective"), ("epochs", "images_per_s", "wall_seconds", "best_partial", "val_partial",
-                                               "overrides")
+                                               "overrides", "name", "tags")
 
 
 def objective_columns(found: list[dict[str, Any]]) -> dict[str, tuple[str, int]]:
@@ -157,7 +157,8 @@ def summarize(sweep_dir: Path, objective: str = "best_top1", direction: str = "m
     rows, shown = [], {}
     for job, results in found.items():
         rows.append({"job": job.name, "status": results.get("status"), "objective": objective_value(results, objective),
-                     **{k: results.get(k) for k in [*own, *LAST[:-1]]}, "overrides": shlex.join(overrides[job])})
+                     **{k: results.get(k) for k in [*own, *LAST[:-3]]}, "overrides": shlex.join(overrides[job]),
+                     "name": results.get("name", ""), "tags": " ".join(results.get("tags") or [])})
         shown[job.name] = " ".join(short_override(o) for o in overrides[job] if split_override(o)[0] in swept)
     sign = -1 if direction == "maximize" else 1
     rows.sort(key=lambda r: (math.isnan(r["objective"]), sign * r["objective"] if not math.isnan(r["objective"]) else 0))

@@ -201,6 +201,8 @@ def describe(run: Run) -> None:
     cfg, window = run.cfg, run.window
     labels = cfg.objective.data_text(len(run.data.class_names))
     strategy = "FSDP: weights, gradients and optimiser state sharded" if sharding.is_sharded(run.model) else "DDP"
+    if cfg.name or cfg.tags:  # name, tags: also in results.json and a sweep's summary.csv
+        log.info("run %s%s", cfg.name or "(no name)", f", tags: {', '.join(cfg.tags)}" if cfg.tags else "")
     log.info("%s: %.2fM parameters, %s, %d steps (%d per epoch), device %s%s, precision %s", cfg.model.name,
              sum(p.numel() for p in run.model.parameters()) / 1e6, labels, run.total_steps, run.data.steps_per_epoch,
              run.device, f" x {run.ctx.world_size} processes ({strategy})" if run.ctx.enabled else "",

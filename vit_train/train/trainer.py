@@ -203,7 +203,8 @@ def results(run: Run, status: str, error: str | None = None) -> dict[str, Any]:
     return results_summary(status, state, objective.name, objective.results_of(state.best_of(objective.metric),
                                                                                run.latest),
                            run.latest, seconds, run.run_dir, all_attempts=run.earlier_seconds + seconds, error=error,
-                           compile_seconds=sum(run.compile_seconds.values()) if run.compile_seconds else None)
+                           compile_seconds=sum(run.compile_seconds.values()) if run.compile_seconds else None,
+                           name=run.cfg.name, tags=list(run.cfg.tags))
 
 
 def finish(run: Run, status: str) -> dict[str, Any]:
