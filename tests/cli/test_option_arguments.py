@@ -216,7 +216,7 @@ def test_cfg_job_of_a_resumed_run_shows_the_config_it_would_run(tmp_path, monkey
     assert (shown["data"]["train_size"], shown["resume"]) == (256, str(tmp_path / "run"))
 
 
-def test_a_resumed_runs_keys_apply_in_any_order_and_an_option_switch_keeps_the_keys_both_have():
+def test_a_resumed_runs_keys_apply_in_any_order_and_an_option_switch_keeps_the_runs_own_values_of_the_keys_both_have():
     """`resume=RUN aug.hflip=0.2 aug.name=randaug` trained with hflip 0.5: the switch replaced the section after
     the key had been set, and the run's own crop_padding went back to the default."""
     from vit_train.cli.arguments import apply_overrides
@@ -228,6 +228,13 @@ def test_a_resumed_runs_keys_apply_in_any_order_and_an_option_switch_keeps_the_k
     assert one == other
     assert (one["aug"]["name"], one["aug"]["hflip"], one["aug"]["crop_padding"], one["aug"]["randaug_n"]) == \
         ("randaug", 0.2, 1, 2)
+    deit = apply_overrides(saved, ["aug.name=deit"])["aug"]  # basic's 0s were defaults, not the run's choices
+    from vit_train.data.aug.deit import Deit
+    assert deit == {**Deit.composed()["aug"], "hflip": 0.1, "crop_padding": 1}
+    assert (deit["mixup_alpha"], deit["cutmix_alpha"], deit["random_erasing"], deit["label_smoothing"]) == \
+        (0.8, 1.0, 0.25, 0.1)
+    own = Config.from_dict({"aug": {"name": "basic", "label_smoothing": 0.2}}).to_dict()  # a choice of the run's
+    assert apply_overrides(own, ["aug.name=deit"])["aug"]["label_smoothing"] == 0.2
     with pytest.raises(ConfigError, match=r"^aug.randaug_n is a key of aug=deit and randaug, not of the resumed run's "
                                           r"aug=basic; give aug.name=deit with it to change the augmentation, or drop "
                                           r"aug.randaug_n$"):

@@ -238,11 +238,9 @@ def check_writable(overrides: list[str], multirun: bool = False) -> None:
 def apply_overrides(saved: dict, overrides: list[str]) -> dict:
     """The saved config (upgraded to this version's layout) with key=value overrides applied, in any order; group
     choices cannot change on resume. `data.name=X` (and aug.name, objective.name) makes that section option X's:
-    its defaults, with the saved values of the keys both options have, under the keys given, so that the resume's
-    own check names the change (train/resume.py). ConfigError (one line) for a key the resumed run's option (or the
+    its defaults, with the run's own values (those it changed from its option's defaults) of the keys both options
+    have, under the keys given, so that the resume's own check names the change (train/resume.py). ConfigError (one line) for a key the resumed run's option (or the
     one named) does not have."""
-    import dataclasses
-
     from vit_train.schema.legacy import upgrade_saved
     from vit_train.schema.typed import option_class
 
@@ -259,10 +257,19 @@ def apply_overrides(saved: dict, overrides: list[str]) -> dict:
              and o.key_or_group == f"{o.key_or_group.partition('.')[0]}.{chooser(o.key_or_group.partition('.')[0])}"]
     for override in names:  # first, so that the other keys land in the section of the option named
         group = override.key_or_group.partition(".")[0]
-        if override.value() != OmegaConf.select(cfg, override.key_or_group):
-            fresh = dataclasses.asdict(option_class(group, override.value())())
-            kept = {k: v for k, v in OmegaConf.to_container(cfg[group]).items() if k in fresh and k != chooser(group)}
-            cfg[group] = {**fresh, **kept}  # another option's section, the keys both have as the run had them
+        was = OmegaConf.select(cfg, override.key_or_group)
+        if override.value() != was:
+            fresh = option_class(group, override.value()).composed()[group]
+            try:
+                old = option_class(group, was).composed()[group]
+            except ConfigError:  # an option no longer registered: its values are all the run's own
+                old = {}
+            # another option's section: its defaults (as group=NAME composes it), and the run's own values of the keys
+            # both have, those it changed from its option's defaults; a key at the old option's default takes the new
+            # one's (basic's mixup_alpha 0 is not a choice to keep: aug.name=deit trains with deit's 0.8)
+            kept = {k: v for k, v in OmegaConf.to_container(cfg[group]).items()
+                    if k in fresh and k != chooser(group) and (k not in old or v != old[k])}
+            cfg[group] = {**fresh, **kept}
     for override in parsed:
         group, _, leaf = override.key_or_group.partition(".")
         if group in OPTION_GROUPS and leaf and leaf not in cfg[group]:
