@@ -44,6 +44,13 @@ def check_composed(args: list[str]):
     (["experiment=null"], r"^experiment=null is not an option; choose one of cifar100_vit_small, "),
     (["~data.train_size", "data=cifar10"], r"^data.train_size is a key of data=shapes, not of data=cifar10"),
     (["~data.bogus"], r"^unknown config key 'data.bogus' \(data=shapes has batch_size, "),
+    # a key the config has: the run would use its default while --cfg job showed it gone
+    (["~seed"], r"^~seed: every key of the config has a value, so the run would train with seed's default \(0\) "
+                r"while --cfg job showed it gone; give seed=VALUE to change it$"),
+    (["~optim.clip_grad"], r"^~optim.clip_grad: .* with optim.clip_grad's default \(1.0\) while --cfg job"),
+    (["~trainer.ema_decay"], r"^~trainer.ema_decay: .* with trainer.ema_decay's default \(null\) while"),  # a null
+    (["~data.train_size"], r"^~data.train_size: .* with data.train_size's default \(10000\) while"),
+    (["-m", "optim.lr=1e-3,2e-3", "~trainer.epochs"], r"^~trainer.epochs: .* trainer.epochs's default"),
     (["resume=outputs/x", "~optim.clip_grad"], r"^~optim.clip_grad: a resumed run keeps its saved config, so a key "
                                                r"cannot be deleted; give optim.clip_grad=<value> instead$"),
     (["+experiment=cifar10_vit_tiny"], r"^Multiple values for experiment.*; give the group choice without '\+': "

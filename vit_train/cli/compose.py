@@ -85,6 +85,8 @@ def read(argv: list[str]) -> CommandLine:
     cfgs = [composed(point, places, flags.config_name) for point in points]
     checked = [typed_config(cfg, override_keys(point), typed=not multirun and runs, shown=flags.cfg is not None)
                for cfg, point in zip(cfgs, points)]
+    for cfg, point in zip(checked, points):
+        check_deletions(point, cfg[0])
     if flags.help and not flags.hydra_help:
         from vit_train.cli.help import help_text
 
@@ -96,6 +98,27 @@ def read(argv: list[str]) -> CommandLine:
         command.run = Run(config, task_overrides(overrides), None,
                           warnings + ignored_keys(config, override_keys(task_overrides(overrides))))
     return command
+
+
+def check_deletions(overrides: list[str], config: Any) -> None:
+    """ConfigError for a `~key` deletion of a key the run's config has: every key has a value, so the run would
+    train with its default while `--cfg job` (Hydra's composition) showed it gone. (Hydra's own keys, and a key the
+    chosen option lacks, are said elsewhere.)"""
+    plain = config.to_dict() if hasattr(config, "to_dict") else config
+    for arg in overrides:
+        if not arg.startswith("~") or arg.lstrip("~").startswith("hydra"):
+            continue
+        key = arg.lstrip("~").split("=", 1)[0]
+        place, found = plain, True
+        for part in key.split("."):
+            found = isinstance(place, dict) and part in place
+            if not found:
+                break
+            place = place[part]
+        if found and not isinstance(place, dict):
+            shown = "null" if place is None else str(place).lower() if isinstance(place, bool) else repr(place)
+            raise ConfigError(f"{arg}: every key of the config has a value, so the run would train with {key}'s "
+                              f"default ({shown}) while --cfg job showed it gone; give {key}=VALUE to change it")
 
 
 def resume_of(overrides: list[str]) -> Any:
@@ -161,10 +184,15 @@ def composed(overrides: list[str], places: list[str] = (), config_name: str | No
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
             return compose(config_name or "train", overrides=given, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as e:
-        gone = re.search(r"Could not delete from config\. '([^']+)' does not exist", str(e))
-        if gone and gone.group(1).split(".")[0] in OPTION_GROUPS:  # which option lacks it: the rest composed
+        said = f"{e} {e.__cause__ or ''}"
+        gone = (re.search(r"Could not delete from config\. '([^']+)' does not exist", said)
+                or re.search(r"Error merging override ~([\w.]+)\b.*does not support deletion", said, re.S))
+        if gone:  # Hydra says the first of a key whose value is null too, the second of a key of a typed section
             rest = [o for o in overrides if o.lstrip("~").split("=")[0] != gone.group(1)]
-            typed_config(composed(rest, places, config_name), [gone.group(1)], typed=False)
+            whole = composed(rest, places, config_name)
+            if gone.group(1).split(".")[0] in OPTION_GROUPS:  # which option lacks it: the rest composed
+                typed_config(whole, [gone.group(1)], typed=False)
+            check_deletions([f"~{gone.group(1)}"], OmegaConf.to_container(whole))  # a key it has, null
         raise refusal(e, overrides) from None
     finally:
         GlobalHydra.instance().clear()
