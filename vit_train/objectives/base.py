@@ -100,6 +100,35 @@ class Loss:
         """Continue the sums `window_state` kept."""
 
 
+def state_fingerprint(loss: Loss) -> dict[str, Any]:
+    """What a loss keeps on itself that a restart would lose unless its `state_dict` returns it: each attribute's
+    value (a tensor by its shape, dtype and bytes; a number, string or container by its repr), modules (a frozen
+    teacher: weights, not state) and callables left out. Compared over a run by `unsaved_state`."""
+    import torch
+
+    found: dict[str, Any] = {}
+    for name, value in vars(loss).items():
+        if isinstance(value, torch.nn.Module) or callable(value):
+            continue
+        if isinstance(value, torch.Tensor):
+            found[name] = (tuple(value.shape), str(value.dtype), value.detach().cpu().contiguous().numpy().tobytes())
+        elif isinstance(value, torch.Generator):
+            found[name] = value.get_state().numpy().tobytes()
+        else:
+            found[name] = repr(value)
+    return found
+
+
+def unsaved_state(loss: Loss, built: dict[str, Any]) -> list[str]:
+    """The attributes of `loss` that changed since `built` (its `state_fingerprint` when it was built) although its
+    `state_dict` is Loss's, which keeps nothing: a resumed run would start them afresh, and diverge from the
+    uninterrupted run without a word. Empty for a loss that defines its own `state_dict` (it says what it keeps)."""
+    if type(loss).state_dict is not Loss.state_dict:
+        return []
+    now = state_fingerprint(loss)
+    return sorted(name for name in now.keys() | built.keys() if now.get(name) != built.get(name))
+
+
 @dataclass
 class Objective(ObjectiveConfig):
     """The contract of a training objective (this module's docstring); a subclass is one objective."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Sequence
@@ -25,6 +25,7 @@ from vit_train.config import Config
 from vit_train.data.loaders import Data
 from vit_train.data.mix import BatchMix
 from vit_train.objectives.base import Loss
+from vit_train.objectives.base import state_fingerprint
 from vit_train.objectives.weights_in import load_pretrained
 from vit_train.outputs.metrics import EarlyRecords, NullLogger, RunLogger
 from vit_train.runtime import distributed
@@ -79,6 +80,8 @@ class Run:
     total_steps: int
     started: float  # time.time() when this attempt began (before its checkpoint was found)
     earlier_seconds: float  # wall time of earlier attempts, up to their last checkpoint
+    # the loss's attributes when built (objectives/base.py `state_fingerprint`), and whether what changed was said
+    loss_built: dict = field(default_factory=lambda: {"attributes": {}, "said": True})
 
 
 def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: dict | None = None,
@@ -178,7 +181,7 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
                scaler=scaler, skips=skips,
                logger=logger, visuals=visuals, window=window, progress=EpochProgress(t.progress and ctx.is_main),
                state=state, latest={}, total_steps=total_steps, started=time.time() if started is None else started,
-               earlier_seconds=state.wall_seconds)
+               earlier_seconds=state.wall_seconds, loss_built={"attributes": state_fingerprint(loss), "said": False})
 
 
 def build_ema(model: nn.Module, decay: float | None) -> AveragedModel | None:

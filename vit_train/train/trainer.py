@@ -24,6 +24,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from vit_train.checkpoint import TrainState, checkpoint_state, run_checkpoints, save_run_checkpoint, short_of_space, shown
 from vit_train.config import Config
 from vit_train.errors import RunStopped, UserError
+from vit_train.objectives.base import unsaved_state
 from vit_train.outputs import rundir
 from vit_train.outputs.metrics import output_error, results_summary, write_results
 from vit_train.runtime import distributed
@@ -189,11 +190,27 @@ def save(run: Run, best: bool = False) -> None:
         distributed.barrier()
         gathered = sharding.full_states(run.model, run.optimizer, run.ema)  # FSDP: every process sends rank 0 its shards
         if run.ctx.is_main:
+            warn_unsaved_state(run)
             ckpt = checkpoint_state(run.model, run.optimizer, run.scheduler, run.scaler, run.ema, run.state, run.cfg,
                                     run.overrides, run.data.class_names, run.loss, gathered, run.window)
             run.logger.sync()  # the rows up to this step reach the disk before the checkpoint that will not log them again
             save_run_checkpoint(ckpt, run.run_dir / "checkpoints", run.cfg.trainer.keep_last, best)
         distributed.barrier()
+
+
+def warn_unsaved_state(run: Run) -> None:
+    """Once a run: the line naming what the objective's loss keeps on itself that its checkpoint would not hold
+    (objectives/base.py `unsaved_state`)."""
+    if run.loss_built["said"]:
+        return
+    changed = unsaved_state(run.loss, run.loss_built["attributes"])
+    if changed:
+        run.loss_built["said"] = True
+        log.warning("objective=%s's loss changed %s since it was built, but its state_dict() keeps nothing: a "
+                    "resumed run would start %s afresh and train otherwise than this one; return %s from "
+                    "state_dict() and restore %s in load_state_dict() (docs/extending.md, \"State across a "
+                    "restart\")", run.cfg.objective.name, ", ".join(changed), "it" if len(changed) == 1 else "them",
+                    "it" if len(changed) == 1 else "them", "it" if len(changed) == 1 else "them")
 
 
 def results(run: Run, status: str, error: str | None = None) -> dict[str, Any]:
