@@ -349,3 +349,39 @@ def test_a_model_family_of_ones_own_trains_resumes_bit_for_bit_evaluates_exports
     wider = Config.from_dict(composed([*args, "model.width=12"]))
     with pytest.raises(ConfigError, match=r"model.width=8 \(here 12\)"):
         load_pretrained(wider.model.build(10), str(full / "checkpoints" / "last.pt"), None, False)
+
+
+@pytest.mark.parametrize("spelled", ["full", "architecture only"])
+def test_a_resumed_run_of_ones_own_family_with_an_architecture_field_changed_is_one_line_naming_it(
+        mine, tmp_path, monkeypatch, caplog, spelled):
+    """A family that lists only ARCHITECTURE (as docs/extending.md's minimum) is refused on resume as one that also
+    gives refused_on_resume and NO_FIT: the key, both values, why, and a new run from scratch (model.pretrained
+    refuses those weights too), not torch's load_state_dict error cut at its first line."""
+    from vit_train.errors import CheckpointError
+    from vit_train.train.resume import check_compatible
+
+    family = sys.modules["my_options"].TinyCNN
+    if spelled == "architecture only":
+        monkeypatch.setattr(family, "refused_on_resume", family.__mro__[1].refused_on_resume)
+        monkeypatch.setattr(family, "NO_FIT", ("arch",))
+        monkeypatch.setattr(family, "flops_per_image", family.__mro__[1].flops_per_image)  # none: the page's minimum
+    args = ["model=tinycnn", f"hydra.searchpath=[file://{mine / 'configs'}]", "data.train_size=32", "data.val_size=16",
+            "data.batch_size=16", "trainer.device=cpu", "trainer.progress=false", "trainer.max_steps=1"]
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="vit_train"):
+        train(Config.from_dict(composed(args)), tmp_path / "run")
+    unknown = "FLOPs per image unknown (model.arch=tinycnn defines no flops_per_image): no TFLOP/s or MFU logged"
+    assert (unknown in caplog.messages) == (spelled == "architecture only")  # the family's to define, not classify's
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    wider = Config.from_dict(composed([*args, "model.width=12"]))
+    with pytest.raises(CheckpointError) as refused:
+        check_compatible(ckpt, wider, "last.pt")
+    why = ("the weights have another shape" if spelled == "full"
+           else "model.width is an architecture field of model.arch=tinycnn: the checkpoint's weights are another "
+                "network's")
+    assert str(refused.value) == (
+        f"cannot resume last.pt with a changed config (model.width: 8 -> 12): {why}; resume with the saved settings "
+        f"(drop the override, or give model.width=8), or start a new run from scratch with the change (model.width: "
+        f"the checkpoint's weights do not fit the new architecture, so model.pretrained=last.pt would not load them "
+        f"either) (see docs/resuming.md)")

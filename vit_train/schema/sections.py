@@ -51,6 +51,20 @@ class ModelConfig(Option):
         require(cfg.optim.layer_decay is None or self.has_layers, f"optim.layer_decay is for networks of "
                 f"numbered layers; model.arch={self.arch} has none: set optim.layer_decay=null")
 
+    def resume_refusal(self, key: str, saved: Any) -> str | None:
+        """The family's own reason (`refused_on_resume`); else, for one of its ARCHITECTURE fields (a family of your
+        own lists only those), that the checkpoint's weights are another network's, as every other door says."""
+        own = super().resume_refusal(key, saved)
+        if own is None and f"model.{key}" in type(self).ARCHITECTURE:
+            return f"model.{key} is an architecture field of model.arch={self.arch}: the checkpoint's weights are another network's"
+        return own
+
+    @classmethod
+    def no_fit(cls, key: str) -> bool:
+        """Whether model.pretrained could not load a checkpoint's weights into this family with `key` changed either:
+        NO_FIT, and an ARCHITECTURE field the family gives no reason of its own for (`resume_refusal`)."""
+        return key in cls.NO_FIT or (f"model.{key}" in cls.ARCHITECTURE and key not in cls.refused_on_resume)
+
     def ignored(self, cfg: Any) -> list[tuple[str, str, str]]:
         """patch_size, for a family without patches, when it is not the data set's (which fills it for every model)."""
         if self.reads_patches or self.patch_size in (None, type(cfg.data).input_size[1]):

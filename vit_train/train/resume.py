@@ -150,7 +150,7 @@ def check_compatible(ckpt: dict, cfg: Config, path: Any = "<the checkpoint>") ->
 
 def _instead(refused: list[tuple[str, Any, Any]], path: Any, cfg: Config) -> str:
     """What else to do than resume, by the kind of the refused keys: a new run from the weights, when they can load."""
-    no_fit = [k for k, _, _ in refused if k.removeprefix("model.") in type(cfg.model).NO_FIT and k.startswith("model.")]
+    no_fit = [k for k, _, _ in refused if k.startswith("model.") and type(cfg.model).no_fit(k.removeprefix("model."))]
     if no_fit:
         return (f"or start a new run from scratch with the change ({', '.join(no_fit)}: the checkpoint's weights do "
                 f"not fit the new architecture, so model.pretrained={path} would not load them either)")

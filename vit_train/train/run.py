@@ -24,8 +24,7 @@ from vit_train.checkpoint import (TrainState, check_classes, new_run_id, restore
 from vit_train.config import Config
 from vit_train.data.loaders import Data
 from vit_train.data.mix import BatchMix
-from vit_train.objectives.base import Loss
-from vit_train.objectives.base import state_fingerprint
+from vit_train.objectives.base import Loss, Objective, state_fingerprint
 from vit_train.objectives.weights_in import load_pretrained
 from vit_train.outputs.metrics import EarlyRecords, NullLogger, RunLogger
 from vit_train.runtime import distributed
@@ -37,6 +36,7 @@ from vit_train.train.compiled_step import CompiledStep
 from vit_train.train.compiling import compile_scope, evaluators
 from vit_train.train.optim import build_optimizer, build_scheduler
 from vit_train.schema.legacy import upgrade_saved
+from vit_train.schema.sections import ModelConfig
 from vit_train.train.resume import check_data_position, cli_value, config_changes
 from vit_train.train.skips import SkippedSteps, skips_on_device
 from vit_train.train.throughput import TrainWindow, peak_tflops
@@ -211,8 +211,11 @@ def describe(run: Run) -> None:
              run.device, f" x {run.ctx.world_size} processes ({strategy})" if run.ctx.enabled else "",
              run.amp_dtype or torch.float32)
     if not window.flops_per_image:
-        log.info("FLOPs per image unknown (objective=%s defines no flops_per_image): no TFLOP/s or MFU logged",
-                 cfg.objective.name)
+        model_counts = type(cfg.model).flops_per_image is not ModelConfig.flops_per_image  # the family counts
+        objective_counts = type(cfg.objective).flops_per_image is not Objective.flops_per_image
+        missing = (f"model.arch={cfg.model.arch} defines no flops_per_image" if objective_counts and not model_counts
+                   else f"objective={cfg.objective.name} defines no flops_per_image")
+        log.info("FLOPs per image unknown (%s): no TFLOP/s or MFU logged", missing)
     else:
         log.info("%.2f GFLOP per training image; peak %s", window.flops_per_image / 1e9,
                  f"{window.peak_tflops:g} TFLOP/s (MFU logged)" if window.peak_tflops else
