@@ -308,3 +308,51 @@ def test_the_file_system_calls_of_the_saves_counted_in_docs_reliability(tmp_path
                                          r"with `-m slow` at each of the (\d+) calls of a run's (\d+) saves") == \
         [at_best, len(calls), len(SAVES)]
     assert stated("docs/reliability.md", r"\((\d+) calls of all (\d+) saves with `-m slow`") == [len(calls), len(SAVES)]
+
+
+# ---------------------------------------------------------------- every key --help prints, in docs/configs.md
+
+def _flat(node, prefix: str = "") -> list[str]:
+    if not isinstance(node, dict):
+        return [prefix]
+    return [key for name, value in node.items() for key in _flat(value, f"{prefix}.{name}" if prefix else str(name))]
+
+
+def help_keys() -> set[str]:
+    """The keys `vit-train --help` prints (the composed default config, flattened), plus each registered option's
+    own keys (`group.field`, from the option classes: `vit-train group=option --help` prints them)."""
+    import dataclasses
+
+    from vit_train.schema.typed import registered
+
+    cfg = compose("train", [])
+    with open_dict(cfg):
+        cfg.pop("hydra", None)
+    keys = set(_flat(OmegaConf.to_container(cfg, resolve=False)))
+    for group, found in registered().items():
+        for cls in found.values():
+            keys |= {f"{group}.{field.name}" for field in dataclasses.fields(cls)}
+    return keys
+
+
+def documented_keys(text: str) -> set[str]:
+    """The keys docs/configs.md names in a table row or list item: a dotted `group.key` in backticks anywhere in one,
+    a top-level key (`seed`, `name`) in backticks in a table row's first cell (a row of its own)."""
+    rows = [line for line in text.splitlines() if line.lstrip().startswith(("|", "- "))]
+    found = {key for line in rows for key in re.findall(r"`(\w+\.[\w.]+)`", line)}
+    found |= {key for line in rows if line.lstrip().startswith("|") and len(line.split("|")) > 3
+              for key in re.findall(r"`(\w+)`", line.split("|")[1])}
+    return found
+
+
+def test_configs_md_names_every_key_help_prints():
+    keys = help_keys()
+    assert {"name", "tags", "seed", "trainer.epochs", "model.embed_dim", "data.shuffle_buffer"} <= keys
+    missing = sorted(keys - documented_keys((ROOT / "docs" / "configs.md").read_text()))
+    assert not missing, f"docs/configs.md lacks {len(missing)} keys that vit-train --help prints: {missing}"
+
+
+def test_the_key_check_can_fail():
+    found = documented_keys("| `trainer.epochs` | x |\n| y | `model.arch` |\ntext `seed` `a.b`\n| `resume` | y |\n- `c.d`\n")
+    assert found == {"trainer.epochs", "model.arch", "resume", "c.d"}
+    assert not {"seed", "a.b", "trainer.depth"} & found
