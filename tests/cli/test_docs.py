@@ -356,3 +356,102 @@ def test_the_key_check_can_fail():
     found = documented_keys("| `trainer.epochs` | x |\n| y | `model.arch` |\ntext `seed` `a.b`\n| `resume` | y |\n- `c.d`\n")
     assert found == {"trainer.epochs", "model.arch", "resume", "c.d"}
     assert not {"seed", "a.b", "trainer.depth"} & found
+
+
+# ---------------------------------------------------------------- the commands run (slow)
+
+NEEDS = re.compile(r"<!--\s*needs:\s*(.*?)\s*-->")
+ON_DISK = re.compile(r"^(data=(cifar\w*|imagefolder|webdataset|hf)|data\.root=|experiment=(cifar|imagenet|imagefolder)\w*)")
+PATHS = ("resume=", "model.pretrained=", "objective.teacher=", "ckpt=")
+# A run's length and size: what a shown command sets of these is replaced (a swept value is kept).
+TINY_RUN = {"trainer.max_steps": "2", "trainer.device": "cpu", "trainer.progress": "false",
+            "data.train_size": "512", "data.val_size": "64", "data.batch_size": "16", "hydra.sweeper.n_trials": "2"}
+
+
+def doc_blocks_to_run() -> list:
+    """One param per fenced block with a vit-train command that can run here: (the page's commands in order,
+    each as (line, args, source line), the reason a command is skipped or None). A block whose line before the
+    fence says `<!-- needs: WHAT -->` (a GPU, a cluster, the network) is skipped with that reason."""
+    params = []
+    for page in doc_pages():
+        text = page.read_text()
+        lines = text.split("\n")
+        for block in FENCE.finditer(text):
+            first = text.count("\n", 0, block.start(1)) + 1  # 1-based line of the block's first line
+            found = commands_in(block.group(0))
+            found = [(first - 1 + line - 1, args, lines[first - 1 + line - 2]) for line, args, error in found
+                     if error is None]
+            if not found:
+                continue
+            before = next((lines[k] for k in range(first - 3, -1, -1) if lines[k].strip()), "")
+            needs = NEEDS.search(before)
+            marks = [pytest.mark.skip(reason=f"needs {needs.group(1)}")] if needs else []
+            params.append(pytest.param(found, marks=marks, id=f"{page.relative_to(ROOT)}:{first - 1}"))
+    return params
+
+
+def why_not_here(args: list[str], source: str, cwd: Path) -> str | None:
+    """Why a command cannot run in this test, or None: its data on disk or downloaded, several processes, a file
+    the page assumes exists (and no earlier command of its block made), an option of docs/extending.md's own."""
+    if re.search(r"\b(torchrun|srun)\b", source):
+        return "several processes (torchrun) or a cluster (srun)"
+    for arg in args:
+        if ON_DISK.match(arg):
+            return f"a data set on disk or downloaded ({arg})"
+        if arg.startswith(PATHS) and arg.split("=", 1)[1] not in ("auto", "null") and \
+                not (cwd / arg.split("=", 1)[1]).exists():
+            return f"a file the page assumes ({arg})"
+        if arg.startswith("hydra.searchpath="):
+            return "docs/extending.md's options (tests/cli/test_docs_extending.py runs them)"
+    return None
+
+
+def tiny(args: list[str]) -> list[str]:
+    """`args` with TINY_RUN's values for a run's length and size, the flags (--cfg job) kept last."""
+    keys = {a.split("=", 1)[0] for a in args if "=" in a}
+    swept = {a.split("=", 1)[0] for a in args if "=" in a and "," in a.split("=", 1)[1] and "(" not in a}
+    kept = [a for a in args if "=" not in a or a.split("=", 1)[0] not in TINY_RUN or a.split("=", 1)[0] in swept]
+    extra = [f"{k}={v}" for k, v in TINY_RUN.items() if k not in swept and
+             (k != "hydra.sweeper.n_trials" or k in keys)]
+    at = next((k for k, a in enumerate(kept) if a.startswith("--") and a != "--multirun"), len(kept))
+    at = len(kept) if at == 0 else at  # flags first: the settings go after the key=value arguments
+    return kept[:at] + extra + kept[at:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("commands", doc_blocks_to_run())
+def test_doc_commands_run(commands, tmp_path, monkeypatch, capsys):
+    """Each block's commands, in order, run in one folder (a later one may use an earlier one's run), with tiny
+    settings: each exits 0. A command this machine cannot run is left out, and the test says which and why."""
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+    from hydra.core.global_hydra import GlobalHydra
+    from helpers.in_process import run_main
+    from vit_train.cli.train import train_main
+
+    monkeypatch.chdir(tmp_path)
+    ran, left_out = 0, []
+    for line, args, source in commands:
+        why = why_not_here(args, source, tmp_path)
+        if why:
+            left_out.append(f"line {line}: {why}")
+            continue
+        backup = get_gh_backup()
+        GlobalHydra.instance().clear()
+        try:
+            status, out, err = run_main(train_main, monkeypatch, capsys, *tiny(args), prog="vit-train")
+        finally:
+            restore_gh_from_backup(backup)
+        assert status == 0, (line, tiny(args), out[-2000:], err[-3000:])
+        ran += 1
+    if not ran:
+        pytest.skip("; ".join(left_out))
+    print(f"ran {ran}; left out: {left_out}")
+
+
+def test_tiny_keeps_sweeps_and_flags():
+    assert tiny(["-m", "data.batch_size=128,256", "trainer.max_steps=40", "--cfg", "job"])[-2:] == ["--cfg", "job"]
+    assert "data.batch_size=128,256" in tiny(["-m", "data.batch_size=128,256"])
+    assert "trainer.max_steps=40" not in tiny(["trainer.max_steps=40"]) and "trainer.max_steps=2" in tiny([])
+    assert not any(a.startswith("hydra.sweeper") for a in tiny([]))
+    assert tiny(["--cfg", "job", "model=vit_base"])[:3] == ["--cfg", "job", "model=vit_base"]
