@@ -406,6 +406,21 @@ def why_not_here(args: list[str], source: str, cwd: Path) -> str | None:
     return None
 
 
+def optuna_storage_opens(url: str) -> None:
+    """Nothing when Optuna opens the storage `url` (in the current folder); else an expected failure naming why.
+    Optuna 2.10 (hydra-optuna-sweeper 1.3 allows no later one) cannot open an SQLite storage with SQLAlchemy 2
+    and a recent alembic: the shown command then fails in any fresh `[sweep]` install, vit-train's code aside."""
+    import importlib.metadata as metadata
+
+    import optuna
+
+    try:
+        optuna.storages.RDBStorage(url)
+    except Exception as e:  # noqa: BLE001: whatever Optuna's storage raises, named in the reason
+        versions = ", ".join(f"{p} {metadata.version(p)}" for p in ("optuna", "SQLAlchemy", "alembic"))
+        pytest.xfail(f"Optuna cannot open {url} here ({versions}): {type(e).__name__}: {e}")
+
+
 def tiny(args: list[str]) -> list[str]:
     """`args` with TINY_RUN's values for a run's length and size, the flags (--cfg job) kept last."""
     keys = {a.split("=", 1)[0] for a in args if "=" in a}
@@ -436,6 +451,9 @@ def test_doc_commands_run(commands, tmp_path, monkeypatch, capsys):
         if why:
             left_out.append(f"line {line}: {why}")
             continue
+        storage = next((a.split("=", 1)[1] for a in args if a.startswith("hydra.sweeper.storage=")), None)
+        if storage:
+            optuna_storage_opens(storage)
         backup = get_gh_backup()
         GlobalHydra.instance().clear()
         try:
