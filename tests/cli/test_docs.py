@@ -118,6 +118,9 @@ def composes(args: list[str]) -> Config:
     for override in OverridesParser.create().parse_overrides(args):
         if not override.is_sweep_override():
             fixed.append(override.input_line)
+        elif override.is_interval_sweep():  # an Optuna range (`interval(a, b)`): its two ends
+            interval = override.value()
+            swept.append([f"{override.get_key_element()}={v}" for v in (interval.start, interval.end)])
         elif not override.key_or_group.startswith("hydra."):  # discrete sweeps; Optuna's ranges are Hydra's
             key = override.get_key_element()
             swept.append([f"{key}={value}" for value in override.sweep_string_iterator()])
@@ -185,6 +188,8 @@ def test_the_check_catches_a_wrong_command():
     with pytest.raises(Exception):
         check_command(["-m", "model.patch_size=4,5"])  # the first value is fine, the second is not
     assert check_command(["-m", "model.patch_size=8,4"]).model.patch_size == 8
+    with pytest.raises(Exception):
+        check_command(["-m", "optim.lr=tag(log, interval(-1, 3e-3))"])  # an Optuna range: both ends are checked
 
 
 # ---------------------------------------------------------------- counts the docs state, computed
