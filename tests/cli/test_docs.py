@@ -421,7 +421,7 @@ def optuna_storage_opens(url: str) -> None:
 
     try:
         optuna.storages.RDBStorage(url)
-    except Exception as e:  # noqa: BLE001: whatever Optuna's storage raises, named in the reason
+    except Exception as e:  # whatever Optuna's storage raises, named in the reason
         versions = ", ".join(f"{p} {metadata.version(p)}" for p in ("optuna", "SQLAlchemy", "alembic"))
         pytest.xfail(f"Optuna cannot open {url} here ({versions}): {type(e).__name__}: {e}")
 
@@ -443,9 +443,9 @@ def tiny(args: list[str]) -> list[str]:
 def test_doc_commands_run(commands, tmp_path, monkeypatch, capsys):
     """Each block's commands, in order, run in one folder (a later one may use an earlier one's run), with tiny
     settings: each exits 0. A command this machine cannot run is left out, and the test says which and why."""
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.initialize import get_gh_backup, restore_gh_from_backup
 
-    from hydra.core.global_hydra import GlobalHydra
     from helpers.in_process import run_main
     from vit_train.cli.train import train_main
 
