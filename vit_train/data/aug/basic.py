@@ -49,10 +49,16 @@ class Basic(Augmentation):
 
         if native_size is not None:
             resize = [v2.Resize(img_size, antialias=True)] if native_size != img_size else []
-            crop = [*resize, v2.RandomCrop(img_size, padding=self.padding(img_size)), v2.RandomHorizontalFlip(self.hflip)]
+            crop = [
+                *resize,
+                v2.RandomCrop(img_size, padding=self.padding(img_size)),
+                v2.RandomHorizontalFlip(self.hflip),
+            ]
         else:
-            crop = [v2.RandomResizedCrop(img_size, scale=(self.scale_min, 1.0), antialias=True),
-                    v2.RandomHorizontalFlip(self.hflip)]
+            crop = [
+                v2.RandomResizedCrop(img_size, scale=(self.scale_min, 1.0), antialias=True),
+                v2.RandomHorizontalFlip(self.hflip),
+            ]
         return crop + [v2.ToImage()] + self.policy(native_size is not None) + finish(stats)
 
     def device_crop(self, img_size: int) -> tuple[int, float] | None:
