@@ -18,21 +18,65 @@ itself (the one torch.save is saving.py's, the one torch.load files.py `read_arc
 weights.py `read_weights`), and none imports the rooms behind it.
 """
 
-from vit_train.checkpoint.contents import (FORMAT_VERSION, REQUIRED_KEYS, checkpoint_state, ema_weights,
-                                           position_from_batches, restore, restore_ema, restore_loop, restore_weights,
-                                           saved_ema, upgraded, versions)
-from vit_train.checkpoint.files import (NewerCheckpoint, checkpoint_file, find_resume_checkpoint, load_checkpoint,
-                                        run_checkpoints, saved_step, step_files)
-from vit_train.checkpoint.identity import (check_classes, class_difference, eval_score, mixed_runs, mixed_text,
-                                           new_run_id, recorded_run_ids, run_id_of, shown_classes, weights_identity)
+from vit_train.checkpoint.contents import (
+                                           FORMAT_VERSION,
+                                           REQUIRED_KEYS,
+                                           checkpoint_state,
+                                           ema_weights,
+                                           position_from_batches,
+                                           restore,
+                                           restore_ema,
+                                           restore_loop,
+                                           restore_weights,
+                                           saved_ema,
+                                           upgraded,
+                                           versions,
+)
+from vit_train.checkpoint.files import (
+                                           NewerCheckpoint,
+                                           checkpoint_file,
+                                           find_resume_checkpoint,
+                                           load_checkpoint,
+                                           run_checkpoints,
+                                           saved_step,
+                                           step_files,
+)
+from vit_train.checkpoint.identity import (
+                                           check_classes,
+                                           class_difference,
+                                           eval_score,
+                                           mixed_runs,
+                                           mixed_text,
+                                           new_run_id,
+                                           recorded_run_ids,
+                                           run_id_of,
+                                           shown_classes,
+                                           weights_identity,
+)
 from vit_train.checkpoint.integrity import load_failure
 from vit_train.checkpoint.optimizer import load_optimizer_state, param_names
-from vit_train.checkpoint.saving import (complete_save, copy_checkpoint, earlier_checkpoint, repair_run_checkpoints,
-                                         save_checkpoint, save_run_checkpoint, short_of_space)
+from vit_train.checkpoint.saving import (
+                                           complete_save,
+                                           copy_checkpoint,
+                                           earlier_checkpoint,
+                                           repair_run_checkpoints,
+                                           save_checkpoint,
+                                           save_run_checkpoint,
+                                           short_of_space,
+)
 from vit_train.checkpoint.scores import best_weights, better, checkpoint_best, scored_by, shown, winner
 from vit_train.checkpoint.state import TrainState, restore_rng, rng_state
-from vit_train.checkpoint.weights import (INPUTS, Incoming, check_record, describe, export_safetensors, load_weights,
-                                          open_weights, read_weights, resolve)
+from vit_train.checkpoint.weights import (
+                                           INPUTS,
+                                           Incoming,
+                                           check_record,
+                                           describe,
+                                           export_safetensors,
+                                           load_weights,
+                                           open_weights,
+                                           read_weights,
+                                           resolve,
+)
 
 __all__ = [
     "FORMAT_VERSION", "INPUTS", "REQUIRED_KEYS", "Incoming", "NewerCheckpoint", "TrainState", "best_weights",

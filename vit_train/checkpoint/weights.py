@@ -31,8 +31,15 @@ import torch
 
 from vit_train.checkpoint.contents import ema_weights, upgraded
 from vit_train.checkpoint.files import NewerCheckpoint, checkpoint_file, read_archive, refuse_newer
-from vit_train.checkpoint.identity import class_difference, eval_score, mixed_runs, mixed_text, run_id_of, \
-    shown_classes, weights_identity
+from vit_train.checkpoint.identity import (
+    class_difference,
+    eval_score,
+    mixed_runs,
+    mixed_text,
+    run_id_of,
+    shown_classes,
+    weights_identity,
+)
 from vit_train.checkpoint.integrity import archive_damage, legacy_damage, load_failure
 from vit_train.checkpoint.scores import best_weights
 from vit_train.data.decoding.regular import not_regular

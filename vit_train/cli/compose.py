@@ -17,15 +17,30 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from vit_train.cli.arguments import (GROUPS, apply_overrides, check_arguments, group_values, is_resume_path,
-                                     read_override, search_dirs)
+from vit_train.cli.arguments import (
+    GROUPS,
+    apply_overrides,
+    check_arguments,
+    group_values,
+    is_resume_path,
+    read_override,
+    search_dirs,
+)
 from vit_train.cli.flags import read_flags
 from vit_train.cli.nodes import refusal  # the schema's nodes in ConfigStore (every option registered)
 from vit_train.errors import ConfigError
 from vit_train.schema.config import OPTION_GROUPS, config_dir, ignored_keys, known_keys, override_keys, run_dir_of
 from vit_train.schema.legacy import rename_old_keys
-from vit_train.schema.typed import (ALIASES, chooser, group_keys, not_this_option, option_class, options, section_keys,
-                                    unknown_key_message)
+from vit_train.schema.typed import (
+    ALIASES,
+    chooser,
+    group_keys,
+    not_this_option,
+    option_class,
+    options,
+    section_keys,
+    unknown_key_message,
+)
 
 
 @dataclasses.dataclass
@@ -84,7 +99,7 @@ def read(argv: list[str]) -> CommandLine:
     points = sweep_points(overrides, places) if multirun else [overrides]
     cfgs = [composed(point, places, flags.config_name) for point in points]
     checked = [typed_config(cfg, override_keys(point), typed=not multirun and runs, shown=flags.cfg is not None)
-               for cfg, point in zip(cfgs, points)]
+               for cfg, point in zip(cfgs, points, strict=True)]
     if flags.help and not flags.hydra_help:
         from vit_train.cli.help import help_text
 

@@ -10,19 +10,20 @@ import logging
 import os
 import signal
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
 from vit_train.data.datasets import TransformedDataset
-from vit_train.data.device.pipeline import DeviceEvalPipeline, DeviceTrainPipeline
 from vit_train.data.decoding.regular import open_regular
+from vit_train.data.decoding.unreadable import CheckedLoader, UnreadableImages
+from vit_train.data.device.pipeline import DeviceEvalPipeline, DeviceTrainPipeline
 from vit_train.data.sampler import EpochSampler, ShardSampler
 from vit_train.data.transforms import build_transforms, device_augmentation
-from vit_train.data.decoding.unreadable import CheckedLoader, UnreadableImages
 from vit_train.errors import ConfigError, DataError
 from vit_train.schema.typed import options
 

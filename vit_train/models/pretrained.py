@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit_train.outputs.weights import strip_wrappers
 from vit_train.errors import ConfigError
 from vit_train.models.vit import VisionTransformer, position_kind
+from vit_train.outputs.weights import strip_wrappers
 
 log = logging.getLogger("vit_train")
 
@@ -136,7 +136,7 @@ def map_pos_embed(pos: torch.Tensor, source: list[str], target: list[str], grid:
         raise ConfigError(f"pretrained pos_embed has {tokens} positions, which is no square patch grid after its "
                           f"{len(source)} prefix tokens ({', '.join(source) or 'none'}) nor without them; this "
                           f"ViT's patch grid is square, so its positions cannot be matched")
-    rows = dict(zip(source, pos[0, :embedded])) if embedded else {}
+    rows = dict(zip(source, pos[0, :embedded], strict=False)) if embedded else {}
     prefix = torch.stack([rows.get(name, pos.new_zeros(dim)) for name in target])[None] if target else pos[:, :0]
     patches = resize_pos_embed(pos[:, embedded:], 0, grid, source_prefix=0)
     return torch.cat([prefix, patches], dim=1)

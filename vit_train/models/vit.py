@@ -24,7 +24,6 @@ from torch.utils.checkpoint import checkpoint
 from torchvision.ops import StochasticDepth
 
 
-
 class PatchEmbed(nn.Module):
     """Cuts the image into non-overlapping patches and projects each to a token."""
 
@@ -242,7 +241,7 @@ class VisionTransformer(nn.Module):
         x = self.blocks[:-1](self.embed(x))
         return self.forward_head(self.norm(self.blocks[-1].forward_first_tokens(x, read)), both_heads)
 
-    def train(self, mode: bool = True) -> "VisionTransformer":
+    def train(self, mode: bool = True) -> VisionTransformer:
         super().train(mode)
         if self.frozen_features:  # linear probe: dropout and drop path stay off in the frozen features
             for name, child in self.named_children():

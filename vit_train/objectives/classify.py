@@ -111,7 +111,7 @@ class Classify(Objective):
         lines = [f"{what}, {results['images']} images", f"top-1 {results['top1']:.2f}%{top5}   loss {results['loss']:.4f}\n",
                  f"{'class':<{width}}  top-1    images"]
         lines += [f"{name}{' ' * (width - columns(name))}  {'-' if acc is None else f'{acc:5.1f}%'}  {count:>7}"
-                  for (name, acc), count in zip(results["per_class"].items(), counts)]
+                  for (name, acc), count in zip(results["per_class"].items(), counts, strict=True)]
         return "\n".join(lines)
 
 

@@ -23,7 +23,7 @@ inference) with a teacher, which objective.teacher must name (`check`); its keys
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal
 
 from vit_train.errors import CheckpointError
 from vit_train.objectives.classify import Classify
@@ -47,8 +47,8 @@ class Distill(Classify):
                          "type": "the distillation head was trained on other targets"}
 
     name: str = "distill"
-    teacher: Optional[str] = None  # a vit-train checkpoint or .safetensors, or a state-dict file with teacher_arch
-    teacher_arch: Optional[str] = None  # null for vit-train files; else a torchvision or timm model name, e.g. resnet50
+    teacher: str | None = None  # a vit-train checkpoint or .safetensors, or a state-dict file with teacher_arch
+    teacher_arch: str | None = None  # null for vit-train files; else a torchvision or timm model name, e.g. resnet50
     type: Literal["hard", "soft"] = "hard"  # hard: CE on the teacher's argmax (DeiT's best); soft: KL at tau
     alpha: float = 0.5  # weight of the teacher term; the label term gets 1 - alpha (DeiT's default 0.5)
     tau: float = 1.0  # soft: softmax temperature (DeiT's default 1.0)

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit_train.checkpoint import open_weights, resolve
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.objectives.base import Loss
-from vit_train.checkpoint import open_weights, resolve
 from vit_train.objectives.weights_in import check_classes, first_difference
 from vit_train.schema.config import Config
 from vit_train.schema.legacy import saved_arch

@@ -11,16 +11,33 @@ the registry imports on its first lookup (schema/typed.py `load_options`); vit_t
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping, Sequence
-from typing import Any, Iterable
+from typing import Any
 
 from vit_train.errors import ConfigError
 from vit_train.schema import legacy
-from vit_train.schema.sections import (AugConfig, DataConfig, ModelConfig, ObjectiveConfig, OptimConfig, ScheduleConfig,
-                                       SweepConfig, TrainerConfig)
-from vit_train.schema.typed import Section, build, chooser, default_option, field_types, option_base, options, section_keys
+from vit_train.schema.sections import (
+    AugConfig,
+    DataConfig,
+    ModelConfig,
+    ObjectiveConfig,
+    OptimConfig,
+    ScheduleConfig,
+    SweepConfig,
+    TrainerConfig,
+)
+from vit_train.schema.typed import (
+    Section,
+    build,
+    chooser,
+    default_option,
+    field_types,
+    option_base,
+    options,
+    section_keys,
+)
 
 OPTION_GROUPS = ("model", "data", "aug", "optim", "schedule", "objective")  # the sections whose keys are the option's
 
@@ -45,7 +62,7 @@ class Config:
     tags: list[str] = field(default_factory=list)  # free-form labels, for logs
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Config":
+    def from_dict(cls, data: dict[str, Any]) -> Config:
         """Build a validated config from plain data (Hydra's composed config, a user's dict). Raises
         ConfigError (one line) for an unknown key (a key of another option of the group names that
         option), a value of the wrong type, or a combination that cannot run."""
@@ -55,7 +72,7 @@ class Config:
         return build(cls, data, "", known_keys()).validate()
 
     @classmethod
-    def from_saved(cls, data: dict[str, Any], source: Any = None) -> "Config":
+    def from_saved(cls, data: dict[str, Any], source: Any = None) -> Config:
         """`from_dict` of a config a checkpoint or an exported file carries, from this version or an earlier
         one (whose sections held every option's keys, and mae.*/distill.* at the top: schema/legacy.py).
         `source` (the file) is named in its ConfigError, as what holds the config."""
@@ -88,7 +105,7 @@ class Config:
         """{section name: section} in the schema's order."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), Section)}
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         """Fill model.img_size/patch_size left null from the data set, then run every section's checks (one
         ConfigError naming the key for what cannot run); returns self."""
         img_size, patch_size = type(self.data).input_size

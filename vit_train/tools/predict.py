@@ -120,6 +120,6 @@ def predict(trained: Trained, images: list[str], top_k: int = 5) -> list[dict]:
         probs = trained.model(torch.stack([transform(read_image(f)) for f in chunk])).float().softmax(dim=1)  # (B, classes)
         top = probs.topk(min(top_k, probs.shape[1]), dim=1)
         results += [{"file": f, "top": [{"class": names[i], "probability": p}
-                                        for p, i in zip(values.tolist(), indices.tolist())]}
-                    for f, values, indices in zip(chunk, top.values, top.indices)]
+                                        for p, i in zip(values.tolist(), indices.tolist(), strict=True)]}
+                    for f, values, indices in zip(chunk, top.values, top.indices, strict=True)]
     return results

@@ -11,8 +11,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vit_train.checkpoint import (TrainState, find_resume_checkpoint, mixed_runs, mixed_text, position_from_batches,
-                                  repair_run_checkpoints, run_checkpoints, run_id_of)
+from vit_train.checkpoint import (
+    TrainState,
+    find_resume_checkpoint,
+    mixed_runs,
+    mixed_text,
+    position_from_batches,
+    repair_run_checkpoints,
+    run_checkpoints,
+    run_id_of,
+)
 from vit_train.config import Config
 from vit_train.errors import CheckpointError, ConfigError
 from vit_train.schema import legacy

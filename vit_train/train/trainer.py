@@ -15,13 +15,21 @@ import logging
 import os
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from vit_train.checkpoint import TrainState, checkpoint_state, run_checkpoints, save_run_checkpoint, short_of_space, shown
+from vit_train.checkpoint import (
+    TrainState,
+    checkpoint_state,
+    run_checkpoints,
+    save_run_checkpoint,
+    short_of_space,
+    shown,
+)
 from vit_train.config import Config
 from vit_train.errors import RunStopped, UserError
 from vit_train.outputs import rundir
@@ -32,8 +40,13 @@ from vit_train.runtime.preemption import CompileInterrupted, StopRequest
 from vit_train.train import sharding
 from vit_train.train.batches import batches
 from vit_train.train.evaluation import evaluate
-from vit_train.train.resume import (check_compatible, complete_interrupted_save, find_start, how_to_train_longer,
-                                    resume_auto_found_nothing)
+from vit_train.train.resume import (
+    check_compatible,
+    complete_interrupted_save,
+    find_start,
+    how_to_train_longer,
+    resume_auto_found_nothing,
+)
 from vit_train.train.run import Run, build_run, describe
 from vit_train.train.step import diverged_message, step_seed, train_step
 from vit_train.train.throughput import log_train

@@ -6,7 +6,7 @@ path, `device_plan` (data/device/ops.py) on the device pipeline."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from vit_train.data.aug.base import Augmentation
 from vit_train.schema.typed import fraction, options, require
@@ -22,7 +22,7 @@ class Basic(Augmentation):
 
     name: str = "basic"
     hflip: float = 0.5  # probability of a horizontal flip
-    crop_padding: Optional[int] = None  # small images: crop padding in pixels; null = img_size // 8
+    crop_padding: int | None = None  # small images: crop padding in pixels; null = img_size // 8
     scale_min: float = 0.08  # image files: smallest area fraction of RandomResizedCrop
 
     def check(self, cfg: Any) -> None:

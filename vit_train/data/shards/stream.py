@@ -12,17 +12,27 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from vit_train.errors import DataError
 from vit_train.data.decoding import image as decode
 from vit_train.data.sampler import EpochSampler
 from vit_train.data.shards.index import IMAGE_EXTS, Missing, ShardIndex, Split, label_of, read_samples
-from vit_train.data.shards.order import (Slot, buffered_order, locate, resumed_slot, sample_seeds, shard_order,
-                                         slot_seed, stream_starts, train_slots, val_slots)
+from vit_train.data.shards.order import (
+    Slot,
+    buffered_order,
+    locate,
+    resumed_slot,
+    sample_seeds,
+    shard_order,
+    slot_seed,
+    stream_starts,
+    train_slots,
+    val_slots,
+)
+from vit_train.errors import DataError
 
 log = logging.getLogger("vit_train")
 
@@ -109,7 +119,7 @@ class ShardStream(IterableDataset):
             raise DataError(f"{MAX_REPLACEMENTS} unreadable samples in a row from {problem} (a damaged or cut shard?); "
                             f"check the shards, then resume")
         # nothing readable after it: the slot's first readable sample (read again from the slot's start)
-        for position, raw in self._raw(slot, list(range(len(slot)))):
+        for _position, raw in self._raw(slot, list(range(len(slot)))):
             opened = self._open(raw)
             if opened[0] is not None:
                 return opened

@@ -15,13 +15,19 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
+from vit_train.data.decoding.regular import open_regular
+from vit_train.data.sources.base import UNLABELLED_CLASS, EncodedImages
+from vit_train.data.sources.hf_files import (
+    check_regular,
+    load_from_disk,
+    parquet_files,
+    process_copy_folder,
+    reclaim_copies,
+)
 from vit_train.errors import DataError
 from vit_train.extras import require
-from vit_train.data.sources.base import UNLABELLED_CLASS, EncodedImages
-from vit_train.data.sources.hf_files import check_regular, load_from_disk, parquet_files, process_copy_folder, reclaim_copies
-from vit_train.data.decoding.regular import open_regular
 
 if TYPE_CHECKING:
     import torch
@@ -43,7 +49,7 @@ class HuggingFace(EncodedImages):
     image_key: str = "image"  # the image column
     label_key: str = "label"  # the label column (a ClassLabel gives the class names)
     train_split: str = "train"  # the training split
-    val_split: Optional[str] = None  # the validation split; null = validation, else val, else test
+    val_split: str | None = None  # the validation split; null = validation, else val, else test
 
     def splits(self, img_size: int, labels: bool = True) -> tuple:
         return (*load_hf_splits(self.root, self.image_key, self.label_key, self.train_split, self.val_split, labels),
@@ -210,7 +216,7 @@ def _class_names(train, val, label_key: str, train_split: str, val_split: str, r
                         f"than in {train_split!r} ({_short(features[1].names)} vs {_short(features[0].names)}); "
                         f"both splits need one ClassLabel")
     named = [f for f in features if isinstance(f, ClassLabel)]
-    for f, split in zip(features, (train_split, val_split)):
+    for f, split in zip(features, (train_split, val_split), strict=True):
         dtype = getattr(f, "dtype", "")
         if isinstance(f, ClassLabel) or dtype.startswith("int") or dtype.startswith("uint"):
             continue

@@ -7,7 +7,7 @@ may not change (the stream's layout, kept in the checkpoint).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from vit_train.data.sources.base import EncodedImages
 from vit_train.errors import ConfigError
@@ -29,8 +29,8 @@ class WebDataset(EncodedImages):
                  "where they are, the shards; add data.root=/path/to/shards")
 
     name: str = "webdataset"
-    train_shards: Optional[str] = None  # brace URL or pipe: command of the train shards; null = data.root
-    val_shards: Optional[str] = None  # the same for the val shards
+    train_shards: str | None = None  # brace URL or pipe: command of the train shards; null = data.root
+    val_shards: str | None = None  # the same for the val shards
     shuffle_buffer: int = 5000  # samples in each loader worker's shuffle buffer (OpenCLIP's 5000)
 
     def check(self, cfg: Any) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal
 
 from vit_train.schema.sections import ModelConfig
 from vit_train.schema.typed import fraction, positive, require
@@ -62,7 +62,7 @@ class ViT(ModelConfig):
     attn_dropout: float = 0.0  # dropout on attention weights
     drop_path: float = 0.0  # stochastic depth of the last block; rises linearly from 0 over depth
     reg_tokens: int = 0  # register tokens (Darcet et al. 2024), timm's reg_token; 0 = none
-    init_values: Optional[float] = None  # LayerScale's initial gamma (CaiT; timm's ls1/ls2), e.g. 1e-5; null = off
+    init_values: float | None = None  # LayerScale's initial gamma (CaiT; timm's ls1/ls2), e.g. 1e-5; null = off
     qk_norm: bool = False  # LayerNorm on each head's queries and keys (timm's attn.q_norm/k_norm)
     distilled: bool = False  # DeiT's distillation token and head (dist_token, head_dist); eval averages the heads
     trainable: Literal["all", "head"] = "all"  # head: linear probe (the rest frozen, its dropout off)
