@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from vit_train.cli.arguments import (
     GROUPS,
@@ -29,7 +29,15 @@ from vit_train.cli.arguments import (
 from vit_train.cli.flags import read_flags
 from vit_train.cli.nodes import refusal  # the schema's nodes in ConfigStore (every option registered)
 from vit_train.errors import ConfigError
-from vit_train.schema.config import OPTION_GROUPS, config_dir, ignored_keys, known_keys, override_keys, run_dir_of
+from vit_train.schema.config import (
+    OPTION_GROUPS,
+    Config,
+    config_dir,
+    ignored_keys,
+    known_keys,
+    override_keys,
+    run_dir_of,
+)
 from vit_train.schema.legacy import rename_old_keys
 from vit_train.schema.typed import (
     ALIASES,
@@ -48,7 +56,7 @@ class Run:
     """What one run trains with: its typed config, the overrides that made it (a resumed run's checkpoint's
     first), the checkpoint it resumes (resume=PATH: (path, checkpoint), found once) and its warning lines."""
 
-    config: Any
+    config: Config
     overrides: list[str]
     start: tuple[Path, dict] | None
     warnings: list[str]
@@ -187,8 +195,8 @@ def composed(overrides: list[str], places: list[str] = (), config_name: str | No
             GlobalHydra.instance().initialize(outer)
 
 
-def typed_config(cfg: Any, given: list[str], typed: bool = True, shown: bool = False,
-                 choices: Any = None) -> tuple[Any, list[str]]:
+def typed_config(cfg: DictConfig, given: list[str], typed: bool = True, shown: bool = False,
+                 choices: Any = None) -> tuple[Config | dict[str, Any], list[str]]:
     """(the typed Config of Hydra's composition `cfg`, its warning lines) for a command line that set the dotted keys
     `given`; with `typed` False (a sweep, --help) its plain data, checked but not validated. Each option section
     must be its chosen option's: ConfigError (one line) for an option YAML that does not make its option (no
@@ -231,8 +239,6 @@ def typed_config(cfg: Any, given: list[str], typed: bool = True, shown: bool = F
                             f" is not a key of {group}={choice}: ignored")
     if not typed:
         return plain, warnings
-    from vit_train.config import Config
-
     if shown and isinstance(plain.get("data"), dict) and plain["data"].get("root", "") is None:
         plain["data"]["root"] = "data.root"  # the config may be shown before its data.root is given: a run asks for it
     return Config.from_dict(plain), warnings
@@ -257,12 +263,10 @@ def option_key_message(key: str, name: str) -> str:
     return f"unknown config key '{key}'; did you mean '{group}.{near[0]}', a key of {group}={which}? ({keys})"
 
 
-def run_config(overrides: list[str], cfg: Any = None, choices: Any = None) -> Run:
+def run_config(overrides: list[str], cfg: DictConfig | None = None, choices: Any = None) -> Run:
     """The run `overrides` make: for `resume=PATH` its checkpoint's config with the key overrides on top (the
     checkpoint found here, once, and handed to the trainer); otherwise the typed config of `cfg`, Hydra's
     composition of `overrides` (composed here when not given; `choices`: its group choices, for a sweep job's)."""
-    from vit_train.config import Config
-
     resume, mine = resume_of(overrides), task_overrides(overrides)
     if not is_resume_path(resume):
         cfg = composed(overrides) if cfg is None else cfg

@@ -12,7 +12,7 @@ import signal
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from PIL import Image
@@ -26,6 +26,9 @@ from vit_train.data.sampler import EpochSampler, ShardSampler
 from vit_train.data.transforms import build_transforms, device_augmentation
 from vit_train.errors import ConfigError, DataError
 from vit_train.schema.typed import options
+
+if TYPE_CHECKING:
+    from vit_train.schema.config import Config
 
 log = logging.getLogger("vit_train")
 
@@ -80,7 +83,7 @@ def _worker_signals(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
 
 
-def pipeline(cfg: Any, device: torch.device, splits: tuple | None = None) -> str:
+def pipeline(cfg: Config, device: torch.device, splits: tuple | None = None) -> str:
     """`device` or `loader`: data.pipeline, with `auto` choosing the device pipeline on a GPU when the data
     set is held in memory as uint8 arrays (not image files: `splits`' sets hold `images` and `labels` tensors)
     and the augmentation is one it does all of (`device_augmentation`: every aug option of data/aug/, not an
@@ -113,7 +116,7 @@ def loader_workers(num_workers: int | None) -> int:
     return min(8, os.cpu_count() or 1) if num_workers is None else num_workers
 
 
-def random_access_data(cfg: Any, splits: tuple, device: torch.device, rank: int = 0, world_size: int = 1,
+def random_access_data(cfg: Config, splits: tuple, device: torch.device, rank: int = 0, world_size: int = 1,
                        decoding: Any = None) -> Data:
     """Loaders for this process over a random-access data set's `splits` (DataSource.splits): each process gets
     its share of every global batch (EpochSampler) and of the val set, through the loader or, for uint8 arrays

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from torch import nn
 
     from vit_train.objectives.base import Loss
+    from vit_train.schema.config import Config
+    from vit_train.schema.sections import RunConfig
 
 
 @dataclass
@@ -53,17 +55,17 @@ class Distill(Classify):
     alpha: float = 0.5  # weight of the teacher term; the label term gets 1 - alpha (DeiT's default 0.5)
     tau: float = 1.0  # soft: softmax temperature (DeiT's default 1.0)
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         """Refuse (ConfigError, one line) a run without a teacher, and impossible alpha or tau."""
         fraction("objective.alpha", self.alpha)
         require(self.tau > 0, f"objective.tau must be > 0, got {self.tau}")
         require(bool(self.teacher), f"objective={self.name} needs objective.teacher=PATH: a vit-train checkpoint or "
                 f".safetensors, or a state-dict file with objective.teacher_arch=NAME")
 
-    def ignored(self, cfg: Any) -> list[tuple[str, str, str]]:
+    def ignored(self, cfg: RunConfig) -> list[tuple[str, str, str]]:
         return [("tau", "objective.type=hard", "objective.type=soft")] * (self.type == "hard")
 
-    def check_run(self, cfg: Any) -> None:
+    def check_run(self, cfg: Config) -> None:
         """A teacher that is not there is refused before any work."""
         from vit_train.objectives.teacher import teacher_file
 
@@ -77,7 +79,7 @@ class Distill(Classify):
             raise CheckpointError(f"objective.teacher {self.teacher} is not the file this run started with (SHA-256 "
                                   f"differs); resume with the original teacher, {self.restart_hint(path)}")
 
-    def build_loss(self, cfg: Any, model: nn.Module, num_classes: int, class_names: list[str] | None = None,
+    def build_loss(self, cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None,
                    rank: int = 0) -> Loss:
         """The distill loss for `model` (on its device), with the teacher objective.teacher names; `class_names`
         (the data's) are compared with the teacher's when its file records them (teacher.py)."""

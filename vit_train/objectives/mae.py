@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from torch import nn
 
     from vit_train.models.mae import MaskedAutoencoder
+    from vit_train.schema.config import Config
+    from vit_train.schema.sections import RunConfig
 
 DECODER = "the decoder has another shape"
 
@@ -36,7 +38,7 @@ class MaskedReconstruction(Loss):
     uninterrupted one.
     """
 
-    def __init__(self, cfg: Any, rank: int = 0):
+    def __init__(self, cfg: Config, rank: int = 0):
         from vit_train.models.mae import MaskSampler
 
         self.norm_pix_loss = cfg.objective.norm_pix_loss
@@ -92,7 +94,7 @@ class Mae(Objective):
     decoder_heads: int = 4  # decoder attention heads
     norm_pix_loss: bool = True  # targets: each patch's pixels normalised by its own mean and std
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         """Refuse (ConfigError, one line) what would not pre-train a ViT encoder, and impossible keys of its own.
         `cfg` is a Config whose img_size and patch_size are filled (pixels)."""
         m, a, name = cfg.model, cfg.aug, f"objective={self.name}"
@@ -117,7 +119,7 @@ class Mae(Objective):
         require(not (self.decoder_dim % self.decoder_heads or self.decoder_dim % 4), f"objective.decoder_dim "
                 f"({self.decoder_dim}) must be divisible by objective.decoder_heads ({self.decoder_heads}) and by 4")
 
-    def build_model(self, cfg: Any, num_classes: int) -> MaskedAutoencoder:
+    def build_model(self, cfg: Config, num_classes: int) -> MaskedAutoencoder:
         """The autoencoder: the encoder from `cfg.model` (no head: no classes) and the decoder from its own keys."""
         from vit_train.models.mae import build_autoencoder
 
@@ -127,17 +129,17 @@ class Mae(Objective):
         """The module `model.pretrained` loads into: the encoder."""
         return model.encoder
 
-    def flops_per_image(self, cfg: Any, num_classes: int) -> float:
+    def flops_per_image(self, cfg: Config, num_classes: int) -> float:
         """Training FLOPs (forward and backward) of one image: the encoder on the visible patches, the decoder on all."""
         from vit_train.models.mae import mae_flops_per_image
 
         return mae_flops_per_image(cfg.model, self)
 
-    def build_loss(self, cfg: Any, model: nn.Module, num_classes: int, class_names: list[str] | None = None,
+    def build_loss(self, cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None,
                    rank: int = 0) -> Loss:
         return MaskedReconstruction(cfg, rank)
 
-    def evaluate(self, model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None, cfg: Any,
+    def evaluate(self, model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None, cfg: Config,
                  progress: bool = False, confusion: bool = False) -> dict[str, Any]:
         """{"loss"}: the mean reconstruction loss on the masked patches of the val set, with fixed masks (no
         classes, so never a confusion matrix)."""
@@ -162,7 +164,7 @@ class Mae(Objective):
         sum_all(totals)
         return {"loss": (totals[0] / totals[1]).item()}
 
-    def inference_model(self, cfg: Any, trained_img_size: int, num_classes: int, weights: dict) -> MaskedAutoencoder:
+    def inference_model(self, cfg: Config, trained_img_size: int, num_classes: int, weights: dict) -> MaskedAutoencoder:
         """The autoencoder rebuilt from a checkpoint's `weights`, at the size it was trained at only."""
         if cfg.model.img_size != trained_img_size:
             raise ConfigError(f"model.img_size cannot change for a masked-autoencoder checkpoint (trained at "

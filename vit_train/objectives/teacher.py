@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -29,10 +29,13 @@ from vit_train.schema.legacy import saved_arch
 from vit_train.schema.sections import ModelConfig
 from vit_train.schema.typed import options, overridden
 
+if TYPE_CHECKING:
+    from vit_train.schema.config import Config
+
 log = logging.getLogger("vit_train")
 
 
-def distillation_loss_for(objective: Any, cfg: Any, model: nn.Module, num_classes: int,
+def distillation_loss_for(objective: Any, cfg: Config, model: nn.Module, num_classes: int,
                           class_names: list[str] | None = None) -> DistillationLoss:
     """The loss of `objective` for `model` (on its device), with the teacher objective.teacher names; `class_names`
     (the data's) are compared with the teacher's when its file records them."""
@@ -54,7 +57,7 @@ def distillation_loss_for(objective: Any, cfg: Any, model: nn.Module, num_classe
 
 
 def distillation_loss(cls_logits: torch.Tensor, dist_logits: torch.Tensor, teacher_logits: torch.Tensor,
-                      targets: torch.Tensor, base: nn.Module, cfg: Any) -> torch.Tensor:
+                      targets: torch.Tensor, base: nn.Module, cfg: Config) -> torch.Tensor:
     """DeiT's loss for logits (B, classes): `base` (the classification criterion, e.g. cross-entropy
     with label smoothing) on the class head, the teacher term on the distillation head."""
     label_term, teacher_term = loss_terms(cls_logits, dist_logits, teacher_logits, targets, base, cfg)
@@ -62,7 +65,7 @@ def distillation_loss(cls_logits: torch.Tensor, dist_logits: torch.Tensor, teach
 
 
 def loss_terms(cls_logits: torch.Tensor, dist_logits: torch.Tensor, teacher_logits: torch.Tensor,
-               targets: torch.Tensor, base: nn.Module, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
+               targets: torch.Tensor, base: nn.Module, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
     """(the label term, the teacher term) of `distillation_loss`, each a scalar before its alpha weight."""
     if cfg.type == "hard":
         teacher_term = F.cross_entropy(dist_logits, teacher_logits.argmax(dim=1))
@@ -80,7 +83,7 @@ TERMS = ("loss_label", "loss_teacher", "teacher_agreement", "images")  # what `t
 class DistillationLoss(Loss):
     """objective=distill's loss: (module, images, targets) -> (loss, logits for the training top-1)."""
 
-    def __init__(self, teacher: nn.Module, cfg: Any, label_smoothing: float, two_heads: bool,
+    def __init__(self, teacher: nn.Module, cfg: Config, label_smoothing: float, two_heads: bool,
                  info: dict[str, Any]):
         self.teacher, self.cfg, self.two_heads = teacher, cfg, two_heads
         self.base = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
@@ -155,7 +158,7 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def teacher_file(cfg: Any, resuming: bool = False) -> Path:
+def teacher_file(cfg: Config, resuming: bool = False) -> Path:
     """The file `cfg.teacher` names, by the rule of every door for weights (objectives/weights_in.py
     `resolve`: a file, or a run directory's best.pt). ConfigError (one line) when there is none; for a
     relative path in a resumed run, it says the path is relative to where the first run started."""
@@ -170,7 +173,7 @@ def teacher_file(cfg: Any, resuming: bool = False) -> Path:
     return resolve(cfg.teacher, "objective.teacher")
 
 
-def load_teacher(cfg: Any, num_classes: int, img_size: int, resuming: bool = False,
+def load_teacher(cfg: Config, num_classes: int, img_size: int, resuming: bool = False,
                  class_names: list[str] | None = None, with_path: bool = False):
     """(teacher on the CPU, a description[, the file read]): through the door for weights
     (objectives/weights_in.py: a vit-train checkpoint or run directory, whose better-scoring weights are

@@ -24,6 +24,7 @@ from vit_train.schema.sections import (
     ModelConfig,
     ObjectiveConfig,
     OptimConfig,
+    RunConfig,
     ScheduleConfig,
     SweepConfig,
     TrainerConfig,
@@ -112,8 +113,9 @@ class Config:
         self.model.img_size = img_size if self.model.img_size is None else self.model.img_size
         if self.model.reads_patches:
             self.model.patch_size = patch_size if self.model.patch_size is None else self.model.patch_size
+        run: RunConfig = self  # the type checker holds Config to the fields the checks read (schema/sections.py)
         for section in self.sections().values():
-            section.check(self)
+            section.check(run)
         return self
 
 

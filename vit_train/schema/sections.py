@@ -7,7 +7,7 @@ objectives/), each a subclass with its own keys and its part of the run. No torc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 from vit_train.schema.typed import Option, Section, fraction, options, overridden, positive, require
 
@@ -47,12 +47,12 @@ class ModelConfig(Option):
     pretrained: str | None = None  # weights to start from: a vit-train checkpoint, .safetensors or timm .pth
     reset_head: bool = False  # model.pretrained: a new classifier head (fine-tuning to other classes); else the head must fit
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         positive(("model.img_size", self.img_size), ("model.patch_size", self.patch_size))
         require(cfg.optim.layer_decay is None or self.has_layers, f"optim.layer_decay is for networks of "
                 f"numbered layers; model.arch={self.arch} has none: set optim.layer_decay=null")
 
-    def ignored(self, cfg: Any) -> list[tuple[str, str, str]]:
+    def ignored(self, cfg: RunConfig) -> list[tuple[str, str, str]]:
         """patch_size, for a family without patches, when it is not the data set's (which fills it for every model)."""
         if self.reads_patches or self.patch_size in (None, type(cfg.data).input_size[1]):
             return []
@@ -129,7 +129,7 @@ class OptimConfig(Option):
     lr_base_batch: int | None = None  # linear scaling: lr applies at this global batch; null = lr as given
     layer_decay: float | None = None  # layer-wise lr decay (BEiT/MAE): block i gets lr x decay^(depth - i); null = off
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         positive(("optim.lr", self.lr), ("optim.clip_grad", self.clip_grad), ("optim.lr_base_batch", self.lr_base_batch))
         require(self.layer_decay is None or 0 < self.layer_decay <= 1, f"optim.layer_decay must be in (0, 1] (e.g. "
                 f"0.75 for fine-tuning) or null for off, got {self.layer_decay}")
@@ -166,7 +166,7 @@ class ScheduleConfig(Option):
     name: str
     warmup_epochs: float = 1.0  # linear warmup length in epochs (fractions allowed)
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         require(self.warmup_epochs >= 0, f"schedule.warmup_epochs must be >= 0, got {self.warmup_epochs}")
 
     def factor(self, step: int, warmup_steps: int, total_steps: int, lr: float) -> float:
@@ -207,7 +207,7 @@ class TrainerConfig(Section):
     refused_on_resume: ClassVar[dict[str, str]] = {
         "ema_decay": "the checkpoint's EMA weights would be dropped"}  # only on -> off: an EMA may start or change decay
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         positive(("trainer.epochs", self.epochs), ("trainer.accum_steps", self.accum_steps),
                  ("trainer.log_every", self.log_every), ("trainer.keep_last", self.keep_last),
                  ("trainer.max_bad_steps", self.max_bad_steps), ("trainer.max_steps", self.max_steps),
@@ -222,7 +222,7 @@ class TrainerConfig(Section):
                 "trainer.compile_scope=step does not take trainer.precision=fp16 (its GradScaler reads the host every "
                 "step); use bf16 or fp32, or trainer.compile_scope=model")
 
-    def ignored(self, cfg: Any) -> list[tuple[str, str, str]]:
+    def ignored(self, cfg: RunConfig) -> list[tuple[str, str, str]]:
         return [(key, "trainer.compile=false", "trainer.compile=true")
                 for key in ("compile_mode", "compile_scope", "compile_backend") if not self.compile] + \
             [("fsdp_reshard_after_forward", f"trainer.strategy={self.strategy}", "trainer.strategy=fsdp")] * \
@@ -240,7 +240,7 @@ class SweepConfig(Section):
     direction: Literal["maximize", "minimize"] = "maximize"
     devices: int | None = None  # GPUs shared by parallel jobs: each job takes a free one; null = as trainer.device
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         positive(("sweep.devices", self.devices))
         directions = results_directions()
         require(self.objective in directions,
@@ -281,7 +281,7 @@ class DataConfig(Option):
         img_size, patch_size = cls.input_size
         return {**super().composed(), "model": {"img_size": img_size, "patch_size": patch_size}}
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         positive(("data.batch_size", self.batch_size), ("data.repeated_aug", self.repeated_aug),
                  ("data.eval_batch_size", self.eval_batch_size))
         require(self.num_workers is None or self.num_workers >= 0, f"data.num_workers must be >= 0, got {self.num_workers}")
@@ -304,14 +304,14 @@ class AugConfig(Option):
     random_erasing: float = 0.0  # probability of erasing a random rectangle (per-pixel noise) per image
     label_smoothing: float = 0.0  # cross-entropy label smoothing
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         for key in ("mix_prob", "switch_prob", "random_erasing"):
             fraction(f"aug.{key}", getattr(self, key))
         require(self.mixup_alpha >= 0 and self.cutmix_alpha >= 0, f"aug.mixup_alpha and aug.cutmix_alpha must be "
                 f">= 0 (0 = off), got {self.mixup_alpha} and {self.cutmix_alpha}")
         fraction("aug.label_smoothing", self.label_smoothing, closed=False)
 
-    def ignored(self, cfg: Any) -> list[tuple[str, str, str]]:
+    def ignored(self, cfg: RunConfig) -> list[tuple[str, str, str]]:
         mix = f"aug.mixup_alpha={self.mixup_alpha}, aug.cutmix_alpha={self.cutmix_alpha}"
         return [("mix_prob", mix, "aug.mixup_alpha > 0 or aug.cutmix_alpha > 0")] * \
             (self.mixup_alpha == 0 and self.cutmix_alpha == 0) + \
@@ -334,3 +334,22 @@ class ObjectiveConfig(Option):
         "name": "the weights, the loss and the best score belong to another objective"}
 
     name: str
+
+
+class RunConfig(Protocol):
+    """The whole run config a section's `check(cfg)` and `ignored(cfg)` read: schema/config.py's Config, by its
+    fields. Named here as a protocol because config.py imports this module (and an import back, even for type
+    checking only, would be a circle: tests/config/test_layers.py); Config is checked against it in config.py."""
+
+    model: ModelConfig
+    data: DataConfig
+    aug: AugConfig
+    optim: OptimConfig
+    schedule: ScheduleConfig
+    trainer: TrainerConfig
+    objective: ObjectiveConfig
+    sweep: SweepConfig
+    seed: int
+    resume: str | None
+    name: str
+    tags: list[str]

@@ -47,6 +47,8 @@ class Section:
 
     refused_on_resume: ClassVar[dict[str, str]] = {}
 
+    # `cfg: Any` here only: its type, schema/sections.py RunConfig (the Config by its fields), lives in a module
+    # that imports this one; the sections and options annotate cfg with it
     def check(self, cfg: Any) -> None:
         """Refuse what cannot run (ConfigError); the default accepts everything the types allow."""
 

@@ -6,13 +6,16 @@ path, `device_plan` (data/device/ops.py) on the device pipeline."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vit_train.data.aug.base import Augmentation
 from vit_train.schema.typed import fraction, options, require
 
 if TYPE_CHECKING:
     from torchvision.transforms import v2
+
+    from vit_train.schema.sections import RunConfig
+
 
 
 @dataclass
@@ -25,12 +28,12 @@ class Basic(Augmentation):
     crop_padding: int | None = None  # small images: crop padding in pixels; null = img_size // 8
     scale_min: float = 0.08  # image files: smallest area fraction of RandomResizedCrop
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
         fraction("aug.hflip", self.hflip)
         require(0.0 < self.scale_min <= 1.0, f"aug.scale_min must be in (0, 1], got {self.scale_min}")
 
-    def ignored(self, cfg: Any) -> list[tuple[str, str, str]]:
+    def ignored(self, cfg: RunConfig) -> list[tuple[str, str, str]]:
         key = "crop_padding" if cfg.data.encoded else "scale_min"  # padded crops of arrays, resized crops of files
         users = [name for name, source in options("data").items() if source.encoded == (key == "scale_min")]
         return super().ignored(cfg) + [(key, f"aug={self.name}, data={cfg.data.name}", f"data={', '.join(users)}")]

@@ -26,7 +26,7 @@ import io
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torchvision
@@ -43,10 +43,13 @@ from vit_train.data.shards.stream import ShardStream
 from vit_train.data.transforms import build_transforms, device_augmentation
 from vit_train.errors import ConfigError, DataError
 
+if TYPE_CHECKING:
+    from vit_train.schema.config import Config
+
 log = logging.getLogger("vit_train")
 
 
-def device_decoding(cfg: Any, device: torch.device, rank: int = 0) -> DeviceDecoding | None:
+def device_decoding(cfg: Config, device: torch.device, rank: int = 0) -> DeviceDecoding | None:
     """data.decode resolved for a run on `device`: a DeviceDecoding for `gpu`, None (the loader path) for `cpu` and
     for `auto`, which picks `cpu` until a measurement shows the device faster (docs/data.md)."""
     if cfg.data.decode == "auto" and rank == 0:
@@ -61,7 +64,7 @@ class DeviceDecoding:
     start with a crop it knows, a torchvision that cannot decode JPEGs on `device`. On a CPU `device` the same
     path runs (torchvision's CPU decoder, in the training process), said in one warning line."""
 
-    def __init__(self, cfg: Any, device: torch.device, rank: int = 0):
+    def __init__(self, cfg: Config, device: torch.device, rank: int = 0):
         self.aug, self.device, self.size, self.stats = cfg.aug, device, cfg.model.img_size, cfg.data.stats
         self.geometry = check_decode(cfg)
         self.eval_tf = build_transforms(cfg.aug, cfg.model.img_size, cfg.data.stats, None)[1]
@@ -92,7 +95,7 @@ class DeviceDecoding:
         return DecodedEval(loader, self, unreadable)
 
 
-def check_decode(cfg: Any) -> Geometry | None:
+def check_decode(cfg: Config) -> Geometry | None:
     """With data.decode=gpu, the crop its device path does for the run's aug option (device_crops.Geometry); None
     otherwise. Raises ConfigError (one line) for an option it cannot do all of: one without a device version,
     or whose transform does not start with a crop it knows."""

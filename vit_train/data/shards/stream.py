@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -33,6 +34,9 @@ from vit_train.data.shards.order import (
     val_slots,
 )
 from vit_train.errors import DataError
+
+if TYPE_CHECKING:
+    from vit_train.schema.config import Config
 
 log = logging.getLogger("vit_train")
 
@@ -249,7 +253,7 @@ class StreamLoader:
             yield images, labels
 
 
-def build_stream_loaders(index: ShardIndex, cfg, train_tf: Callable, eval_tf: Callable, device: torch.device,
+def build_stream_loaders(index: ShardIndex, cfg: Config, train_tf: Callable, eval_tf: Callable, device: torch.device,
                          rank: int, world_size: int, labels: bool, loader_options: dict, decoding=None):
     """(train loader, val loader, train plan, train StreamUnreadable) for this process of `world_size`.
 

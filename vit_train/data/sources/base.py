@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     import torch
 
     from vit_train.data.loaders import Data
+    from vit_train.schema.config import Config
+    from vit_train.schema.sections import RunConfig
 
 UNLABELLED_CLASS = "image"  # the one "class" of images read without labels (an objective that reads none)
 IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # ImageNet's per-channel mean and std
@@ -45,7 +47,7 @@ class DataSource(DataConfig):
         yields (image, label) items. Without `labels` (an objective that reads none) labels may be absent."""
         raise NotImplementedError
 
-    def build(self, cfg: Any, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
+    def build(self, cfg: Config, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
         """This process's loaders for the run `cfg` (its share of every global batch and of the val set)."""
         from vit_train.data.loaders import random_access_data
 
@@ -116,7 +118,7 @@ class EncodedImages(DataSource):
     def location(self) -> str | None:
         return self.root
 
-    def build(self, cfg: Any, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
+    def build(self, cfg: Config, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
         """This process's loaders; with data.decode=gpu the images are decoded on `device` (device/files.py)."""
         from vit_train.data.device.files import device_decoding
         from vit_train.data.loaders import random_access_data
@@ -132,7 +134,7 @@ class EncodedImages(DataSource):
         return "raise data.num_workers" + (", or try data.decode=gpu (docs/data.md)" if self.decode != "gpu" else "") + \
             ", or pre-resize the images (vit-shards short_side=N)"
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
         require(bool(self.root), f"data={self.name} needs data.root, {self.root_hint}")
         fraction("data.max_bad_fraction", self.max_bad_fraction)

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     import torch
 
     from vit_train.data.loaders import Data
+    from vit_train.schema.config import Config
+    from vit_train.schema.sections import RunConfig
 
 
 @dataclass
@@ -33,12 +35,12 @@ class WebDataset(EncodedImages):
     val_shards: str | None = None  # the same for the val shards
     shuffle_buffer: int = 5000  # samples in each loader worker's shuffle buffer (OpenCLIP's 5000)
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
         require(self.shuffle_buffer >= 1, f"data.shuffle_buffer must be >= 1 (1 = no shuffle buffer), got "
                                           f"{self.shuffle_buffer}")
 
-    def build(self, cfg: Any, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
+    def build(self, cfg: Config, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
         """Shards read as streams in a planned order: each (process, worker) its slot of the epoch's plan."""
         from vit_train.data.device.files import device_decoding
         from vit_train.data.loaders import Data, loader_options, pipeline, small_images

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from vit_train.schema.sections import RunConfig
+
+
 SHAPE = "the weights have another shape"
 BLOCK = re.compile(r"^blocks\.(\d+)\.")
 # The ViT's learned tokens and positions (timm's no_weight_decay(), reg_token included: timm issue #2712).
@@ -68,7 +71,7 @@ class ViT(ModelConfig):
     trainable: Literal["all", "head"] = "all"  # head: linear probe (the rest frozen, its dropout off)
     grad_checkpointing: bool = False  # recompute each block's activations in backward (timm's name): less memory, ~1/3 more compute
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
         positive(("model.embed_dim", self.embed_dim), ("model.depth", self.depth),
                  ("model.num_heads", self.num_heads), ("model.mlp_ratio", self.mlp_ratio))
