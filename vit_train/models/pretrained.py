@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit_train.errors import ConfigError
-from vit_train.models.vit import VisionTransformer, position_kind
+from vit_train.models.vit import position_kind
 from vit_train.outputs.weights import strip_wrappers
 
 log = logging.getLogger("vit_train")
@@ -358,7 +358,7 @@ def _recorded_grid(config: dict | None) -> int | None:
     return size // patch if isinstance(size, int) and isinstance(patch, int) and patch > 0 else None
 
 
-def at_size(model: VisionTransformer, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def at_size(model: nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`weights` with pos_embed fitted to `model`'s patch grid: learned positions resized (bicubic, prefix
     positions kept), a fixed sin-cos table replaced by the model's own."""
     own = model.state_dict().get("pos_embed")

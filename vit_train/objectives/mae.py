@@ -41,9 +41,11 @@ class MaskedReconstruction(Loss):
     def __init__(self, cfg: Config, rank: int = 0):
         from vit_train.models.mae import MaskSampler
 
-        self.norm_pix_loss = cfg.objective.norm_pix_loss
-        self.patch_size = cfg.model.patch_size
-        self.num_patches = (cfg.model.img_size // cfg.model.patch_size) ** 2
+        objective, img_size, patch_size = cfg.objective, cfg.model.img_size, cfg.model.patch_size
+        assert isinstance(objective, Mae) and img_size is not None and patch_size is not None  # a validated config's
+        self.norm_pix_loss = objective.norm_pix_loss
+        self.patch_size = patch_size
+        self.num_patches = (img_size // patch_size) ** 2
         self.masks = MaskSampler(cfg.seed, rank)
 
     def draws(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -98,8 +100,10 @@ class Mae(Objective):
         """Refuse (ConfigError, one line) what would not pre-train a ViT encoder, and impossible keys of its own.
         `cfg` is a Config whose img_size and patch_size are filled (pixels)."""
         m, a, name = cfg.model, cfg.aug, f"objective={self.name}"
-        require(isinstance(m, ViT), f"{name} masks the patches of a ViT encoder; model.arch={m.arch} has none: pre-train "
-                f"a ViT (e.g. model=vit_tiny), or train the CNN with objective=classify")
+        if not isinstance(m, ViT):
+            raise ConfigError(f"{name} masks the patches of a ViT encoder; model.arch={m.arch} has none: pre-train "
+                              f"a ViT (e.g. model=vit_tiny), or train the CNN with objective=classify")
+        assert m.img_size is not None and m.patch_size is not None  # Config.validate filled them before the checks
         require(m.trainable == "all", f"{name} pre-trains the encoder, which model.trainable={m.trainable} freezes (only "
                 f"the decoder would learn): use model.trainable=all; probe the encoder afterwards with "
                 f"model.trainable={m.trainable} model.pretrained=<this run>")
@@ -125,8 +129,11 @@ class Mae(Objective):
 
         return build_autoencoder(cfg.model, self)
 
-    def pretrained_target(self, model: MaskedAutoencoder) -> nn.Module:
-        """The module `model.pretrained` loads into: the encoder."""
+    def pretrained_target(self, model: nn.Module) -> nn.Module:
+        """The module `model.pretrained` loads into: the encoder (of `build_model`'s autoencoder)."""
+        from vit_train.models.mae import MaskedAutoencoder
+
+        assert isinstance(model, MaskedAutoencoder)
         return model.encoder
 
     def flops_per_image(self, cfg: Config, num_classes: int) -> float:
@@ -187,8 +194,10 @@ class Mae(Objective):
     def figures(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, class_names: list[str],
                 stats: tuple, confusion: torch.Tensor | None = None) -> dict[str, Any]:
         """Original / masked / reconstruction of the images, with the fixed val masks (viz/figures.py)."""
+        from vit_train.models.mae import MaskedAutoencoder
         from vit_train.viz.figures import reconstruction_figures
 
+        assert isinstance(model, MaskedAutoencoder)  # build_model's
         return reconstruction_figures(model, images, stats)
 
     @classmethod

@@ -33,9 +33,10 @@ class AdamW(OptimConfig):
     def build(self, groups: list[dict], lr: float, device: Any, capturable: bool = False) -> Any:
         import torch
 
+        betas = (self.betas[0], self.betas[1])  # two values (check)
         if capturable:
-            return torch.optim.AdamW(groups, lr=lr, betas=tuple(self.betas), eps=self.eps, foreach=True, capturable=True)
-        return torch.optim.AdamW(groups, lr=lr, betas=tuple(self.betas), eps=self.eps, fused=device.type == "cuda")
+            return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=self.eps, foreach=True, capturable=True)
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=self.eps, fused=device.type == "cuda")
 
     def update(self, params: list, grads: list, state: list[dict], group: dict, lr: Any) -> None:
         from torch.optim.adam import adam  # what AdamW.step calls; a module-level name dynamo can trace

@@ -127,7 +127,7 @@ def known_keys() -> list[str]:
         keys.append(name)
         if option_base(tp):
             keys += sorted({f"{name}.{k}" for cls in options(tp.group).values() for k in section_keys(cls)})
-        elif dataclasses.is_dataclass(tp):
+        elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
             keys += [f"{name}.{k}" for k in section_keys(tp)]
     return keys
 

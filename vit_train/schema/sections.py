@@ -253,6 +253,7 @@ def results_directions() -> dict[str, str]:
     """{results.json key: "maximize" or "minimize"} of every registered objective's numbers (sweep.objective's values)."""
     found: dict[str, str] = {}
     for cls in options("objective").values():
+        assert issubclass(cls, ObjectiveConfig)  # the objective group's options subclass its base
         found.update(cls.results)
     return found
 
@@ -353,3 +354,6 @@ class RunConfig(Protocol):
     resume: str | None
     name: str
     tags: list[str]
+
+    @property
+    def lr(self) -> float: ...  # the peak learning rate (Config.lr)

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from vit_train.extras import require
 from vit_train.models.mae import EVAL_SEED, MaskedAutoencoder, MaskSampler, reconstruct
@@ -276,7 +277,7 @@ first_images = figure_images  # the name vit-eval imports (tools/report.py)
 
 
 @torch.no_grad()
-def model_figures(model: VisionTransformer, images: torch.Tensor, labels: torch.Tensor, class_names: list[str],
+def model_figures(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, class_names: list[str],
                   stats: tuple, confusion: torch.Tensor | None = None) -> dict[str, Any]:
     """Figures of `model` on normalised `images`: attention and rollout, per-head attention of the
     first image, position-embedding similarity, patch-embedding filters, and the confusion matrix.

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vit_train.data.aug.base import Augmentation
+from vit_train.schema.sections import DataConfig
 from vit_train.schema.typed import fraction, options, require
 
 if TYPE_CHECKING:
@@ -35,7 +36,8 @@ class Basic(Augmentation):
 
     def ignored(self, cfg: RunConfig) -> list[tuple[str, str, str]]:
         key = "crop_padding" if cfg.data.encoded else "scale_min"  # padded crops of arrays, resized crops of files
-        users = [name for name, source in options("data").items() if source.encoded == (key == "scale_min")]
+        users = [name for name, source in options("data").items()
+                 if issubclass(source, DataConfig) and source.encoded == (key == "scale_min")]
         return super().ignored(cfg) + [(key, f"aug={self.name}, data={cfg.data.name}", f"data={', '.join(users)}")]
 
     def padding(self, img_size: int) -> int:
