@@ -45,6 +45,7 @@ from vit_train.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from vit_train.schema.config import Config
+    from vit_train.schema.sections import RunConfig
 
 log = logging.getLogger("vit_train")
 
@@ -95,7 +96,7 @@ class DeviceDecoding:
         return DecodedEval(loader, self, unreadable)
 
 
-def check_decode(cfg: Config) -> Geometry | None:
+def check_decode(cfg: RunConfig) -> Geometry | None:
     """With data.decode=gpu, the crop its device path does for the run's aug option (device_crops.Geometry); None
     otherwise. Raises ConfigError (one line) for an option it cannot do all of: one without a device version,
     or whose transform does not start with a crop it knows."""

@@ -51,6 +51,7 @@ class DataSource(DataConfig):
         """This process's loaders for the run `cfg` (its share of every global batch and of the val set)."""
         from vit_train.data.loaders import random_access_data
 
+        assert cfg.model.img_size is not None  # Config.validate fills it from the data set
         return random_access_data(cfg, self.splits(cfg.model.img_size, labels), device, rank, world_size)
 
     def eval_spec(self, img_size: int) -> dict[str, Any]:
@@ -124,6 +125,7 @@ class EncodedImages(DataSource):
         from vit_train.data.loaders import random_access_data
 
         decoding = device_decoding(cfg, device, rank)
+        assert cfg.model.img_size is not None  # Config.validate fills it from the data set
         return random_access_data(cfg, self.splits(cfg.model.img_size, labels), device, rank, world_size, decoding)
 
     def data_bound_advice(self, device: torch.device) -> str:

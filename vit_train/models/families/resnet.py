@@ -39,11 +39,13 @@ class ResNet(ModelConfig):
                          "img_size": "the stem was chosen for another image size (3x3 up to 64 pixels, else 7x7)"}
 
     def build(self, num_classes: int) -> nn.Module:
+        assert self.img_size is not None  # Config.validate fills it from the data set
         return build_resnet(self.arch, num_classes, self.img_size)
 
     def flops_per_image(self, num_classes: int) -> float:
         from vit_train.models.flops import training_flops
 
+        assert self.img_size is not None  # Config.validate fills it from the data set
         return training_flops(lambda: self.build(num_classes), self.img_size, lambda m, x: m(x))
 
     @classmethod
@@ -60,7 +62,8 @@ class ResNet(ModelConfig):
                   for i in range(1, 5)]
         bottleneck = any(k.endswith(".conv3.weight") for k in weights)
         conv1 = weights.get("conv1.weight")
-        found = {"model.arch": RESNETS.get((*blocks, bottleneck), f"a ResNet with blocks {blocks}")}
+        found = {"model.arch": RESNETS.get((blocks[0], blocks[1], blocks[2], blocks[3], bottleneck),
+                                           f"a ResNet with blocks {blocks}")}
         if conv1 is not None:
             found["model.stem"] = "3x3 (small images)" if conv1.shape[-1] == 3 else "7x7 (ImageNet)"
         return found

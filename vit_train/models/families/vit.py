@@ -75,6 +75,7 @@ class ViT(ModelConfig):
         super().check(cfg)
         positive(("model.embed_dim", self.embed_dim), ("model.depth", self.depth),
                  ("model.num_heads", self.num_heads), ("model.mlp_ratio", self.mlp_ratio))
+        assert self.img_size is not None and self.patch_size is not None  # Config.validate fills them from the data set before the checks
         require(self.img_size % self.patch_size == 0, f"model.img_size ({self.img_size}) must be divisible by "
                 f"model.patch_size ({self.patch_size})")
         require(self.embed_dim % self.num_heads == 0, f"model.embed_dim ({self.embed_dim}) must be divisible by "
@@ -92,6 +93,7 @@ class ViT(ModelConfig):
         from vit_train.models.probe import set_trainable
         from vit_train.models.vit import VisionTransformer, set_grad_checkpointing
 
+        assert self.img_size is not None and self.patch_size is not None  # Config.validate fills them from the data set
         model = VisionTransformer(
             img_size=self.img_size, patch_size=self.patch_size, num_classes=num_classes,
             embed_dim=self.embed_dim, depth=self.depth, num_heads=self.num_heads, mlp_ratio=self.mlp_ratio,
@@ -106,13 +108,19 @@ class ViT(ModelConfig):
         """Every token through every block (models/flops.py), as MFU counts them: with class-token pooling the
         loop's forward skips most of the last block for the patch tokens (~6% fewer FLOPs than this)."""
         from vit_train.models.flops import training_flops
-        from vit_train.models.vit import set_grad_checkpointing
+        from vit_train.models.vit import VisionTransformer, set_grad_checkpointing
 
         def network() -> nn.Module:
             model = self.build(num_classes)
             set_grad_checkpointing(model, False)  # model FLOPs: the recomputation is not counted
             return model
-        return training_flops(network, self.img_size, lambda m, x: m.forward_head(m.forward_features(x)))
+
+        def forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+            assert isinstance(model, VisionTransformer)  # build's
+            return model.forward_head(model.forward_features(x))
+
+        assert self.img_size is not None  # Config.validate fills it from the data set
+        return training_flops(network, self.img_size, forward)
 
     @classmethod
     def architecture(cls, saved: dict[str, Any]) -> dict[str, Any]:
@@ -158,7 +166,9 @@ class ViT(ModelConfig):
 
     def layers(self, model: nn.Module) -> int:
         """The embeddings, each block, the final norm and heads: depth + 2."""
-        return len(model.blocks) + 2
+        blocks = model.blocks
+        assert isinstance(blocks, nn.Sequential)  # build's VisionTransformer
+        return len(blocks) + 2
 
     def layer_of(self, name: str, layers: int) -> int:
         """0 for the patch embedding, positions and prefix tokens, i + 1 for blocks.i, the last for the final norm
