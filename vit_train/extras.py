@@ -8,10 +8,18 @@ import importlib.util
 from vit_train.errors import ConfigError, UserError
 
 # Module -> the extra that installs it.
-EXTRAS = {"matplotlib": "viz", "safetensors": "export", "onnx": "export", "onnxscript": "export",
-          "onnxruntime": "export", "hydra_plugins.hydra_optuna_sweeper": "sweep",
-          "hydra_plugins.hydra_joblib_launcher": "sweep", "hydra_plugins.hydra_submitit_launcher": "slurm",
-          "webdataset": "data", "datasets": "data"}
+EXTRAS = {
+    "matplotlib": "viz",
+    "safetensors": "export",
+    "onnx": "export",
+    "onnxscript": "export",
+    "onnxruntime": "export",
+    "hydra_plugins.hydra_optuna_sweeper": "sweep",
+    "hydra_plugins.hydra_joblib_launcher": "sweep",
+    "hydra_plugins.hydra_submitit_launcher": "slurm",
+    "webdataset": "data",
+    "datasets": "data",
+}
 
 
 def available(module: str) -> bool:

@@ -33,30 +33,52 @@ FORMAT_VERSION = 1  # what versions()["format"] says; a file of another format i
 REQUIRED_KEYS = ("model", "optimizer", "scheduler", "epoch", "step", "batch_in_epoch", "config", "class_names")
 
 
-def checkpoint_state(model: nn.Module, optimizer, scheduler, scaler, ema: AveragedModel | None, state: TrainState,
-                     cfg: Config, overrides: Sequence[str], class_names: list[str], loss: Any = None,
-                     gathered: tuple | None = None, window: Any = None) -> dict[str, Any]:
+def checkpoint_state(
+    model: nn.Module,
+    optimizer,
+    scheduler,
+    scaler,
+    ema: AveragedModel | None,
+    state: TrainState,
+    cfg: Config,
+    overrides: Sequence[str],
+    class_names: list[str],
+    loss: Any = None,
+    gathered: tuple | None = None,
+    window: Any = None,
+) -> dict[str, Any]:
     """Everything a resumed run needs, as plain tensors and primitives; the objective's `loss`'s own state (its
     `state_dict`: MAE's mask counter, the distillation teacher's identity) under "objective", the train row's
     `window` since the last row (train/throughput.py `TrainWindow`'s sums, with the loss's `window_state`) under
     "train_window" so that a resume logs the uninterrupted run's row. `gathered`: a sharded run's (model,
     optimiser, EMA) state dicts, gathered whole (train/sharding.py `full_states`)."""
-    weights, moments, averaged = gathered or (model.state_dict(), optimizer.state_dict(),
-                                              ema.state_dict() if ema is not None else None)
+    weights, moments, averaged = gathered or (
+        model.state_dict(),
+        optimizer.state_dict(),
+        ema.state_dict() if ema is not None else None,
+    )
     return {  # weights under the names timm reads, whatever wraps the model
-        "model": strip_wrappers(weights), "optimizer": moments, "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict(), "ema": saved_ema(averaged),
+        "model": strip_wrappers(weights),
+        "optimizer": moments,
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
+        "ema": saved_ema(averaged),
         **state.checkpoint_fields(),
         "stream_layout": cfg.data.stream_layout(distributed.context().world_size),
         "rng": rng_state(),
-        "config": cfg.to_dict(), "overrides": list(overrides), "class_names": list(class_names),
+        "config": cfg.to_dict(),
+        "overrides": list(overrides),
+        "class_names": list(class_names),
         "identity": identity(cfg.to_dict(), class_names, state.run_id),  # what the weights are, for every door
         "preprocess": cfg.data.eval_spec(cfg.model.img_size),
         "versions": versions(),
         "cpu_threads": torch.get_num_threads(),  # a resume takes the same count (runtime/cpu.py): exact on the CPU
         "objective": loss.state_dict() if loss is not None else None,
-        **({"train_window": {**window.state_dict(), "terms": loss.window_state() if loss is not None else None}}
-           if window is not None else {}),
+        **(
+            {"train_window": {**window.state_dict(), "terms": loss.window_state() if loss is not None else None}}
+            if window is not None
+            else {}
+        ),
     }
 
 
@@ -73,8 +95,13 @@ def restore_loop(ckpt: dict | None, loss: Any, window: Any) -> None:
 
 
 def versions() -> dict[str, str]:
-    return {"vit_train": __version__, "torch": str(torch.__version__), "torchvision": str(torchvision.__version__),
-            "python": platform.python_version(), "format": str(FORMAT_VERSION)}
+    return {
+        "vit_train": __version__,
+        "torch": str(torch.__version__),
+        "torchvision": str(torchvision.__version__),
+        "python": platform.python_version(),
+        "format": str(FORMAT_VERSION),
+    }
 
 
 def upgraded(ckpt: dict[str, Any]) -> dict[str, Any]:
@@ -94,7 +121,10 @@ def position_from_batches(state: TrainState, batch_size: int, train_images: int)
     """A checkpoint written before positions were counted in images: its position from its batch size (the
     saved config's) and the training set's size now."""
     if state.batch_in_epoch and not state.sample_in_epoch:
-        state.sample_in_epoch, state.epoch_end = state.batch_in_epoch * batch_size, train_images // batch_size * batch_size
+        state.sample_in_epoch, state.epoch_end = (
+            state.batch_in_epoch * batch_size,
+            train_images // batch_size * batch_size,
+        )
 
 
 def ema_weights(ema_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -146,9 +176,11 @@ def restore(ckpt: dict, model: nn.Module, optimizer, scaler, weights: bool = Tru
     try:
         load_optimizer_state(model, optimizer, ckpt["optimizer"])
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"the checkpoint's optimiser state does not fit this model ({str(e).splitlines()[0]}): "
-                              f"the file is damaged or another model's; resume from another checkpoint of the run, or "
-                              f"start a new run from its weights with model.pretrained=<the checkpoint>") from None
+        raise CheckpointError(
+            f"the checkpoint's optimiser state does not fit this model ({str(e).splitlines()[0]}): "
+            f"the file is damaged or another model's; resume from another checkpoint of the run, or "
+            f"start a new run from its weights with model.pretrained=<the checkpoint>"
+        ) from None
     for group, hyper in zip(optimizer.param_groups, configured, strict=True):
         group.update(hyper)
     if ckpt.get("scaler"):

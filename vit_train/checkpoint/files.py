@@ -42,9 +42,11 @@ def refuse_newer(ckpt: dict[str, Any], path: Path) -> None:
     if saved is None or str(saved) == str(FORMAT_VERSION):
         return
     by = (ckpt.get("versions") or {}).get("vit_train")
-    raise NewerCheckpoint(f"{path} is a checkpoint of format {saved}{f' (written by vit-train {by})' if by else ''}, "
-                          f"which this vit-train ({__version__}) does not read: it reads format {FORMAT_VERSION}; "
-                          f"upgrade vit-train to use it (pip install -U vit-train)")
+    raise NewerCheckpoint(
+        f"{path} is a checkpoint of format {saved}{f' (written by vit-train {by})' if by else ''}, "
+        f"which this vit-train ({__version__}) does not read: it reads format {FORMAT_VERSION}; "
+        f"upgrade vit-train to use it (pip install -U vit-train)"
+    )
 
 
 def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
@@ -60,8 +62,10 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
     try:
         ckpt = read_archive(path, mmap)
     except Exception as e:  # truncated zip, a pickle with objects, not a torch file at all
-        raise CheckpointError(f"checkpoint {path} cannot be read ({load_failure(e)}); it is truncated, corrupt or "
-                              f"not a vit-train checkpoint: {_use_another(path)}") from None
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read ({load_failure(e)}); it is truncated, corrupt or "
+            f"not a vit-train checkpoint: {_use_another(path)}"
+        ) from None
     missing = [k for k in REQUIRED_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
         raise CheckpointError(f"{path} is not a vit-train checkpoint (it lacks {', '.join(missing)})")
@@ -71,10 +75,13 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
 
 def _use_another(path: Path) -> str:
     """What to do about an unusable checkpoint: use another of its run's, named when there is one."""
+
     def same(other: Path) -> bool:  # best.pt and step_<N>.pt can be hard links to one file
         return os.path.samefile(other, path)
 
-    others = [p for p in run_checkpoints(path.parent.parent) if not same(p)] if path.parent.name == "checkpoints" else []
+    others = (
+        [p for p in run_checkpoints(path.parent.parent) if not same(p)] if path.parent.name == "checkpoints" else []
+    )
     return f"use another one of the run (e.g. {others[0]})" if others else "use another checkpoint"
 
 
@@ -127,8 +134,10 @@ def find_resume_checkpoint(resume: str | None, run_dir: Path, mmap: bool = False
         if not candidates:
             folder = path if path.name == "checkpoints" else path / "checkpoints"
             odd = [f"{p.name} is {kind}" for p in sorted(folder.glob("*.pt")) if (kind := not_regular(p)) != "missing"]
-            raise CheckpointError(f"{path} holds no checkpoints{' (' + ', '.join(odd) + ')' if odd else ''}; give a run "
-                                  f"directory that has some (in checkpoints/), or a .pt file")
+            raise CheckpointError(
+                f"{path} holds no checkpoints{' (' + ', '.join(odd) + ')' if odd else ''}; give a run "
+                f"directory that has some (in checkpoints/), or a .pt file"
+            )
     failures = []
     for candidate in candidates:
         try:
@@ -138,8 +147,10 @@ def find_resume_checkpoint(resume: str | None, run_dir: Path, mmap: bool = False
         except CheckpointError as e:
             log.warning("%s; trying the next newest", e)
             failures.append(candidate.name)
-    raise CheckpointError(f"none of the checkpoints in {candidates[0].parent} can be read ({', '.join(failures)}); "
-                          f"start a new run in another directory")
+    raise CheckpointError(
+        f"none of the checkpoints in {candidates[0].parent} can be read ({', '.join(failures)}); "
+        f"start a new run in another directory"
+    )
 
 
 def checkpoint_file(path: str | Path) -> Path:
@@ -166,7 +177,13 @@ def _newest_best(folder: Path) -> Path:
     except Exception:  # noqa: BLE001 - an unreadable last.pt: best.pt is what there is
         return best
     if newest and saved_step(best) != head["step"]:
-        log.info("%s holds step %s, but the run's best is step %d in %s (a save interrupted before best.pt): using %s",
-                 best, saved_step(best), head["step"], last.name, last)
+        log.info(
+            "%s holds step %s, but the run's best is step %d in %s (a save interrupted before best.pt): using %s",
+            best,
+            saved_step(best),
+            head["step"],
+            last.name,
+            last,
+        )
         return last
     return best

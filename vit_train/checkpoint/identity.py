@@ -31,9 +31,13 @@ def class_difference(theirs: list[str], ours: list[str], there: str = "there", h
         return None
     for index, (a, b) in enumerate(zip(theirs, ours, strict=False)):
         if a != b:
-            moved = f"; '{b}' is class {theirs.index(b)} {there}" if b in theirs else f"; '{b}' is not among those {there}"
-            return (f"class {index} is '{a}' {there} and '{b}' {here}{moved} ({len(theirs)} classes {there}, "
-                    f"{len(ours)} {here})")
+            moved = (
+                f"; '{b}' is class {theirs.index(b)} {there}" if b in theirs else f"; '{b}' is not among those {there}"
+            )
+            return (
+                f"class {index} is '{a}' {there} and '{b}' {here}{moved} ({len(theirs)} classes {there}, "
+                f"{len(ours)} {here})"
+            )
     return f"{len(theirs)} classes {there}, {len(ours)} {here} (the first {min(len(theirs), len(ours))} agree)"
 
 
@@ -92,8 +96,10 @@ def mixed_runs(run_dir: Path, path: Path, run_id: str | None) -> tuple[dict[str,
 def mixed_text(run_dir: Path, strangers: dict[str, str], own: str, mine: list[str]) -> str:
     """`mixed_runs`' finding in words: which files are another run's."""
     named, theirs = ", ".join(strangers), next(iter(strangers.values()))
-    return (f"{run_dir} holds files of two runs: {named} {'is' if len(strangers) == 1 else 'are'} run {theirs[:8]}'s, "
-            f"{', '.join(mine)} run {own[:8]}'s: another run's checkpoint was put here")
+    return (
+        f"{run_dir} holds files of two runs: {named} {'is' if len(strangers) == 1 else 'are'} run {theirs[:8]}'s, "
+        f"{', '.join(mine)} run {own[:8]}'s: another run's checkpoint was put here"
+    )
 
 
 def check_classes(ckpt: dict, class_names: list[str]) -> None:
@@ -101,10 +107,12 @@ def check_classes(ckpt: dict, class_names: list[str]) -> None:
     run and vit-eval's report both check): CheckpointError, one line."""
     difference = class_difference(list(ckpt["class_names"]), list(class_names), "saved", "in the data now")
     if difference is not None:
-        raise CheckpointError(f"the checkpoint does not fit this data (classes: {len(ckpt['class_names'])} saved, "
-                              f"{len(class_names)} in the data now: {difference.split(' (')[0]}); use "
-                              f"the data it was trained on, or start a new run from its weights "
-                              f"(model.pretrained=<the checkpoint> model.reset_head=true)")
+        raise CheckpointError(
+            f"the checkpoint does not fit this data (classes: {len(ckpt['class_names'])} saved, "
+            f"{len(class_names)} in the data now: {difference.split(' (')[0]}); use "
+            f"the data it was trained on, or start a new run from its weights "
+            f"(model.pretrained=<the checkpoint> model.reset_head=true)"
+        )
 
 
 def weights_identity(ckpt: dict[str, Any], source: str) -> dict[str, Any] | None:
@@ -124,6 +132,10 @@ def eval_score(ckpt: dict[str, Any], source: str) -> dict[str, Any] | None:
     evaluation (`last_eval`), None when it records none."""
     last = ckpt.get("last_eval") or {}
     if source in last:  # "partial": scored on a share of the val set (trainer.limit_val_batches)
-        return {"metric": last.get("metric") or "top1", "value": last[source], "step": last.get("step"),
-                **({"partial": True} if last.get("partial") else {})}
+        return {
+            "metric": last.get("metric") or "top1",
+            "value": last[source],
+            "step": last.get("step"),
+            **({"partial": True} if last.get("partial") else {}),
+        }
     return None

@@ -35,7 +35,9 @@ def archive_damage(path: Path) -> str | None:
     except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, NotImplementedError) as e:
         return f"its zip structure is damaged: {e}"
     if bad is not None:
-        return f"the CRC-32 of its record {bad} does not match: bytes changed after it was written (bit rot, a bad copy)"
+        return (
+            f"the CRC-32 of its record {bad} does not match: bytes changed after it was written (bit rot, a bad copy)"
+        )
     return None
 
 
@@ -46,16 +48,20 @@ def legacy_damage(path: Path, error: BaseException) -> str | None:
     """What is wrong with a file of torch.save's legacy (pre-1.6, non-zip) format that torch.load failed on
     with a reader's error (it ends early or does not parse), in a few words; None for another file or error
     (a refused pickled object, a file of another kind: `load_failure` says those)."""
-    if _GLOBAL.search(str(error)) or not isinstance(error, (EOFError, OSError, IndexError, ValueError, KeyError,
-                                                            RuntimeError, struct.error)):
+    if _GLOBAL.search(str(error)) or not isinstance(
+        error, (EOFError, OSError, IndexError, ValueError, KeyError, RuntimeError, struct.error)
+    ):
         return None
     try:
         with open(path, "rb") as f:
             legacy = f.read(len(LEGACY_MAGIC)) == LEGACY_MAGIC
     except OSError:
         return None
-    return f"a legacy-format PyTorch file whose records end early or do not parse ({load_failure(error)})" \
-        if legacy else None
+    return (
+        f"a legacy-format PyTorch file whose records end early or do not parse ({load_failure(error)})"
+        if legacy
+        else None
+    )
 
 
 def checkpoint_size(state: Any) -> int:
@@ -68,7 +74,6 @@ def checkpoint_size(state: Any) -> int:
     if isinstance(state, (list, tuple)):
         return sum(checkpoint_size(v) for v in state)
     return 0
-
 
 
 _GLOBAL = re.compile(r"unsupported GLOBAL:? (?:GLOBAL )?([\w.]+)", re.IGNORECASE)  # torch 2.4 to 2.14 wordings

@@ -27,18 +27,23 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, sav
     names = param_names(model, optimizer)
     # keys the scheduler added to the saved groups (initial_lr) are not this optimiser's yet: set them after,
     # as torch's load_state_dict would have (pytorch #126948, #140900)
-    extra = [{k: v for k, v in g.items() if k not in now}
-             for g, now in zip(saved["param_groups"], optimizer.param_groups, strict=True)]
-    keyed = {"state": {names[i]: s for i, s in saved["state"].items()},
-             "param_groups": [{k: v for k, v in g.items() if k not in more}
-                              | {"params": [names[i] for i in g["params"]]}
-                              for g, more in zip(saved["param_groups"], extra, strict=True)]}
+    extra = [
+        {k: v for k, v in g.items() if k not in now}
+        for g, now in zip(saved["param_groups"], optimizer.param_groups, strict=True)
+    ]
+    keyed = {
+        "state": {names[i]: s for i, s in saved["state"].items()},
+        "param_groups": [
+            {k: v for k, v in g.items() if k not in more} | {"params": [names[i] for i in g["params"]]}
+            for g, more in zip(saved["param_groups"], extra, strict=True)
+        ],
+    }
     set_optimizer_state_dict(model, optimizer, keyed, options=StateDictOptions(full_state_dict=True, strict=False))
     for group, more in zip(optimizer.param_groups, extra, strict=True):
         group.update(more)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     for index, param in enumerate(params):  # set_optimizer_state_dict made state for all by a step of zeros:
-        if index not in saved["state"]:      # without saved state a parameter starts fresh, as in one process
+        if index not in saved["state"]:  # without saved state a parameter starts fresh, as in one process
             optimizer.state.pop(param, None)
 
 
@@ -54,13 +59,16 @@ def check_fits(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict) 
         raise ValueError(f"the saved optimiser has {len(indices)} parameters, this model {len(params)}")
     if not all(type(i) is int for i in indices) or sorted(indices) != list(range(len(params))):
         odd = next(i for i in indices if type(i) is not int or not 0 <= i < len(params) or indices.count(i) > 1)
-        raise ValueError(f"the saved optimiser's parameter groups name parameter {odd!r} "
-                         f"{'twice' if indices.count(odd) > 1 else 'which this model lacks'}")
+        raise ValueError(
+            f"the saved optimiser's parameter groups name parameter {odd!r} "
+            f"{'twice' if indices.count(odd) > 1 else 'which this model lacks'}"
+        )
     keys, kind = state_keys(optimizer), type(optimizer).__name__
     for index, state in saved["state"].items():
         if not isinstance(index, int) or not 0 <= index < len(params):
-            raise ValueError(f"the saved optimiser has state for parameter {index!r}, this model's are "
-                             f"0-{len(params) - 1}")
+            raise ValueError(
+                f"the saved optimiser has state for parameter {index!r}, this model's are 0-{len(params) - 1}"
+            )
         name, shape = names[index], tuple(params[index].shape)
         if not isinstance(state, dict) or set(state) != keys:
             held = sorted(state) if isinstance(state, dict) else type(state).__name__
@@ -71,8 +79,11 @@ def check_fits(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict) 
                 if type(count) not in (int, float) or not math.isfinite(count) or count < 0:
                     raise ValueError(f"the saved optimiser's step of {name} is {_shown(value)}, not a count of steps")
             elif not torch.is_tensor(value) or not value.is_floating_point() or tuple(value.shape) != shape:
-                said = f"has shape {tuple(value.shape)}" if torch.is_tensor(value) and tuple(value.shape) != shape \
+                said = (
+                    f"has shape {tuple(value.shape)}"
+                    if torch.is_tensor(value) and tuple(value.shape) != shape
                     else f"is {_shown(value)}"
+                )
                 raise ValueError(f"the saved optimiser's {key} of {name} {said}, the parameter {shape}")
 
 
@@ -80,7 +91,9 @@ def state_keys(optimizer: torch.optim.Optimizer) -> set[str]:
     """The per-parameter state keys `optimizer` keeps: those one step of a copy of it (the same class and
     hyperparameters) makes for a 1-element parameter, so any torch optimiser is judged by its own rule."""
     accepted = set(inspect.signature(type(optimizer).__init__).parameters)
-    settings = {k: v for k, v in optimizer.defaults.items() if k in accepted and k not in ("fused", "foreach", "capturable")}
+    settings = {
+        k: v for k, v in optimizer.defaults.items() if k in accepted and k not in ("fused", "foreach", "capturable")
+    }
     probe = torch.zeros(1, requires_grad=True)
     probe.grad = torch.zeros(1)
     copy = type(optimizer)([probe], **settings, foreach=False)

@@ -44,8 +44,7 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
         if isinstance(e, (OSError, RuntimeError)):
             kept = earlier_checkpoint(path)
             needed = max(checkpoint_size(state) + 4096, path.stat().st_size if path.exists() else 0)
-            raise CheckpointError(f"could not write {path}: {write_failure(e, path, needed)}; "
-                                  f"{kept}") from None
+            raise CheckpointError(f"could not write {path}: {write_failure(e, path, needed)}; {kept}") from None
         raise
     _fsync_dir(path.parent)
 
@@ -56,27 +55,35 @@ def earlier_checkpoint(path: Path) -> str:
         return "there is no earlier checkpoint"
     damage = archive_damage(path)
     if damage:
-        return f"the earlier checkpoint there is damaged too ({damage}); resume=auto passes over it to an older sound one"
+        return (
+            f"the earlier checkpoint there is damaged too ({damage}); resume=auto passes over it to an older sound one"
+        )
     return "the previous checkpoint there is intact"
 
 
-def short_of_space(folder: Path, model: torch.nn.Module, moments: int, ema: torch.nn.Module | None,
-                   keep_last: int) -> str | None:
+def short_of_space(
+    folder: Path, model: torch.nn.Module, moments: int, ema: torch.nn.Module | None, keep_last: int
+) -> str | None:
     """A warning when `folder`'s disk cannot hold the run's checkpoints, else None (checked at the start,
     not after the first epoch's work). A checkpoint holds the model, `moments` optimiser tensors per
     trainable parameter (AdamW 2, SGD 1) and the EMA; the run keeps `keep_last` versions (at least
     last.pt), best.pt can be one more, and a new one is written beside them all."""
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = moments * checkpoint_size(params) + (checkpoint_size([torch.zeros(())] * len(params)) if moments > 1 else 0)
-    size = (checkpoint_size(model.state_dict()) + optimizer + (checkpoint_size(ema.state_dict()) if ema else 0)
-            + 16 * 1024)  # AdamW's step counts; RNG states and the rest (measured: 11 kB)
+    optimizer = moments * checkpoint_size(params) + (
+        checkpoint_size([torch.zeros(())] * len(params)) if moments > 1 else 0
+    )
+    size = (
+        checkpoint_size(model.state_dict()) + optimizer + (checkpoint_size(ema.state_dict()) if ema else 0) + 16 * 1024
+    )  # AdamW's step counts; RNG states and the rest (measured: 11 kB)
     versions, free = max(keep_last, 1) + 2, shutil.disk_usage(folder).free
     if free >= versions * size:
         return None
-    return (f"{mount_point(folder)} has {free / 2**20:.1f} MB free, but the checkpoints need about "
-            f"{versions * size / 2**20:.1f} MB ({versions} of {size / 2**20:.1f} MB: {max(keep_last, 1)} kept, best.pt "
-            f"and a new one written beside them); {'not even the first will fit' if free < size else 'the run will stop at a later one'}: "
-            f"free some space, or lower trainer.keep_last")
+    return (
+        f"{mount_point(folder)} has {free / 2**20:.1f} MB free, but the checkpoints need about "
+        f"{versions * size / 2**20:.1f} MB ({versions} of {size / 2**20:.1f} MB: {max(keep_last, 1)} kept, best.pt "
+        f"and a new one written beside them); {'not even the first will fit' if free < size else 'the run will stop at a later one'}: "
+        f"free some space, or lower trainer.keep_last"
+    )
 
 
 def save_run_checkpoint(state: dict[str, Any], folder: Path, keep_last: int, best: bool) -> None:
@@ -97,6 +104,7 @@ def complete_save(folder: Path, current: Path, step: int, keep_last: int, best: 
     """Give the checkpoint `current` (of step `step`) its other names: step_<N>.pt when keep_last > 1
     and best.pt when `best`; then remove the step files past the `keep_last` newest. Each name already
     on `current` is left as it is, so completing a save twice does nothing the second time."""
+
     def named(path: Path) -> bool:
         return path.exists() and os.path.samefile(path, current)
 
@@ -121,17 +129,29 @@ def repair_run_checkpoints(folder: Path, current: Path, step: int, best_step: in
     if best_step is not None and best_step != step and holds != best_step:
         source = folder / f"step_{best_step:08d}.pt"
         if source.is_file() and saved_step(source) == best_step:
-            log.warning("best.pt holds step %s, not step %d where the run's best score is: relinked to %s",
-                        holds, best_step, source.name)
+            log.warning(
+                "best.pt holds step %s, not step %d where the run's best score is: relinked to %s",
+                holds,
+                best_step,
+                source.name,
+            )
             copy_checkpoint(source, best)
         elif holds is not None:
-            log.warning("best.pt holds step %d, not step %d where the run's best score is, whose weights no file keeps "
-                        "(the run was resumed from an older checkpoint); best.pt is replaced at the next new best",
-                        holds, best_step)
+            log.warning(
+                "best.pt holds step %d, not step %d where the run's best score is, whose weights no file keeps "
+                "(the run was resumed from an older checkpoint); best.pt is replaced at the next new best",
+                holds,
+                best_step,
+            )
     is_best = best_step == step and not (best.is_file() and os.path.samefile(best, current)) and holds != step
     if is_best:
-        log.warning("best.pt holds step %s, not step %d where the run's best score is (a save interrupted between "
-                    "last.pt and best.pt): relinked to %s", holds, step, current.name)
+        log.warning(
+            "best.pt holds step %s, not step %d where the run's best score is (a save interrupted between "
+            "last.pt and best.pt): relinked to %s",
+            holds,
+            step,
+            current.name,
+        )
     # a step file and the rotation only for last.pt, the one a save names: resuming an older file (a fallback
     # past a damaged last.pt, or an explicit rewind) adds no step file and removes none
     complete_save(folder, current, step, keep_last if current.name == "last.pt" else 1, is_best)
@@ -149,8 +169,9 @@ def copy_checkpoint(src: Path, dst: Path) -> None:
         os.replace(tmp, dst)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"could not write {dst}: {write_failure(e, dst, src.stat().st_size)}; {src} is "
-                              f"intact") from None
+        raise CheckpointError(
+            f"could not write {dst}: {write_failure(e, dst, src.stat().st_size)}; {src} is intact"
+        ) from None
     _fsync_dir(dst.parent)
 
 

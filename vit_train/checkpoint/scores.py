@@ -30,7 +30,7 @@ def better(metric: str, score: float, than: float | None) -> bool:
 
 
 def winner(metric: str, scores: dict[str, float]) -> str:
-    """"model" or "ema" of `scores` {"model": ..., "ema"?: ...}: the EMA only when strictly better."""
+    """ "model" or "ema" of `scores` {"model": ..., "ema"?: ...}: the EMA only when strictly better."""
     return "ema" if "ema" in scores and better(metric, scores["ema"], scores["model"]) else "model"
 
 
@@ -43,7 +43,9 @@ def shown(metric: str, score: float) -> str:
 def checkpoint_best(ckpt: dict) -> tuple[str, float] | None:
     """(metric, the run's best score) a checkpoint records, None before its first evaluation; reads
     `best_score`/`best_metric` and, from checkpoints written before them, `best_top1`/`best_loss`."""
-    if ckpt.get("best_score") is not None and any(c.metric == ckpt.get("best_metric") for c in options("objective").values()):
+    if ckpt.get("best_score") is not None and any(
+        c.metric == ckpt.get("best_metric") for c in options("objective").values()
+    ):
         return ckpt["best_metric"], float(ckpt["best_score"])
     if ckpt.get("best_top1") is not None and ckpt["best_top1"] >= 0:
         return "top1", float(ckpt["best_top1"])
@@ -68,10 +70,14 @@ def best_weights(ckpt: dict) -> tuple[str, str]:
         source = winner(metric, {"model": scores["model"], "ema": scores["ema"]})
         other, step = "model" if source == "ema" else "ema", scores.get("step", ckpt["step"])
         if scores["ema"] == scores["model"]:
-            return source, (f"a tie ({shown(metric, scores['model'])} each at the evaluation of step {step}) goes to "
-                            f"the model, as in training")
-        return source, (f"it scored {shown(metric, scores[source])} against the {other}'s "
-                        f"{shown(metric, scores[other])} at the evaluation of step {step}")
+            return source, (
+                f"a tie ({shown(metric, scores['model'])} each at the evaluation of step {step}) goes to "
+                f"the model, as in training"
+            )
+        return source, (
+            f"it scored {shown(metric, scores[source])} against the {other}'s "
+            f"{shown(metric, scores[other])} at the evaluation of step {step}"
+        )
     best = checkpoint_best(ckpt)
     if ckpt.get("best_step") == ckpt["step"] and best is not None:
         cls = scored_by(best[0])

@@ -77,8 +77,12 @@ class TrainState:
         val set, trainer.limit_val_batches) is compared only with partial ones: a full validation's score
         replaces a partial best, a partial one never replaces a full best. Returns which weights won."""
         source = winner(metric, scores)
-        self.last_eval = {"step": self.step, "metric": metric, **scores,  # weights=auto (vit-eval/predict/export)
-                          **({"partial": True} if partial else {})}
+        self.last_eval = {
+            "step": self.step,
+            "metric": metric,
+            **scores,  # weights=auto (vit-eval/predict/export)
+            **({"partial": True} if partial else {}),
+        }
         current = self.best_score if self.best_metric == metric else None
         if current is not None and partial != self.best_partial:
             new = not partial and math.isfinite(scores[source])  # the full validation's score wins, whatever it is
@@ -129,5 +133,6 @@ def restore_rng(state: dict[str, Any]) -> None:
         if state["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda"])
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"the checkpoint's RNG states cannot be restored ({e}); the resumed run would not "
-                              f"match the original") from None
+        raise CheckpointError(
+            f"the checkpoint's RNG states cannot be restored ({e}); the resumed run would not match the original"
+        ) from None

@@ -88,8 +88,9 @@ def resolve(given: str | Path, key: str) -> Path:
     path = Path(given).expanduser()
     if path.is_dir():
         if not ((path / "checkpoints").is_dir() or path.name == "checkpoints"):
-            raise ConfigError(f"{key}={given} is a directory but no vit-train run directory (it has no checkpoints/); "
-                              f"give {INPUTS}")
+            raise ConfigError(
+                f"{key}={given} is a directory but no vit-train run directory (it has no checkpoints/); give {INPUTS}"
+            )
         folder = path if path.name == "checkpoints" else path / "checkpoints"
         try:
             path = checkpoint_file(path)
@@ -116,8 +117,9 @@ def open_weights(given: str | Path, key: str, weights: str = "auto", said_as: st
     try:
         state, metadata, ckpt = read_weights(path)
     except CheckpointError as e:  # say which key named the file, and what it takes (a newer one: its own advice)
-        raise CheckpointError(f"{key}={given}: {e}" + ("" if isinstance(e, NewerCheckpoint) else f"; give {INPUTS}")) \
-            from None
+        raise CheckpointError(
+            f"{key}={given}: {e}" + ("" if isinstance(e, NewerCheckpoint) else f"; give {INPUTS}")
+        ) from None
     config = metadata.get("config")  # a run config names its network; another tool's "config" metadata does not
     config = config if isinstance(config, dict) and isinstance(config.get("model"), dict) else None
     if ckpt is not None:
@@ -131,9 +133,12 @@ def open_weights(given: str | Path, key: str, weights: str = "auto", said_as: st
             record = {**identity(config, metadata.get("class_names"), None), "weights": metadata.get("weights")}
         source = (record or {}).get("weights") or "file"
         if weights != "auto" and source != weights:
-            raise CheckpointError(f"{key}={given} holds only {'the ' + source if source != 'file' else 'one set of'} "
-                                  f"weights, not the {weights}'s; use weights=auto or weights={source}"
-                                  if source != "file" else f"{key}={given} is a plain weights file; weights=auto")
+            raise CheckpointError(
+                f"{key}={given} holds only {'the ' + source if source != 'file' else 'one set of'} "
+                f"weights, not the {weights}'s; use weights=auto or weights={source}"
+                if source != "file"
+                else f"{key}={given} is a plain weights file; weights=auto"
+            )
         why = "the only set the file holds"
     incoming = Incoming(key, str(given), path, strip_wrappers(state), source, why, record, config, ckpt, metadata)
     if record is not None:
@@ -142,8 +147,10 @@ def open_weights(given: str | Path, key: str, weights: str = "auto", said_as: st
         run_dir = path.parent.parent
         found = mixed_runs(run_dir, path, (record or {}).get("run_id"))
         if found is not None:
-            raise CheckpointError(f"{key}={given}: {mixed_text(run_dir, *found)}; move {', '.join(found[0])} out of "
-                                  f"it, or give the checkpoint you mean (a .pt file)")
+            raise CheckpointError(
+                f"{key}={given}: {mixed_text(run_dir, *found)}; move {', '.join(found[0])} out of "
+                f"it, or give the checkpoint you mean (a .pt file)"
+            )
     log.info("%s", describe(incoming, said_as))
     return incoming
 
@@ -153,29 +160,43 @@ def check_record(incoming: Incoming, class_names: Any) -> None:
     class names or architecture against the file's own class names and config, or against what its
     tensors show (their shapes, the head's class count). A file edited by hand, or by another tool."""
     record, said = incoming.identity, f"{incoming.key}={incoming.given}"
-    names, arch = record.get("class_names") if isinstance(record, dict) else None, \
-        record.get("architecture") if isinstance(record, dict) else None
-    if not isinstance(record, dict) or not isinstance(arch, (dict, type(None))) or not (
-            names is None or isinstance(names, list) and all(isinstance(n, str) for n in names)):
-        raise CheckpointError(f"{said}: its identity record is malformed (architecture a mapping, class_names a list of "
-                              f"names); the file was edited or not written by vit-train: do not use it as it is")
+    names, arch = (
+        record.get("class_names") if isinstance(record, dict) else None,
+        record.get("architecture") if isinstance(record, dict) else None,
+    )
+    if (
+        not isinstance(record, dict)
+        or not isinstance(arch, (dict, type(None)))
+        or not (names is None or isinstance(names, list) and all(isinstance(n, str) for n in names))
+    ):
+        raise CheckpointError(
+            f"{said}: its identity record is malformed (architecture a mapping, class_names a list of "
+            f"names); the file was edited or not written by vit-train: do not use it as it is"
+        )
     found = []
     if names is not None and isinstance(class_names, list) and class_difference(class_names, names) is not None:
-        found.append(f"its class names differ from the record's ({class_difference(names, class_names, 'in the record', 'in the file')})")
+        found.append(
+            f"its class names differ from the record's ({class_difference(names, class_names, 'in the record', 'in the file')})"
+        )
     if arch and incoming.config is not None:
-        found += [f"{key}={a} in the record, {b} in its config"
-                  for key, a, b in differing(arch, architecture(incoming.config["model"]))]
+        found += [
+            f"{key}={a} in the record, {b} in its config"
+            for key, a, b in differing(arch, architecture(incoming.config["model"]))
+        ]
     tensors = {k.removeprefix("encoder."): v for k, v in incoming.weights.items() if not k.startswith("decoder.")}
     if arch:
         shown = revealed(tensors)
-        found += [f"{key}={a} in the record, {b} in its tensors"
-                  for key, a, b in differing(arch, shown, positions_exempt(shown, arch))]
+        found += [
+            f"{key}={a} in the record, {b} in its tensors"
+            for key, a, b in differing(arch, shown, positions_exempt(shown, arch))
+        ]
     heads = head_classes(tensors)
     if names is not None and heads is not None and heads != len(names):
         found.append(f"its head has {heads} outputs for the record's {len(names)} class names")
     if found:
-        raise CheckpointError(f"{said} contradicts itself: {'; '.join(found)}; the file was edited or damaged: do not "
-                              f"use it as it is")
+        raise CheckpointError(
+            f"{said} contradicts itself: {'; '.join(found)}; the file was edited or damaged: do not use it as it is"
+        )
 
 
 def _checkpoint_choice(ckpt: dict, path: Path, weights: str) -> tuple[str, str]:
@@ -191,9 +212,11 @@ def describe(incoming: Incoming, said_as: str | None = None) -> str:
     record, said_as = incoming.identity, said_as or f"{incoming.key}={incoming.given}"
     if record is None:
         where = f" {incoming.path}," if str(incoming.path) != incoming.given else ""
-        return (f"{said_as}:{where} a state dict without a vit-train identity: its "
-                f"class names, attention heads, activation (GELU or a variant) and the pooling of a model without "
-                f"a class token (mean or max) cannot be checked, only its tensors' names, shapes and positions")
+        return (
+            f"{said_as}:{where} a state dict without a vit-train identity: its "
+            f"class names, attention heads, activation (GELU or a variant) and the pooling of a model without "
+            f"a class token (mean or max) cannot be checked, only its tensors' names, shapes and positions"
+        )
     which = {"ema": "the EMA weights", "model": "the model's weights"}.get(incoming.source, "its weights")
     where = f" of {incoming.path}" if str(incoming.path) != incoming.given else ""
     run = f" (run {record['run_id'][:8]})" if record.get("run_id") else ""
@@ -243,12 +266,16 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], d
             if vit_train:  # read as this version writes it, or refused when a newer one wrote it
                 refuse_newer(data, path)
                 data = upgraded(data)
-            return data[key], {"config": data.get("config"), "class_names": data.get("class_names")}, \
-                data if vit_train else None
+            return (
+                data[key],
+                {"config": data.get("config"), "class_names": data.get("class_names")},
+                data if vit_train else None,
+            )
     if isinstance(data, dict) and all(isinstance(v, torch.Tensor) for v in data.values()):
         return data, {}, None
-    raise CheckpointError(f"{path} holds neither a vit-train checkpoint nor a state dict of tensors: it holds "
-                          f"{_describe(data)}")
+    raise CheckpointError(
+        f"{path} holds neither a vit-train checkpoint nor a state dict of tensors: it holds {_describe(data)}"
+    )
 
 
 def _describe(data: Any) -> str:
@@ -265,8 +292,10 @@ def _json_or_text(value: str) -> Any:
     try:
         return json.loads(value)
     except RecursionError:  # a hostile file: nesting deep enough to exhaust the parser's stack
-        raise CheckpointError("safetensors metadata is nested too deeply to be read; this file was not written "
-                              "by a trainer, do not use it") from None
+        raise CheckpointError(
+            "safetensors metadata is nested too deeply to be read; this file was not written "
+            "by a trainer, do not use it"
+        ) from None
     except ValueError:  # metadata written by another tool
         return value
 
@@ -279,5 +308,14 @@ def export_safetensors(ckpt: dict[str, Any], path: Path, source: str = "model", 
     weights = ema_weights(ckpt["ema"]) if source == "ema" else ckpt["model"]
     spec = ckpt.get("preprocess") or spec
     identity = weights_identity(ckpt, source)
-    save_safetensors(weights, path, {"config": ckpt["config"], "class_names": ckpt["class_names"], "preprocess": spec,
-                                     "weights": source, **({"identity": identity} if identity else {})})
+    save_safetensors(
+        weights,
+        path,
+        {
+            "config": ckpt["config"],
+            "class_names": ckpt["class_names"],
+            "preprocess": spec,
+            "weights": source,
+            **({"identity": identity} if identity else {}),
+        },
+    )

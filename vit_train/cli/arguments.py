@@ -24,12 +24,13 @@ from vit_train.schema.typed import BASES, chooser, group_keys, options, section_
 
 GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer", "objective", "experiment", "hparams_search", "hydra")
 # Optional Hydra plugins a command line may ask for (extras.py names the extra that installs each).
-PLUGINS = {"hparams_search=optuna": "hydra_plugins.hydra_optuna_sweeper",
-           "hydra/sweeper=optuna": "hydra_plugins.hydra_optuna_sweeper",
-           "hydra/launcher=joblib": "hydra_plugins.hydra_joblib_launcher",
-           "hydra/launcher=parallel": "hydra_plugins.hydra_joblib_launcher",
-           "hydra/launcher=slurm": "hydra_plugins.hydra_submitit_launcher"}
-
+PLUGINS = {
+    "hparams_search=optuna": "hydra_plugins.hydra_optuna_sweeper",
+    "hydra/sweeper=optuna": "hydra_plugins.hydra_optuna_sweeper",
+    "hydra/launcher=joblib": "hydra_plugins.hydra_joblib_launcher",
+    "hydra/launcher=parallel": "hydra_plugins.hydra_joblib_launcher",
+    "hydra/launcher=slurm": "hydra_plugins.hydra_submitit_launcher",
+}
 
 
 def is_resume_path(resume: object) -> bool:
@@ -40,7 +41,6 @@ def is_resume_path(resume: object) -> bool:
 def resumes_existing(resume: object) -> bool:
     """Whether `resume` names a path that exists (the run continues in its directory)."""
     return is_resume_path(resume) and Path(str(resume)).expanduser().exists()
-
 
 
 def parse_override(arg: str, sweep: bool = False) -> tuple[str, object]:
@@ -64,11 +64,15 @@ def read_override(arg: str, sweep: bool = False) -> Override:
     except HydraException as e:
         found = re.search(r"(?:token recognition error at: |mismatched input )'(.)", str(e))
         why = f"{found.group(1)!r} needs quotes" if found else str(e).strip().splitlines()[0]
-        raise ConfigError(f"cannot read the argument {arg!r} ({why}); quote the value, e.g. {quoted(key, text)} "
-                          f"(see docs/troubleshooting.md, 'Quoting paths')") from None
+        raise ConfigError(
+            f"cannot read the argument {arg!r} ({why}); quote the value, e.g. {quoted(key, text)} "
+            f"(see docs/troubleshooting.md, 'Quoting paths')"
+        ) from None
     if override.is_sweep_override() and not sweep:
-        raise ConfigError(f"{arg!r} is a sweep over several values (a ',' separates them); quote one value that holds "
-                          f"a comma, e.g. {quoted(key, text)}, or add -m to sweep")
+        raise ConfigError(
+            f"{arg!r} is a sweep over several values (a ',' separates them); quote one value that holds "
+            f"a comma, e.g. {quoted(key, text)}, or add -m to sweep"
+        )
     return override
 
 
@@ -79,7 +83,9 @@ def quoted(key: str, text: str) -> str:
         inner = ",".join('"' + item.replace('"', '\\"') + '"' for item in items)
         return "'" + f"{key}=[{inner}]".replace("'", "'\\''") + "'"
     body = (text[1:-1] if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"" else text).replace("'", "\\'")
-    return '"' + f"{key}='{body}'".replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`") + '"'
+    return (
+        '"' + f"{key}='{body}'".replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`") + '"'
+    )
 
 
 def check_arguments(overrides: list[str], multirun: bool, resuming: bool, dirs: list[Path]) -> None:
@@ -91,8 +97,10 @@ def check_arguments(overrides: list[str], multirun: bool, resuming: bool, dirs: 
         if arg in PLUGINS:
             require(PLUGINS[arg], arg, needs="a Hydra plugin that is not installed")
         if "=" not in arg and not arg.startswith("~"):
-            raise ConfigError(f"{arg!r} is not an override: vit-train takes key=value (model.depth=12) and group=option "
-                              f"(model=vit_tiny) arguments; see vit-train --help")  # else Hydra's parser trace, exit 1
+            raise ConfigError(
+                f"{arg!r} is not an override: vit-train takes key=value (model.depth=12) and group=option "
+                f"(model=vit_tiny) arguments; see vit-train --help"
+            )  # else Hydra's parser trace, exit 1
         override = read_override(arg, sweep=multirun)
         key = override.get_key_element().lstrip("+~")
         group = key.split(".")[0]
@@ -110,11 +118,14 @@ def check_deletion(arg: str, key: str, resuming: bool) -> None:
     would become the group's default option, silently)."""
     group = key.split(".")[0]
     if resuming:
-        raise ConfigError(f"{arg}: a resumed run keeps its saved config, so a key cannot be deleted; give "
-                          f"{key}=<value> instead")
+        raise ConfigError(
+            f"{arg}: a resumed run keeps its saved config, so a key cannot be deleted; give {key}=<value> instead"
+        )
     if group in OPTION_GROUPS and key in (group, f"{group}.{chooser(group)}"):
-        raise ConfigError(f"{arg} would leave the {group} section without its option, which would silently become "
-                          f"the default {group}; choose the option with {group}=NAME")
+        raise ConfigError(
+            f"{arg} would leave the {group} section without its option, which would silently become "
+            f"the default {group}; choose the option with {group}=NAME"
+        )
 
 
 def search_dirs(places: list[str]) -> list[Path]:
@@ -132,8 +143,11 @@ def search_dirs(places: list[str]) -> list[Path]:
             except (ImportError, ValueError):
                 spec = None
             if spec is not None and (spec.submodule_search_locations or spec.origin):
-                base = Path(next(iter(spec.submodule_search_locations))) if spec.submodule_search_locations \
+                base = (
+                    Path(next(iter(spec.submodule_search_locations)))
+                    if spec.submodule_search_locations
                     else Path(spec.origin).parent
+                )
                 dirs.append(base / folder)
     return dirs
 
@@ -152,15 +166,18 @@ def check_choices(group: str, names: list[str], dirs: list[Path]) -> None:
     """ConfigError (one line, the choices) for an option of `group` that no config folder (`dirs`) has a file for,
     and for null as a data, aug or objective option (the section would silently be the default option's)."""
     if group in OPTION_GROUPS and "null" in names:
-        raise ConfigError(f"{group}=null would leave the {group} section without its option, which would silently "
-                          f"become the default {group}; choose an option" + (" (aug=none: no augmentation)"
-                                                                             if group == "aug" else ""))
+        raise ConfigError(
+            f"{group}=null would leave the {group} section without its option, which would silently "
+            f"become the default {group}; choose an option" + (" (aug=none: no augmentation)" if group == "aug" else "")
+        )
     unknown = [n for n in names if not any((d / group / f"{n}.yaml").is_file() for d in dirs)]
     if unknown and group in OPTION_GROUPS and unknown[0] in options(group) and chooser(group) == "name":  # no YAML
         cls = options(group)[unknown[0]]
-        raise ConfigError(f"{group}={unknown[0]} ({cls.__module__}.{cls.__qualname__}) has no {group}/{unknown[0]}.yaml "
-                          f"in the config folders; give the folder that holds it: hydra.searchpath=[file:///path/to/"
-                          f"configs] (docs/extending.md)")
+        raise ConfigError(
+            f"{group}={unknown[0]} ({cls.__module__}.{cls.__qualname__}) has no {group}/{unknown[0]}.yaml "
+            f"in the config folders; give the folder that holds it: hydra.searchpath=[file:///path/to/"
+            f"configs] (docs/extending.md)"
+        )
     if unknown:
         available = sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
         raise ConfigError(f"{group}={unknown[0]} is not an option; choose one of {', '.join(available)}")
@@ -177,8 +194,9 @@ def option_of_choice(group: str, choice: str, dirs: list[Path]) -> str:
     for folder in dirs:
         path = folder / group / f"{choice}.yaml"
         if path.is_file():
-            found = re.search(rf"^\s*-\s*/schema/{group}/([\w.-]+)", path.read_text(), re.M) or \
-                re.search(rf"^{chooser(group)}:\s*([\w.-]+)", path.read_text(), re.M)
+            found = re.search(rf"^\s*-\s*/schema/{group}/([\w.-]+)", path.read_text(), re.M) or re.search(
+                rf"^{chooser(group)}:\s*([\w.-]+)", path.read_text(), re.M
+            )
             return found.group(1) if found else choice
     return choice
 
@@ -187,19 +205,27 @@ def renaming_message(arg: str, group: str, value: str, dirs: list[Path]) -> str:
     """The line for `group.<chooser>=value` on the command line: it would keep the section's keys of the option chosen
     (Hydra #2670: app.db=mysql for app/db=mysql); the option is chosen with group=NAME."""
     if chooser(group) == "name":
-        return f"{arg!r} renames the {group} section but keeps the option's keys; choose the option with {group}={value}"
-    presets = sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml") if option_of_choice(group, p.stem, dirs) == value})
-    return (f"{arg!r} changes the {group} family but keeps the preset's keys; choose a preset of {group}.{chooser(group)}="
-            f"{value} with {group}=NAME" + (f" ({', '.join(presets)})" if presets else ""))
+        return (
+            f"{arg!r} renames the {group} section but keeps the option's keys; choose the option with {group}={value}"
+        )
+    presets = sorted(
+        {p.stem for d in dirs for p in (d / group).glob("*.yaml") if option_of_choice(group, p.stem, dirs) == value}
+    )
+    return (
+        f"{arg!r} changes the {group} family but keeps the preset's keys; choose a preset of {group}.{chooser(group)}="
+        f"{value} with {group}=NAME" + (f" ({', '.join(presets)})" if presets else "")
+    )
 
 
 def registered(group: str, names: list[str]) -> None:
     """ConfigError (one line) for a name of `group` that has a YAML file (check_choices found it) but no class."""
     unknown = [v for v in names if v not in options(group)]
     if unknown:
-        raise ConfigError(f"{group}={unknown[0]} has a YAML file but no class: its module was not imported "
-                          f"(name it in the entry-point group vit_train.options, docs/extending.md); "
-                          f"registered: {', '.join(options(group))}")
+        raise ConfigError(
+            f"{group}={unknown[0]} has a YAML file but no class: its module was not imported "
+            f"(name it in the entry-point group vit_train.options, docs/extending.md); "
+            f"registered: {', '.join(options(group))}"
+        )
 
 
 def check_writable(overrides: list[str], multirun: bool = False) -> None:
@@ -219,15 +245,21 @@ def check_writable(overrides: list[str], multirun: bool = False) -> None:
         folder = folder.parent
     kind = "sweep" if multirun else "run"
     if not folder.is_dir():  # a file (or a FIFO) where the directory or one above it would be
-        raise ConfigError(f"cannot create the {kind} directory {target}: {folder} is not a folder; give "
-                          f"another one with {key}=/path/to/dir")
+        raise ConfigError(
+            f"cannot create the {kind} directory {target}: {folder} is not a folder; give "
+            f"another one with {key}=/path/to/dir"
+        )
     try:
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
-        where = f"the {kind} directory {target} cannot be written" if folder == target.absolute() else \
-            f"cannot create the {kind} directory {target} in {folder}"
-        raise ConfigError(f"{where} ({e.strerror}); give a writable one with {key}=/path/to/dir, or run from a "
-                          f"writable directory") from None
+        where = (
+            f"the {kind} directory {target} cannot be written"
+            if folder == target.absolute()
+            else f"cannot create the {kind} directory {target} in {folder}"
+        )
+        raise ConfigError(
+            f"{where} ({e.strerror}); give a writable one with {key}=/path/to/dir, or run from a writable directory"
+        ) from None
 
 
 def apply_overrides(saved: dict, overrides: list[str]) -> dict:
@@ -242,16 +274,26 @@ def apply_overrides(saved: dict, overrides: list[str]) -> dict:
     from vit_train.schema.typed import option_class
 
     cfg = OmegaConf.create(upgrade_saved(saved))
-    parsed = [o for o in OverridesParser.create().parse_overrides([o.removeprefix("++") for o in overrides])
-              if o.key_or_group != "resume"]
+    parsed = [
+        o
+        for o in OverridesParser.create().parse_overrides([o.removeprefix("++") for o in overrides])
+        if o.key_or_group != "resume"
+    ]
     for override in parsed:
         if override.key_or_group in GROUPS:
-            switch = (f" (to change the augmentation: aug.name={override.value()})"
-                      if override.key_or_group == "aug" else "")
-            raise ConfigError(f"'{override.input_line}' picks a config group, but a resumed run keeps its saved "
-                              f"config{switch}; override single keys (e.g. trainer.epochs=300) or start a new run")
-    names = [o for o in parsed if o.key_or_group.partition(".")[0] in OPTION_GROUPS
-             and o.key_or_group == f"{o.key_or_group.partition('.')[0]}.{chooser(o.key_or_group.partition('.')[0])}"]
+            switch = (
+                f" (to change the augmentation: aug.name={override.value()})" if override.key_or_group == "aug" else ""
+            )
+            raise ConfigError(
+                f"'{override.input_line}' picks a config group, but a resumed run keeps its saved "
+                f"config{switch}; override single keys (e.g. trainer.epochs=300) or start a new run"
+            )
+    names = [
+        o
+        for o in parsed
+        if o.key_or_group.partition(".")[0] in OPTION_GROUPS
+        and o.key_or_group == f"{o.key_or_group.partition('.')[0]}.{chooser(o.key_or_group.partition('.')[0])}"
+    ]
     for override in names:  # first, so that the other keys land in the section of the option named
         group = override.key_or_group.partition(".")[0]
         if override.value() != OmegaConf.select(cfg, override.key_or_group):
@@ -278,6 +320,9 @@ def resumed_key_message(group: str, name: str, leaf: str) -> str:
     key = chooser(group)
     choice = group if key == "name" else f"{group}.{key}"  # data=cifar10; model.arch=resnet18
     may_change = BASES[group].refused_on_resume.get(key) is None  # aug.name, schedule.name
-    change = (f"give {group}.{key}={owners[0]} with it to change the {WORDS.get(group, group)}, or drop {group}.{leaf}" if may_change
-              else f"a resumed run keeps its {group}: drop {group}.{leaf}")
+    change = (
+        f"give {group}.{key}={owners[0]} with it to change the {WORDS.get(group, group)}, or drop {group}.{leaf}"
+        if may_change
+        else f"a resumed run keeps its {group}: drop {group}.{leaf}"
+    )
     return f"{group}.{leaf} is a key of {choice}={which}, not of the resumed run's {choice}={name}; {change}"

@@ -49,15 +49,19 @@ def parse_args(argv: list[str], options: dict[str, Any], config: bool = False) -
     argv = sorted(argv, key=lambda arg: arg.partition("=")[0] not in CONFIG_SECTIONS)
     for arg in argv:
         if "=" not in arg:
-            raise ConfigError(f"'{arg}' is not key=value (options: {', '.join(options)}); a value with spaces "
-                              f"needs quotes, e.g. \"ckpt='/path/my run/last.pt'\"")
+            raise ConfigError(
+                f"'{arg}' is not key=value (options: {', '.join(options)}); a value with spaces "
+                f"needs quotes, e.g. \"ckpt='/path/my run/last.pt'\""
+            )
         key, value = parse_override(arg)
         if key in options:
             values[key] = value
         elif config and key in CONFIG_SECTIONS:
             overrides[key] = group_file(key, str(value))
             if key == "data":  # how the images are read (batch size, workers): the checkpoint's unless given
-                loading = {k for cls in option_class(key, str(value)).__mro__ for k in cls.__dict__.get("loading_keys", ())}
+                loading = {
+                    k for cls in option_class(key, str(value)).__mro__ for k in cls.__dict__.get("loading_keys", ())
+                }
                 overrides[key] = {k: v for k, v in overrides[key].items() if k not in loading}
         elif config and (key.split(".")[0] in CONFIG_SECTIONS or key in CONFIG_KEYS):
             if key not in valid:
@@ -118,13 +122,13 @@ def run(prog: str, work: Callable[[list[str]], tuple[Any, Callable[[Any], str]]]
 # What each command does, in its usual form: the first lines of its --help, before its usage from the docstring above.
 SUMMARIES = {
     "vit-eval": "vit-eval ckpt=PATH [key=value ...]: evaluate a checkpoint on its data set's validation split (top-1/5,\n"
-                "per class, confusion matrix, attention maps); metrics.json and figures go to the run's eval/.",
+    "per class, confusion matrix, attention maps); metrics.json and figures go to the run's eval/.",
     "vit-predict": "vit-predict ckpt=PATH images=[FILE,FOLDER,'PATTERN'] [key=value ...]: classify images with a\n"
-                   "checkpoint: each image's top_k classes with their probabilities.",
+    "checkpoint: each image's top_k classes with their probabilities.",
     "vit-export": "vit-export ckpt=PATH [format=safetensors|onnx] [key=value ...]: write a checkpoint's weights as\n"
-                  "a safetensors or ONNX file, by default into the run's export/.",
+    "a safetensors or ONNX file, by default into the run's export/.",
     "vit-shards": "vit-shards data=NAME [data.root=DIR] out=DIR [key=value ...]: write a data set's train and val\n"
-                  "splits as WebDataset tar shards with an index.json, for vit-train data=webdataset data.root=DIR.",
+    "splits as WebDataset tar shards with an index.json, for vit-train data=webdataset data.root=DIR.",
 }
 
 
@@ -134,20 +138,25 @@ def help_text(prog: str) -> str:
     usage = __doc__.split("\n\n")[1].splitlines()
     start = next(i for i, line in enumerate(usage) if line.startswith(f"    {prog} "))
     end = next((i for i in range(start + 1, len(usage)) if usage[i].startswith("    vit-")), len(usage))
-    lines = [SUMMARIES[prog], "", "usage: " + usage[start][4:], *("   " + line for line in usage[start + 1:end])]
+    lines = [SUMMARIES[prog], "", "usage: " + usage[start][4:], *("   " + line for line in usage[start + 1 : end])]
     if prog == "vit-eval":
         choices = sorted(path.stem for path in (Path(config_dir()) / "data").glob("*.yaml"))
-        lines.append(f"data=NAME evaluates on another data set ({', '.join(choices)});\n"
-                     f"data.KEY=VALUE, trainer.KEY=VALUE and model.img_size=N change one key of the checkpoint's config")
+        lines.append(
+            f"data=NAME evaluates on another data set ({', '.join(choices)});\n"
+            f"data.KEY=VALUE, trainer.KEY=VALUE and model.img_size=N change one key of the checkpoint's config"
+        )
     elif prog == "vit-shards":
-        lines.append("data=NAME: a data set vit-train reads (vit-train --help lists them); data.KEY=VALUE sets one of\n"
-                     "its keys (vit-train data=NAME --cfg job shows them)")
+        lines.append(
+            "data=NAME: a data set vit-train reads (vit-train --help lists them); data.KEY=VALUE sets one of\n"
+            "its keys (vit-train data=NAME --cfg job shows them)"
+        )
     return "\n".join([*lines, __doc__.split("\n\n")[2].strip()])
 
 
 def _eval(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
-    opts, overrides = parse_args(argv, {"ckpt": ..., "weights": "auto", "attention.images": 8, "out": None,
-                                        "progress": True}, config=True)
+    opts, overrides = parse_args(
+        argv, {"ckpt": ..., "weights": "auto", "attention.images": 8, "out": None, "progress": True}, config=True
+    )
     from vit_train.tools.report import (
         evaluate_checkpoint,  # torch is imported only once the arguments are known to be valid
     )
@@ -160,8 +169,15 @@ def _eval(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
         except UserError:  # standard output on the same full disk: the write's own error is the line to give
             pass
 
-    return evaluate_checkpoint(str(opts["ckpt"]), overrides, opts["weights"], int(opts["attention.images"]),
-                               opts["out"], bool(opts["progress"]), unwritten), eval_text
+    return evaluate_checkpoint(
+        str(opts["ckpt"]),
+        overrides,
+        opts["weights"],
+        int(opts["attention.images"]),
+        opts["out"],
+        bool(opts["progress"]),
+        unwritten,
+    ), eval_text
 
 
 def eval_text(results: dict) -> str:
@@ -170,11 +186,16 @@ def eval_text(results: dict) -> str:
     weights = {"ema": "EMA weights", "model": "model weights"}[results["weights"]]
     size = results.get("img_size")
     changed = results.get("overrides") or {}
-    what = (f"{results['checkpoint']} (step {results['step']}, {weights}) on {results['data']} val"
-            + (f" at {size}x{size}" if size else "")
-            + (f" ({', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else ""))
-    written = (f"\n\nwritten to {results['out_dir']}: metrics.json" + "".join(f", {Path(f).name}" for f in results["figures"])
-               if "out_dir" in results else "\n\nnot written: metrics.json and the figures could not be (the line below says why)")
+    what = (
+        f"{results['checkpoint']} (step {results['step']}, {weights}) on {results['data']} val"
+        + (f" at {size}x{size}" if size else "")
+        + (f" ({', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else "")
+    )
+    written = (
+        f"\n\nwritten to {results['out_dir']}: metrics.json" + "".join(f", {Path(f).name}" for f in results["figures"])
+        if "out_dir" in results
+        else "\n\nnot written: metrics.json and the figures could not be (the line below says why)"
+    )
     from vit_train.tools.report import evaluation_text  # torch: only once the arguments are known to be valid
 
     return evaluation_text(results, what) + written
@@ -188,13 +209,13 @@ def _predict(argv: list[str]) -> tuple[list, Callable[[list], str]]:
     files = opts["images"] if isinstance(opts["images"], list) else [opts["images"]]
     trained = load_for_inference(str(opts["ckpt"]), opts["weights"])
     results = predict(trained, [str(f) for f in files], int(opts["top_k"]))
-    return results, lambda results: "\n".join(r["file"] + ": " + ", ".join(f"{t['class']} {t['probability']:.3f}"
-                                                                         for t in r["top"]) for r in results)
+    return results, lambda results: "\n".join(
+        r["file"] + ": " + ", ".join(f"{t['class']} {t['probability']:.3f}" for t in r["top"]) for r in results
+    )
 
 
 def _export(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
-    opts, _ = parse_args(argv, {"ckpt": ..., "format": None, "out": None, "weights": "auto",
-                                "verbose": False})
+    opts, _ = parse_args(argv, {"ckpt": ..., "format": None, "out": None, "weights": "auto", "verbose": False})
     if opts["format"] is None:  # not given: the out= file's extension says it, else safetensors
         suffix = Path(str(opts["out"])).suffix.lstrip(".") if opts["out"] else ""
         opts["format"] = suffix if suffix in ("safetensors", "onnx") else "safetensors"
@@ -207,12 +228,18 @@ def _export(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
 
     ckpt_path = checkpoint_file(str(opts["ckpt"]))
     fmt = str(opts["format"])
-    out = Path(opts["out"]).expanduser() if opts["out"] else run_dir_of(str(ckpt_path)) / "export" / f"{ckpt_path.stem}.{fmt}"
+    out = (
+        Path(opts["out"]).expanduser()
+        if opts["out"]
+        else run_dir_of(str(ckpt_path)) / "export" / f"{ckpt_path.stem}.{fmt}"
+    )
     if out.is_dir():
         raise ConfigError(f"out={out} is a folder; give a file name, e.g. out={out / f'model.{fmt}'}")
     if out.suffix != f".{fmt}":
-        raise ConfigError(f"out={out} does not end in .{fmt}, the format written (format={fmt}); name it "
-                          f"{out.with_suffix('.' + fmt).name}, or give format={out.suffix.lstrip('.') or '...'}")
+        raise ConfigError(
+            f"out={out} does not end in .{fmt}, the format written (format={fmt}); name it "
+            f"{out.with_suffix('.' + fmt).name}, or give format={out.suffix.lstrip('.') or '...'}"
+        )
     check_output_file(out, "out")  # a FIFO, a read-only or missing place: said before the checkpoint is read
     return export(load_for_inference(ckpt_path, opts["weights"]), fmt, out, bool(opts["verbose"])), export_text
 
@@ -220,47 +247,81 @@ def _export(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
 def export_text(result: dict) -> str:
     checked = ""
     if result["format"] == "onnx":
-        checked = ("; one file with the class names and preprocessing in its metadata" if not result["external_data"]
-                   else f", its weights in {result['path']}.data (over 1.5 GiB, too large for one file): copy both")
-        checked += (f"; outputs match PyTorch's (max abs diff {result['max_abs_diff']:.1e})" if result["checked"]
-                    else "; not checked (pip install onnxruntime)")
+        checked = (
+            "; one file with the class names and preprocessing in its metadata"
+            if not result["external_data"]
+            else f", its weights in {result['path']}.data (over 1.5 GiB, too large for one file): copy both"
+        )
+        checked += (
+            f"; outputs match PyTorch's (max abs diff {result['max_abs_diff']:.1e})"
+            if result["checked"]
+            else "; not checked (pip install onnxruntime)"
+        )
     return f"wrote {result['path']} ({result['format']}, {result['weights']} weights){checked}"
 
 
 def _shards(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
     # splits=train,val is one value here, not Hydra's sweep over two
     argv = [f"splits=[{a[7:]}]" if a.startswith("splits=") and "," in a and a[7:8] not in "[\"'" else a for a in argv]
-    opts, overrides = parse_args(argv, {"out": ..., "shard_size": 1000, "maxsize": None, "splits": ["train", "val"],
-                                        "image_format": "source", "overwrite": False, "progress": True,
-                                        "workers": None, "short_side": None}, config=True)
+    opts, overrides = parse_args(
+        argv,
+        {
+            "out": ...,
+            "shard_size": 1000,
+            "maxsize": None,
+            "splits": ["train", "val"],
+            "image_format": "source",
+            "overwrite": False,
+            "progress": True,
+            "workers": None,
+            "short_side": None,
+        },
+        config=True,
+    )
     from vit_train.tools.shards import write_shards
 
     splits = opts["splits"] if isinstance(opts["splits"], list) else str(opts["splits"]).split(",")
-    if not isinstance(opts["shard_size"], int) or not (opts["maxsize"] is None or isinstance(opts["maxsize"], (int, float))):
-        raise ConfigError(f"shard_size (samples) and maxsize (bytes) are numbers; got shard_size={opts['shard_size']}, "
-                          f"maxsize={opts['maxsize']}")
+    if not isinstance(opts["shard_size"], int) or not (
+        opts["maxsize"] is None or isinstance(opts["maxsize"], (int, float))
+    ):
+        raise ConfigError(
+            f"shard_size (samples) and maxsize (bytes) are numbers; got shard_size={opts['shard_size']}, "
+            f"maxsize={opts['maxsize']}"
+        )
     if not (opts["workers"] is None or isinstance(opts["workers"], int) and opts["workers"] >= 0):
         raise ConfigError(f"workers is a number of processes (0: none besides this one); got {opts['workers']}")
     from vit_train.config import Config
 
     cfg = Config.from_dict(overrides)
-    index = write_shards(cfg, str(opts["out"]), [str(s) for s in splits], opts["shard_size"],
-                         None if opts["maxsize"] is None else int(opts["maxsize"]), str(opts["image_format"]),
-                         bool(opts["overwrite"]), bool(opts["progress"]),
-                         min(8, os.cpu_count() or 1) if opts["workers"] is None else int(opts["workers"]),
-                         opts["short_side"])
+    index = write_shards(
+        cfg,
+        str(opts["out"]),
+        [str(s) for s in splits],
+        opts["shard_size"],
+        None if opts["maxsize"] is None else int(opts["maxsize"]),
+        str(opts["image_format"]),
+        bool(opts["overwrite"]),
+        bool(opts["progress"]),
+        min(8, os.cpu_count() or 1) if opts["workers"] is None else int(opts["workers"]),
+        opts["short_side"],
+    )
     return {"out": str(Path(str(opts["out"])).expanduser()), "written": [str(s) for s in splits], **index}, shards_text
 
 
 def shards_text(index: dict) -> str:
-    parts = [f"{s['samples']} {name} samples in {len(s['shards'])} shard{'' if len(s['shards']) == 1 else 's'}"
-             for name, s in index["splits"].items() if name in index.get("written", index["splits"])]
+    parts = [
+        f"{s['samples']} {name} samples in {len(s['shards'])} shard{'' if len(s['shards']) == 1 else 's'}"
+        for name, s in index["splits"].items()
+        if name in index.get("written", index["splits"])
+    ]
     kept = [name for name in index["splits"] if name not in index.get("written", index["splits"])]
     added = f" beside its {', '.join(kept)} split" if kept else ""
     sides = {index["splits"][name].get("short_side") for name in index.get("written", index["splits"])}
     resized = f", shorter sides at most {sides.pop()} px" if len(sides) == 1 and None not in sides else ""
-    return (f"wrote {' and '.join(parts)} ({len(index['classes'])} classes{resized}) to {index['out']}{added}, "
-            f"index.json last")
+    return (
+        f"wrote {' and '.join(parts)} ({len(index['classes'])} classes{resized}) to {index['out']}{added}, "
+        f"index.json last"
+    )
 
 
 def eval_main() -> None:

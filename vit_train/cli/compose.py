@@ -77,13 +77,25 @@ class CommandLine:
     def hydra_argv(self) -> list[str]:
         """The arguments Hydra reads (its flags as Hydra spells them, then the overrides as renamed)."""
         f, argv = self.flags, []
-        for name, value in (("--cfg", f.cfg), ("--package", f.package), ("--info", f.info),
-                            ("--config-path", f.config_path), ("--config-name", f.config_name),
-                            ("--config-dir", f.config_dir), ("--experimental-rerun", f.experimental_rerun)):
+        for name, value in (
+            ("--cfg", f.cfg),
+            ("--package", f.package),
+            ("--info", f.info),
+            ("--config-path", f.config_path),
+            ("--config-name", f.config_name),
+            ("--config-dir", f.config_dir),
+            ("--experimental-rerun", f.experimental_rerun),
+        ):
             argv += [f"{name}={value}"] if value is not None else []
-        for name, on in (("--help", f.help), ("--hydra-help", f.hydra_help), ("--version", f.version),
-                         ("--resolve", f.resolve), ("--run", f.run), ("--multirun", f.multirun),
-                         ("--shell-completion", f.shell_completion)):
+        for name, on in (
+            ("--help", f.help),
+            ("--hydra-help", f.hydra_help),
+            ("--version", f.version),
+            ("--resolve", f.resolve),
+            ("--run", f.run),
+            ("--multirun", f.multirun),
+            ("--shell-completion", f.shell_completion),
+        ):
             argv += [name] if on else []
         return [*argv, *self.overrides]
 
@@ -106,8 +118,10 @@ def read(argv: list[str]) -> CommandLine:
         return command
     points = sweep_points(overrides, places) if multirun else [overrides]
     cfgs = [composed(point, places, flags.config_name) for point in points]
-    checked = [typed_config(cfg, override_keys(point), typed=not multirun and runs, shown=flags.cfg is not None)
-               for cfg, point in zip(cfgs, points, strict=True)]
+    checked = [
+        typed_config(cfg, override_keys(point), typed=not multirun and runs, shown=flags.cfg is not None)
+        for cfg, point in zip(cfgs, points, strict=True)
+    ]
     if flags.help and not flags.hydra_help:
         from vit_train.cli.help import help_text
 
@@ -116,8 +130,12 @@ def read(argv: list[str]) -> CommandLine:
         check_sweep_objective(cfgs)
     elif runs:
         config, warnings = checked[0]
-        command.run = Run(config, task_overrides(overrides), None,
-                          warnings + ignored_keys(config, override_keys(task_overrides(overrides))))
+        command.run = Run(
+            config,
+            task_overrides(overrides),
+            None,
+            warnings + ignored_keys(config, override_keys(task_overrides(overrides))),
+        )
     return command
 
 
@@ -156,13 +174,16 @@ def sweep_points(overrides: list[str], places: list[str]) -> list[list[str]]:
         group = override.key_or_group.lstrip("+~")
         if group.startswith("hydra.") or type(override.value()).__name__ == "IntervalSweep":
             continue  # the sweeper's own (Optuna's ranges): a job is given one number of them
-        values = group_values(override, group, search_dirs(places)) if group in GROUPS else \
-            list(override.sweep_string_iterator())
+        values = (
+            group_values(override, group, search_dirs(places))
+            if group in GROUPS
+            else list(override.sweep_string_iterator())
+        )
         swept.append([f"{prefix}={v}" for v in values] or [arg])
     first = [values[0] for values in swept]
     points = [[*fixed, *first]]
     for i, values in enumerate(swept):
-        points += [[*fixed, *first[:i], value, *first[i + 1:]] for value in values[1:]]
+        points += [[*fixed, *first[:i], value, *first[i + 1 :]] for value in values[1:]]
     return points
 
 
@@ -174,7 +195,6 @@ def composed(overrides: list[str], places: list[str] = (), config_name: str | No
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
-
 
     given = [o for o in overrides if not o.lstrip("+").startswith("hydra.searchpath=")]
     given += [f"hydra.searchpath=[{','.join(places)}]"] if places else []
@@ -195,8 +215,9 @@ def composed(overrides: list[str], places: list[str] = (), config_name: str | No
             GlobalHydra.instance().initialize(outer)
 
 
-def typed_config(cfg: DictConfig, given: list[str], typed: bool = True, shown: bool = False,
-                 choices: Any = None) -> tuple[Config | dict[str, Any], list[str]]:
+def typed_config(
+    cfg: DictConfig, given: list[str], typed: bool = True, shown: bool = False, choices: Any = None
+) -> tuple[Config | dict[str, Any], list[str]]:
     """(the typed Config of Hydra's composition `cfg`, its warning lines) for a command line that set the dotted keys
     `given`; with `typed` False (a sweep, --help) its plain data, checked but not validated. Each option section
     must be its chosen option's: ConfigError (one line) for an option YAML that does not make its option (no
@@ -222,21 +243,28 @@ def typed_config(cfg: DictConfig, given: list[str], typed: bool = True, shown: b
         if choice is None or not isinstance(section, dict):
             continue
         if section.get(key) is None:
-            raise ConfigError(f"{group}={choice}'s YAML file does not make the option: its defaults list must start "
-                              f"with `- /schema/{group}/{choice if key == 'name' else '<family>'}` (docs/extending.md)")
+            raise ConfigError(
+                f"{group}={choice}'s YAML file does not make the option: its defaults list must start "
+                f"with `- /schema/{group}/{choice if key == 'name' else '<family>'}` (docs/extending.md)"
+            )
         if key == "name" and section["name"] != choice:
-            raise ConfigError(f"{'experiment=' + recipe if recipe else 'the config'} sets {group}.name={section['name']} "
-                              f"over {group}={choice}: choose the option itself, with `- override /{group}: "
-                              f"{section['name']}` in the recipe's defaults list (or {group}={section['name']})")
+            raise ConfigError(
+                f"{'experiment=' + recipe if recipe else 'the config'} sets {group}.name={section['name']} "
+                f"over {group}={choice}: choose the option itself, with `- override /{group}: "
+                f"{section['name']}` in the recipe's defaults list (or {group}={section['name']})"
+            )
         name = section[key]
         own = section_keys(option_class(group, name))
         for leaf in [k.partition(".")[2] for k in given if k.startswith(f"{group}.")]:
             if leaf.split(".")[0] not in own:
-                raise ConfigError(not_this_option(group, name, leaf.split(".")[0]) or
-                                  option_key_message(f"{group}.{leaf}", name))
+                raise ConfigError(
+                    not_this_option(group, name, leaf.split(".")[0]) or option_key_message(f"{group}.{leaf}", name)
+                )
         for leaf in [k for k in section if k not in own]:
-            warnings.append(f"{group}.{leaf}={section.pop(leaf)} (set by {f'experiment={recipe}' if recipe else 'a config file'})"
-                            f" is not a key of {group}={choice}: ignored")
+            warnings.append(
+                f"{group}.{leaf}={section.pop(leaf)} (set by {f'experiment={recipe}' if recipe else 'a config file'})"
+                f" is not a key of {group}={choice}: ignored"
+            )
     if not typed:
         return plain, warnings
     if shown and isinstance(plain.get("data"), dict) and plain["data"].get("root", "") is None:
@@ -251,8 +279,12 @@ def option_key_message(key: str, name: str) -> str:
     own = sorted(section_keys(options(group)[name]))
     every = group_keys(group)
     alias = ALIASES.get(leaf)
-    near = [alias] if alias in every else difflib.get_close_matches(leaf, own, n=1, cutoff=0.6) or \
-        difflib.get_close_matches(leaf, sorted(every), n=1, cutoff=0.6)
+    near = (
+        [alias]
+        if alias in every
+        else difflib.get_close_matches(leaf, own, n=1, cutoff=0.6)
+        or difflib.get_close_matches(leaf, sorted(every), n=1, cutoff=0.6)
+    )
     keys = f"{group}={name} has {', '.join(own)}"
     if not near:
         return f"unknown config key '{key}' ({keys})"
@@ -284,21 +316,29 @@ def check_sweep_objective(points: list[Any]) -> None:
     """Refuse a sweep whose jobs (`points`: one composition per swept value) would not report its objective
     (sweep.objective, a results.json key of each job's objective), or would score different numbers."""
     objective = str(points[0].sweep.objective)
-    classes = {name: option_class("objective", name) for name in
-               dict.fromkeys(str(cfg.objective.name) for cfg in points)}
+    classes = {
+        name: option_class("objective", name) for name in dict.fromkeys(str(cfg.objective.name) for cfg in points)
+    }
     metrics = {cls.metric for cls in classes.values()}  # one score in common: theirs; else none compares
     for name, cls in classes.items():
         if objective in cls.results:
             continue  # a number its jobs never report: each such job's would be empty
-        fix = (f"add sweep.objective=best_{cls.metric}{'' if cls.higher_is_better else ' sweep.direction=minimize'}"
-               if len(metrics) == 1 else f"sweep one objective at a time ({' and '.join(f'objective={n}' for n in classes)}"
-                                          f" score different numbers)")
-        raise ConfigError(f"objective={name} jobs report {', '.join(cls.results)} in results.json, not {objective}, so "
-                          f"sweep.objective={objective} would be empty for "
-                          f"{'every job' if len(classes) == 1 else 'them'}: {fix}")
+        fix = (
+            f"add sweep.objective=best_{cls.metric}{'' if cls.higher_is_better else ' sweep.direction=minimize'}"
+            if len(metrics) == 1
+            else f"sweep one objective at a time ({' and '.join(f'objective={n}' for n in classes)}"
+            f" score different numbers)"
+        )
+        raise ConfigError(
+            f"objective={name} jobs report {', '.join(cls.results)} in results.json, not {objective}, so "
+            f"sweep.objective={objective} would be empty for "
+            f"{'every job' if len(classes) == 1 else 'them'}: {fix}"
+        )
     if len(metrics) > 1:  # each reports it, but not the same thing (classify's final_loss and MAE's)
-        raise ConfigError(f"{' and '.join(f'objective={n}' for n in classes)} jobs score different numbers, so "
-                          f"sweep.objective={objective} would rank unlike things together: sweep one objective at a time")
+        raise ConfigError(
+            f"{' and '.join(f'objective={n}' for n in classes)} jobs score different numbers, so "
+            f"sweep.objective={objective} would rank unlike things together: sweep one objective at a time"
+        )
 
 
 def show(command: CommandLine) -> str:

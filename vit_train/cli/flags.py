@@ -12,8 +12,11 @@ from vit_train.errors import ConfigError
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's usage block and exit 2: one line instead
-        hint = ("; give the flags before or after all the key=value arguments, not between them"
-                if message.startswith("unrecognized arguments") else "")
+        hint = (
+            "; give the flags before or after all the key=value arguments, not between them"
+            if message.startswith("unrecognized arguments")
+            else ""
+        )
         raise ConfigError(f"{message}{hint} (see vit-train --help)")
 
 
@@ -35,8 +38,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config-name", "-cn")
     p.add_argument("--config-dir", "-cd")
     p.add_argument("--experimental-rerun")
-    p.add_argument("--info", "-i", const="all", nargs="?",
-                   choices=["all", "config", "defaults", "defaults-tree", "plugins", "searchpath"])
+    p.add_argument(
+        "--info",
+        "-i",
+        const="all",
+        nargs="?",
+        choices=["all", "config", "defaults", "defaults-tree", "plugins", "searchpath"],
+    )
     return p
 
 
@@ -47,11 +55,22 @@ def read_flags(argv: list[str]) -> argparse.Namespace:
     if flags.multirun and (flags.cfg or flags.info):  # Hydra: a ValueError's traceback
         shown = "--cfg shows one run's config" if flags.cfg else "--info shows one run's composition"
         raise ConfigError(f"{shown}, not a sweep's: drop -m/--multirun and give each swept key one value")
-    commands = [name for name, on in (("--run", flags.run), ("--multirun", flags.multirun), ("--cfg", flags.cfg),
-                                      ("--info", flags.info), ("--shell-completion", flags.shell_completion)) if on]
+    commands = [
+        name
+        for name, on in (
+            ("--run", flags.run),
+            ("--multirun", flags.multirun),
+            ("--cfg", flags.cfg),
+            ("--info", flags.info),
+            ("--shell-completion", flags.shell_completion),
+        )
+        if on
+    ]
     if len(commands) > 1:
-        raise ConfigError(f"{' and '.join(commands)} are two commands: give one of --run, --multirun, --cfg, --info "
-                          f"and --shell-completion")
+        raise ConfigError(
+            f"{' and '.join(commands)} are two commands: give one of --run, --multirun, --cfg, --info "
+            f"and --shell-completion"
+        )
     if flags.resolve and not (flags.cfg or flags.help):
         raise ConfigError("--resolve resolves the config --cfg (or --help) shows: give it with --cfg job")
     return flags

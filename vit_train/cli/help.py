@@ -36,5 +36,12 @@ def help_text(cfg: DictConfig, dirs: list[Path], resolve: bool = False) -> str:
     groups = "".join(f"{group}: {', '.join(options)}\n" for group, options in config_groups(dirs).items())
     job = OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"])  # the config without Hydra's node
     template = string.Template(cfg.hydra.help.template)
-    return template.substitute(FLAGS_HELP="", HYDRA_CONFIG_GROUPS="", APP_CONFIG_GROUPS=groups,
-                               CONFIG=OmegaConf.to_yaml(job, resolve=resolve)) + "\n"
+    return (
+        template.substitute(
+            FLAGS_HELP="",
+            HYDRA_CONFIG_GROUPS="",
+            APP_CONFIG_GROUPS=groups,
+            CONFIG=OmegaConf.to_yaml(job, resolve=resolve),
+        )
+        + "\n"
+    )

@@ -33,9 +33,15 @@ NODES: dict[type, type] = {}  # a section's class -> its node's dataclass (an op
 
 # hydra.run.dir reads it: `resume=PATH` runs in PATH's own directory. A PATH that does not exist gets a fresh
 # directory (removed again when the run is refused), never a new folder at PATH.
-OmegaConf.register_new_resolver("vit_run_dir", lambda resume, default: str(run_dir_of(resume))
-                                if resume not in (None, "auto", "null", "") and Path(str(resume)).expanduser().exists()
-                                else default, replace=True)
+OmegaConf.register_new_resolver(
+    "vit_run_dir",
+    lambda resume, default: (
+        str(run_dir_of(resume))
+        if resume not in (None, "auto", "null", "") and Path(str(resume)).expanduser().exists()
+        else default
+    ),
+    replace=True,
+)
 
 
 def node_type(tp: Any) -> Any:
@@ -71,8 +77,11 @@ def node_class(cls: type, defaults: dict[str, Any] | None = None) -> type:
             value = f.default_factory() if f.default_factory is not dataclasses.MISSING else MISSING
         if dataclasses.is_dataclass(value) and not isinstance(value, type) and dataclasses.is_dataclass(tp):
             value = node_value(tp, value)  # a section's default (the Config's ViT): the values its node has
-        made = dataclasses.field(default_factory=lambda v=value: v) if isinstance(value, (list, dict)) or \
-            dataclasses.is_dataclass(value) or isinstance(value, type) else dataclasses.field(default=value)
+        made = (
+            dataclasses.field(default_factory=lambda v=value: v)
+            if isinstance(value, (list, dict)) or dataclasses.is_dataclass(value) or isinstance(value, type)
+            else dataclasses.field(default=value)
+        )
         fields.append((f.name, tp, made))
     node = dataclasses.make_dataclass(cls.__name__, fields, bases=(node_class(BASES[cls.group]),) if is_option else ())
     ORIGINAL[node] = cls
@@ -88,9 +97,16 @@ def node_value(node: type, value: Any) -> Any:
     kept = {f.name: getattr(value, f.name) for f in dataclasses.fields(node) if hasattr(value, f.name)}
     if base is not None and option_base(base):
         kept[chooser(base.group)] = None
-    return node(**{k: node_value(f.type, v) if isinstance(f.type, type) and dataclasses.is_dataclass(f.type) and
-                   dataclasses.is_dataclass(v) else v
-                   for f in dataclasses.fields(node) if (k := f.name) in kept for v in [kept[k]]})
+    return node(
+        **{
+            k: node_value(f.type, v)
+            if isinstance(f.type, type) and dataclasses.is_dataclass(f.type) and dataclasses.is_dataclass(v)
+            else v
+            for f in dataclasses.fields(node)
+            if (k := f.name) in kept
+            for v in [kept[k]]
+        }
+    )
 
 
 def register_options() -> None:
@@ -106,8 +122,12 @@ def register_options() -> None:
     for group in OPTION_GROUPS:
         for name, cls in options(group).items():
             composed = cls.composed()
-            store.store(group=f"schema/{group}", name=name, package="_global_",
-                        node={k: OmegaConf.structured(node_class(cls, v)) if k == group else v for k, v in composed.items()})
+            store.store(
+                group=f"schema/{group}",
+                name=name,
+                package="_global_",
+                node={k: OmegaConf.structured(node_class(cls, v)) if k == group else v for k, v in composed.items()},
+            )
 
 
 register_options()
@@ -136,8 +156,9 @@ def refusal(error: Exception, overrides: list[str]) -> ConfigError:
     added = re.match(r"Could not append to config\. An item is already at '([^']+)'", text)
     if added:
         given = next((o for o in overrides if o.startswith(f"+{added.group(1)}=")), f"+{added.group(1)}=...")
-        return ConfigError(f"{given}: {added.group(1)} is a config key already ('+' adds one that does not exist); "
-                           f"give {given[1:]}")
+        return ConfigError(
+            f"{given}: {added.group(1)} is a config key already ('+' adds one that does not exist); give {given[1:]}"
+        )
     unknown = re.match(r"Could not (?:override|delete from config)\.? '?([^' ]+)'?", text)
     if unknown and isinstance(cause, OmegaConfBaseException) or unknown and "does not exist" in text:
         return ConfigError(unknown_line(unknown.group(1), cause))

@@ -22,10 +22,32 @@ log = logging.getLogger("vit_train")
 RUN_ID_MARKER = ".torchrun_run_id"  # which torchrun chose the directory: its restarts resume there
 LAUNCHER = "VIT_TRAIN_LAUNCHER"  # set by `launch` for its processes: the command that continues a stopped run
 TORCHRUN_COMMAND = "torchrun <the same options> -m vit_train"  # how the trainer's stop line names the launch
-NOT_LAUNCHER = {"--help", "--module", "--no-python", "--no_python", "--run-path", "--run_path", "--print-completion",
-                "--print_completion"}  # torchrun's options that vit-train decides itself, or that are vit-train's
-HYDRA_FLAGS = {"--help", "--hydra-help", "--version", "--cfg", "--resolve", "--package", "--run", "--multirun",
-               "--shell-completion", "--config-path", "--config-name", "--config-dir", "--experimental-rerun", "--info"}
+NOT_LAUNCHER = {
+    "--help",
+    "--module",
+    "--no-python",
+    "--no_python",
+    "--run-path",
+    "--run_path",
+    "--print-completion",
+    "--print_completion",
+}  # torchrun's options that vit-train decides itself, or that are vit-train's
+HYDRA_FLAGS = {
+    "--help",
+    "--hydra-help",
+    "--version",
+    "--cfg",
+    "--resolve",
+    "--package",
+    "--run",
+    "--multirun",
+    "--shell-completion",
+    "--config-path",
+    "--config-name",
+    "--config-dir",
+    "--experimental-rerun",
+    "--info",
+}
 
 
 def launcher_options(args: list[str]) -> tuple[list[str], list[str]]:
@@ -37,14 +59,18 @@ def launcher_options(args: list[str]) -> tuple[list[str], list[str]]:
         return [], args  # torch is not imported for a command line without torchrun's options
     from torch.distributed.run import get_args_parser
 
-    takes_value = {name: action.nargs != 0 for action in get_args_parser()._actions
-                   for name in action.option_strings if name.startswith("--") and name not in NOT_LAUNCHER}
+    takes_value = {
+        name: action.nargs != 0
+        for action in get_args_parser()._actions
+        for name in action.option_strings
+        if name.startswith("--") and name not in NOT_LAUNCHER
+    }
     options, rest, i = [], [], 0
     while i < len(args):
         name = args[i].split("=", 1)[0]
         if name in takes_value:
             given = 2 if takes_value[name] and "=" not in args[i] and i + 1 < len(args) else 1
-            options += args[i:i + given]
+            options += args[i : i + given]
             i += given
         else:
             rest.append(args[i])
@@ -101,15 +127,19 @@ def launch(options: list[str], args: list[str]) -> NoReturn:
 def _agent_lines(record: logging.LogRecord) -> bool:
     """False for torchrun's agent's lines about a stop signal it received and passes on (printed onto the
     progress bar; the run says it itself) and about a failed process (it said why; `launch` names a signal)."""
-    return not str(record.msg).startswith(("Received %s death signal", "Sending process %s closing signal",
-                                           "failed (exitcode: %s)"))
+    return not str(record.msg).startswith(
+        ("Received %s death signal", "Sending process %s closing signal", "failed (exitcode: %s)")
+    )
 
 
 def _children() -> list[int]:
     """The process ids of this process's children (Linux's /proc)."""
     try:
-        return [int(pid) for task in Path(f"/proc/{os.getpid()}/task").iterdir()
-                for pid in (task / "children").read_text().split()]
+        return [
+            int(pid)
+            for task in Path(f"/proc/{os.getpid()}/task").iterdir()
+            for pid in (task / "children").read_text().split()
+        ]
     except OSError:
         return []
 

@@ -46,8 +46,10 @@ HELD: dict[Path, rundir.RunLock] = {}  # run directory -> the lock RunRecords to
 def written(overrides: Any) -> list[str]:
     """Command-line overrides as they were written: Hydra's record of them (a ListConfig) read without resolving
     the interpolations they hold (`trainer.epochs=${oops}` is said in one line by the schema's check, not raised here)."""
-    return [str(o) for o in (OmegaConf.to_container(overrides, resolve=False) if OmegaConf.is_config(overrides)
-                             else overrides)]
+    return [
+        str(o)
+        for o in (OmegaConf.to_container(overrides, resolve=False) if OmegaConf.is_config(overrides) else overrides)
+    ]
 
 
 def prepared(run: Run, renamed: list[str]) -> tuple[Any, list[str], tuple[Path, dict] | None]:
@@ -95,8 +97,9 @@ def _run_or_job(cfg: DictConfig, command: CommandLine) -> float:
     except RunStopped as e:
         if os.environ.get("RANK", "0") == "0":  # one line for all processes (they stopped at the same step)
             launcher = os.environ.get(torchrun.LAUNCHER)  # `vit-train --nproc_per_node=N` started them: its command
-            print(f"vit-train: {str(e).replace(torchrun.TORCHRUN_COMMAND, launcher) if launcher else e}",
-                  file=sys.stderr)
+            print(
+                f"vit-train: {str(e).replace(torchrun.TORCHRUN_COMMAND, launcher) if launcher else e}", file=sys.stderr
+            )
         sys.exit(e.exit_code)
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once, keeping the last checkpoint
         if os.environ.get("RANK", "0") == "0":
@@ -122,8 +125,13 @@ def _sweep_job(cfg: DictConfig, command: CommandLine, run_dir: Path, overrides: 
     from vit_train.sweeps.job import run_job
 
     choices = HydraConfig.get().runtime.choices
-    return run_job(lambda: prepared(run_config(overrides, cfg, choices), command.renamed), run_dir, overrides, job,
-                   str(cfg.sweep.objective))
+    return run_job(
+        lambda: prepared(run_config(overrides, cfg, choices), command.renamed),
+        run_dir,
+        overrides,
+        job,
+        str(cfg.sweep.objective),
+    )
 
 
 def record_subdir(resume: object, run_dir: str) -> str | None:
@@ -162,8 +170,11 @@ class RunRecords(Callback):
         if subdir is None:
             return
         task = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
-        for name, part in (("config.yaml", task), ("hydra.yaml", OmegaConf.masked_copy(config, ["hydra"])),
-                           ("overrides.yaml", config.hydra.overrides.task)):
+        for name, part in (
+            ("config.yaml", task),
+            ("hydra.yaml", OmegaConf.masked_copy(config, ["hydra"])),
+            ("overrides.yaml", config.hydra.overrides.task),
+        ):
             self._record(config, run_dir / subdir / name, part)
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -184,8 +195,12 @@ class RunRecords(Callback):
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, OmegaConf.to_yaml(part))
         except OSError as e:
-            error = place_error(e, path, "free some space, then run the same command again",
-                                "give a writable hydra.run.dir=... (hydra.sweep.dir=... for -m)")
+            error = place_error(
+                e,
+                path,
+                "free some space, then run the same command again",
+                "give a writable hydra.run.dir=... (hydra.sweep.dir=... for -m)",
+            )
             run_dir = path.parent.parent
             if not resumes_existing(OmegaConf.select(config, "resume", default=None)) and torchrun.unused(run_dir):
                 HELD.pop(Path(os.path.abspath(run_dir)), None)
@@ -200,8 +215,11 @@ class RunRecords(Callback):
             print(f"vit-train: error: {e}", file=sys.stderr)
             sys.exit(2)
         except OSError as e:
-            print(f"vit-train: error: cannot lock {path} ({e}); give the run a directory it can write "
-                  f"(hydra.run.dir=... or hydra.sweep.dir=...)", file=sys.stderr)
+            print(
+                f"vit-train: error: cannot lock {path} ({e}); give the run a directory it can write "
+                f"(hydra.run.dir=... or hydra.sweep.dir=...)",
+                file=sys.stderr,
+            )
             sys.exit(2)
 
 
@@ -223,7 +241,6 @@ class SweepSummary(Callback):
         if incomplete:
             print(f"vit-train: {incomplete}", file=sys.stderr)
             sys.exit(1)
-
 
 
 def train_main() -> None:

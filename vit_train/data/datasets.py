@@ -42,19 +42,22 @@ class TransformedDataset(Dataset):
             except UnreadableImage:
                 unreadable = index if unreadable < 0 else unreadable
                 if self.bad_images == "error":
-                    raise DataError(f"{self._name(index)} cannot be read ({self._why(index)}); fix or remove it, "
-                                    f"or set data.bad_images=skip to replace unreadable images") from None
+                    raise DataError(
+                        f"{self._name(index)} cannot be read ({self._why(index)}); fix or remove it, "
+                        f"or set data.bad_images=skip to replace unreadable images"
+                    ) from None
         else:
             hint = getattr(self.base, "unreadable_hint", "a whole class folder gone or damaged?")
-            raise DataError(f"{MAX_REPLACEMENTS} unreadable images in a row from {self._name(index)} "
-                            f"({self._why(index)}; {hint}); check that the data is in place and readable, then "
-                            f"resume")
+            raise DataError(
+                f"{MAX_REPLACEMENTS} unreadable images in a row from {self._name(index)} "
+                f"({self._why(index)}; {hint}); check that the data is in place and readable, then "
+                f"resume"
+            )
         if seed is None:
             return self.transform(image), label, unreadable
         with torch.random.fork_rng(devices=[]):  # leave the caller's RNG (dropout, ...) untouched
             torch.random.default_generator.manual_seed(seed)
             return self.transform(image), label, unreadable
-
 
     def _name(self, index: int) -> str:
         samples = getattr(self.base, "samples", None)

@@ -94,10 +94,15 @@ def pipeline(cfg: Config, device: torch.device, splits: tuple | None = None) -> 
     possible = not d.encoded and arrays and device_augmentation(aug) is None
     if d.pipeline == "device" and not possible:
         sets = ", ".join(n for n, c in options("data").items() if not c.encoded)
-        why = (device_augmentation(aug) or (f"data={d.name}'s sets are not uint8 tensors (images, labels)"
-                                            if not arrays else f"data={d.name} reads image files"))
-        raise ConfigError(f"data.pipeline=device does the augmentation of data={sets} and yours only where it does "
-                          f"all of it: {why}; use data.pipeline=loader (or auto)")
+        why = device_augmentation(aug) or (
+            f"data={d.name}'s sets are not uint8 tensors (images, labels)"
+            if not arrays
+            else f"data={d.name} reads image files"
+        )
+        raise ConfigError(
+            f"data.pipeline=device does the augmentation of data={sets} and yours only where it does "
+            f"all of it: {why}; use data.pipeline=loader (or auto)"
+        )
     if d.pipeline == "auto":
         return "device" if device.type == "cuda" and possible else "loader"
     return d.pipeline
@@ -107,8 +112,12 @@ def loader_options(num_workers: int | None, device: torch.device) -> dict[str, A
     """The DataLoader keywords every data set's loaders share: workers (data.num_workers; null = min(8, CPUs)),
     their signals and start method, pinned memory on a GPU."""
     count = loader_workers(num_workers)
-    return dict(num_workers=count, pin_memory=device.type == "cuda", worker_init_fn=_worker_signals,
-                multiprocessing_context=worker_context() if count else None)
+    return dict(
+        num_workers=count,
+        pin_memory=device.type == "cuda",
+        worker_init_fn=_worker_signals,
+        multiprocessing_context=worker_context() if count else None,
+    )
 
 
 def loader_workers(num_workers: int | None) -> int:
@@ -116,8 +125,9 @@ def loader_workers(num_workers: int | None) -> int:
     return min(8, os.cpu_count() or 1) if num_workers is None else num_workers
 
 
-def random_access_data(cfg: Config, splits: tuple, device: torch.device, rank: int = 0, world_size: int = 1,
-                       decoding: Any = None) -> Data:
+def random_access_data(
+    cfg: Config, splits: tuple, device: torch.device, rank: int = 0, world_size: int = 1, decoding: Any = None
+) -> Data:
     """Loaders for this process over a random-access data set's `splits` (DataSource.splits): each process gets
     its share of every global batch (EpochSampler) and of the val set, through the loader or, for uint8 arrays
     on a GPU, the on-device pipeline (`pipeline`). `decoding` (data.decode=gpu: files.DeviceDecoding): the
@@ -126,14 +136,17 @@ def random_access_data(cfg: Config, splits: tuple, device: torch.device, rank: i
     d, stats = cfg.data, cfg.data.stats
     train_tf, eval_tf = build_transforms(cfg.aug, cfg.model.img_size, stats, native)
     if len(train_base) < d.batch_size:
-        raise DataError(f"data.batch_size ({d.batch_size}) is larger than the training set ({len(train_base)} "
-                        f"images); lower data.batch_size")
+        raise DataError(
+            f"data.batch_size ({d.batch_size}) is larger than the training set ({len(train_base)} "
+            f"images); lower data.batch_size"
+        )
     sampler = EpochSampler(len(train_base), cfg.seed, d.repeated_aug, d.batch_size, rank, world_size)
     eval_batch = max(1, (d.eval_batch_size or d.batch_size) // world_size)
     steps = len(train_base) // d.batch_size
     if pipeline(cfg, device, splits) == "device":
-        train = DeviceTrainPipeline(train_base.images, train_base.labels, sampler, cfg.aug, cfg.model.img_size, stats,
-                                    device)
+        train = DeviceTrainPipeline(
+            train_base.images, train_base.labels, sampler, cfg.aug, cfg.model.img_size, stats, device
+        )
         val = DeviceEvalPipeline(val_base.images, val_base.labels, eval_batch, eval_tf, device, rank, world_size)
         log.info("data pipeline: on %s (%d training images held there as uint8)", device, len(train_base))
         return Data(train, val, sampler, class_names, steps, stats)
@@ -145,24 +158,46 @@ def random_access_data(cfg: Config, splits: tuple, device: torch.device, rank: i
     # yields whole global batches (and a shorter last one after a batch-size change mid-epoch): nothing to drop.
     if decoding is not None:  # data.decode=gpu: encoded images in one buffer per batch
         workers["collate_fn"] = decoding.collate
-    train_set = TransformedDataset(train_base, train_tf, bad_images) if decoding is None else \
-        decoding.raw(train_base, bad_images)
-    train_loader = DataLoader(train_set, batch_size=d.batch_size // world_size,
-                              sampler=sampler, drop_last=False, generator=torch.Generator(), **workers)
+    train_set = (
+        TransformedDataset(train_base, train_tf, bad_images)
+        if decoding is None
+        else decoding.raw(train_base, bad_images)
+    )
+    train_loader = DataLoader(
+        train_set,
+        batch_size=d.batch_size // world_size,
+        sampler=sampler,
+        drop_last=False,
+        generator=torch.Generator(),
+        **workers,
+    )
     val_sampler = ShardSampler(len(val_base), rank, world_size) if world_size > 1 else None
     val_set = TransformedDataset(val_base, eval_tf) if decoding is None else decoding.raw(val_base)
-    val_loader = DataLoader(val_set, batch_size=eval_batch, sampler=val_sampler,
-                            shuffle=False, generator=torch.Generator(), **workers)
+    val_loader = DataLoader(
+        val_set, batch_size=eval_batch, sampler=val_sampler, shuffle=False, generator=torch.Generator(), **workers
+    )
     # image files of any size: a few headers read (rank 0 says it), the line said by a training run only
-    small = small_images(image_sizes(train_base), cfg.model.img_size, cfg.model.patch_size) \
-        if d.encoded and rank == 0 else None
+    small = (
+        small_images(image_sizes(train_base), cfg.model.img_size, cfg.model.patch_size)
+        if d.encoded and rank == 0
+        else None
+    )
     train_unreadable = UnreadableImages(train_base, "train", d.bad_images, d.max_bad_fraction) if d.encoded else None
     val_unreadable = UnreadableImages(val_base, "val", d.bad_images, d.max_bad_fraction) if d.encoded else None
     train, val = CheckedLoader(train_loader, train_unreadable), CheckedLoader(val_loader, val_unreadable)
     if decoding is not None:
         train, val = decoding.train(train, sampler, train_unreadable), decoding.val(val, val_unreadable)
-    return Data(train, val, sampler, class_names, steps, stats, train_unreadable, (small,) if small else (),
-                None if decoding is None else train.decoder)
+    return Data(
+        train,
+        val,
+        sampler,
+        class_names,
+        steps,
+        stats,
+        train_unreadable,
+        (small,) if small else (),
+        None if decoding is None else train.decoder,
+    )
 
 
 SIZE_SAMPLE = 16  # images whose headers the size check reads, spread evenly over the training set
@@ -206,8 +241,9 @@ def small_images(sizes: list[tuple[int, int]], img_size: int, patch_size: int, w
     seen = [f"{w}x{h}" for w, h in sorted(set(sizes), key=lambda s: (min(s), s))]
     example = ", ".join(seen[:3]) + (", ..." if len(seen) > 3 else "")
     where = where or f"{len(sizes)} images sampled"
-    return (f"the images are far smaller than the model's input: a median shorter side of {median} px ({example}; "
-            f"{where}) against model.img_size={img_size} (patch {patch_size}), so each is upscaled "
-            f"{img_size / median:.1f}x; for images this small set model.img_size={fit} "
-            f"model.patch_size={max(1, fit // 8)}")
-
+    return (
+        f"the images are far smaller than the model's input: a median shorter side of {median} px ({example}; "
+        f"{where}) against model.img_size={img_size} (patch {patch_size}), so each is upscaled "
+        f"{img_size / median:.1f}x; for images this small set model.img_size={fit} "
+        f"model.patch_size={max(1, fit // 8)}"
+    )

@@ -30,8 +30,12 @@ def spec(size: int, full_frame: bool, stats: tuple) -> dict[str, Any]:
     """The spec for a model of input side `size`: full frame (small-image sets) or resize-and-crop;
     `stats`: the (mean, std) per channel the model was trained with."""
     mean, std = stats
-    return {"size": size, "resize": size if full_frame else int(size / CROP_FRACTION), "mean": list(mean),
-            "std": list(std)}
+    return {
+        "size": size,
+        "resize": size if full_frame else int(size / CROP_FRACTION),
+        "mean": list(mean),
+        "std": list(std),
+    }
 
 
 class Preprocessing(v2.Compose):
@@ -55,6 +59,14 @@ def eval_transform(spec: dict[str, Any]) -> Preprocessing:
     normalised float32. Resizing happens before the conversion to a tensor, so a PIL image is
     resized by PIL, as the training loader's evaluation always did; images decoded afterwards whose
     resize would exceed the pixel limit are refused as image bombs (`Preprocessing`)."""
-    return Preprocessing([v2.Resize(spec["resize"], antialias=True), v2.CenterCrop(spec["size"]), v2.ToImage(),
-                          v2.RGB(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(spec["mean"], spec["std"])],
-                         spec["resize"])
+    return Preprocessing(
+        [
+            v2.Resize(spec["resize"], antialias=True),
+            v2.CenterCrop(spec["size"]),
+            v2.ToImage(),
+            v2.RGB(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(spec["mean"], spec["std"]),
+        ],
+        spec["resize"],
+    )

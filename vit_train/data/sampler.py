@@ -31,8 +31,7 @@ class EpochSampler(Sampler):
     in one global batch and get different augmentations (each position has its own sample seed).
     """
 
-    def __init__(self, size: int, seed: int, repeats: int = 1, batch_size: int = 1, rank: int = 0,
-                 world_size: int = 1):
+    def __init__(self, size: int, seed: int, repeats: int = 1, batch_size: int = 1, rank: int = 0, world_size: int = 1):
         self.size, self.seed, self.repeats = size, seed, repeats
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.epoch, self.start, self.end, self.left_out = 0, 0, self.full_end(), 0
@@ -67,7 +66,8 @@ class EpochSampler(Sampler):
         if epochs <= 0:
             return 0
         return -(-max(self.bounds(start, end)[0] - start, 0) // self.batch_size) + (epochs - 1) * (
-            self.size // self.batch_size)
+            self.size // self.batch_size
+        )
 
     def advance(self, position: int) -> int:
         """The epoch position after the global batch that begins at `position`."""
@@ -87,7 +87,7 @@ class EpochSampler(Sampler):
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         g = epoch_generator(self.seed, self.epoch)
-        order = torch.randperm(self.size, generator=g).repeat_interleave(self.repeats)[:self.size]
+        order = torch.randperm(self.size, generator=g).repeat_interleave(self.repeats)[: self.size]
         sample_seeds = torch.randint(0, 2**62, (self.size,), generator=g)
         positions = self._positions()
         yield from zip(order[positions].tolist(), sample_seeds[positions].tolist(), strict=True)

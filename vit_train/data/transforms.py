@@ -17,7 +17,9 @@ def finish(stats: tuple) -> list[v2.Transform]:
     return [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(*stats)]
 
 
-def build_transforms(aug: Augmentation, img_size: int, stats: tuple, native_size: int | None) -> tuple[v2.Compose, v2.Compose]:
+def build_transforms(
+    aug: Augmentation, img_size: int, stats: tuple, native_size: int | None
+) -> tuple[v2.Compose, v2.Compose]:
     """(train, eval) transforms ending in normalised float tensors; eval is preprocess.py's.
 
     `native_size` set: inputs are uint8 tensors of that side (CIFAR, shapes), evaluated at full frame.
@@ -45,8 +47,11 @@ def device_augmentation(aug: Augmentation) -> str | None:
     base's flag is done by the loader only."""
     cls = type(aug)
     declared = next((c for c in cls.__mro__ if "on_device" in c.__dict__), Augmentation)
-    changed = [m for m in ("train_transform", "policy", "device_crop", "device_plan")
-               if hasattr(declared, m) and overridden(cls, declared, m)]
+    changed = [
+        m
+        for m in ("train_transform", "policy", "device_crop", "device_plan")
+        if hasattr(declared, m) and overridden(cls, declared, m)
+    ]
     if not declared.on_device or changed:
         return f"aug={aug.name}'s transform is done by the loader only"
     return None

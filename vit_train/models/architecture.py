@@ -99,9 +99,12 @@ def identity(config: dict[str, Any], class_names: list[str] | None, run_id: str 
     before it existed), the objective, the architecture of the network its weights are for (of the
     encoder for a masked autoencoder) and the class names in label order. Which weights (model or EMA),
     their step and score are added where one set is taken (objectives/weights_in.py)."""
-    return {"run_id": run_id, "objective": (config.get("objective") or {}).get("name"),
-            "architecture": architecture(config.get("model") or {}),
-            "class_names": list(class_names) if class_names is not None else None}
+    return {
+        "run_id": run_id,
+        "objective": (config.get("objective") or {}).get("name"),
+        "architecture": architecture(config.get("model") or {}),
+        "class_names": list(class_names) if class_names is not None else None,
+    }
 
 
 def architecture_of(model: torch.nn.Module) -> dict[str, Any]:

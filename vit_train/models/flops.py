@@ -11,8 +11,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from vit_train.schema.sections import ModelConfig
 
 
-def training_flops(network: Callable[[], nn.Module], img_size: int,
-                   forward: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> float:
+def training_flops(
+    network: Callable[[], nn.Module], img_size: int, forward: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+) -> float:
     """Training FLOPs (forward and backward) of one image of side `img_size` through the network `network()`
     builds (on the meta device: no memory, no time), its logits by `forward(model, images)`; a model family's
     `flops_per_image` says which forward counts (models/families/)."""

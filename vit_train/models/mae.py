@@ -87,8 +87,12 @@ class MaeDecoder(nn.Module):
         self.decoder_embed = nn.Linear(embed_dim, dim)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, dim))
         prefix = torch.zeros(self.num_prefix_tokens, dim)  # prefix tokens get no position, as in MAE
-        self.register_buffer("decoder_pos_embed", torch.cat([prefix, sincos_2d(encoder.patch_embed.grid_size, dim)])[None])
-        self.decoder_blocks = nn.Sequential(*[Block(dim, num_heads, mlp_ratio, True, 0.0, 0.0, 0.0) for _ in range(depth)])
+        self.register_buffer(
+            "decoder_pos_embed", torch.cat([prefix, sincos_2d(encoder.patch_embed.grid_size, dim)])[None]
+        )
+        self.decoder_blocks = nn.Sequential(
+            *[Block(dim, num_heads, mlp_ratio, True, 0.0, 0.0, 0.0) for _ in range(depth)]
+        )
         self.decoder_norm = nn.LayerNorm(dim, eps=1e-6)
         self.decoder_pred = nn.Linear(dim, patch_size * patch_size * in_chans)
         self.init_weights()
@@ -117,8 +121,15 @@ class MaeDecoder(nn.Module):
 class MaskedAutoencoder(nn.Module):
     """Encoder (a VisionTransformer, head unused) + MaeDecoder; forward(images, noise) -> (pred, mask)."""
 
-    def __init__(self, encoder: VisionTransformer, mask_ratio: float = 0.75, decoder_dim: int = 128,
-                 decoder_depth: int = 2, decoder_heads: int = 4, norm_pix_loss: bool = True):
+    def __init__(
+        self,
+        encoder: VisionTransformer,
+        mask_ratio: float = 0.75,
+        decoder_dim: int = 128,
+        decoder_depth: int = 2,
+        decoder_heads: int = 4,
+        norm_pix_loss: bool = True,
+    ):
         super().__init__()
         self.norm_pix_loss = norm_pix_loss  # what the decoder learns to predict; figures map it back
         self.encoder = encoder
@@ -161,8 +172,9 @@ class MaskedAutoencoder(nn.Module):
         return self.decoder(latent, ids_restore), mask
 
 
-def reconstruction_loss(pred: torch.Tensor, images: torch.Tensor, mask: torch.Tensor, patch_size: int,
-                        norm_pix_loss: bool) -> torch.Tensor:
+def reconstruction_loss(
+    pred: torch.Tensor, images: torch.Tensor, mask: torch.Tensor, patch_size: int, norm_pix_loss: bool
+) -> torch.Tensor:
     """Mean squared error over the masked patches (mask 1), in float32.
 
     With `norm_pix_loss` each target patch is normalised by its own mean and (unbiased) variance
@@ -183,8 +195,9 @@ def patch_targets(images: torch.Tensor, patch_size: int, norm_pix_loss: bool) ->
 
 
 @torch.no_grad()
-def reconstruct(model: MaskedAutoencoder, images: torch.Tensor, noise: torch.Tensor,
-                norm_pix_loss: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def reconstruct(
+    model: MaskedAutoencoder, images: torch.Tensor, noise: torch.Tensor, norm_pix_loss: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(masked, reconstruction) images (B, C, H, W) in the input's normalisation, for figures.
 
     Masked patches are zero in `masked`; `reconstruction` shows the visible patches as they are and
@@ -205,8 +218,9 @@ def reconstruct(model: MaskedAutoencoder, images: torch.Tensor, noise: torch.Ten
 def build_autoencoder(model_cfg: ModelConfig, mae) -> MaskedAutoencoder:
     """The encoder from `model_cfg` (no head: pre-training has no classes) and the decoder from `mae` (objective=mae's
     keys: mask_ratio, decoder_dim, decoder_depth, decoder_heads, norm_pix_loss)."""
-    model = MaskedAutoencoder(model_cfg.build(0), mae.mask_ratio, mae.decoder_dim, mae.decoder_depth,
-                              mae.decoder_heads, mae.norm_pix_loss)
+    model = MaskedAutoencoder(
+        model_cfg.build(0), mae.mask_ratio, mae.decoder_dim, mae.decoder_depth, mae.decoder_heads, mae.norm_pix_loss
+    )
     set_grad_checkpointing(model, model_cfg.grad_checkpointing)  # the decoder's blocks too
     return model
 

@@ -38,8 +38,15 @@ class PatchEmbed(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0, qk_norm: bool = False):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        qk_norm: bool = False,
+    ):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
@@ -107,8 +114,18 @@ class LayerScale(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + ls1(attn(norm(x))), then x + ls2(mlp(norm(x)))."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, drop: float,
-                 attn_drop: float, drop_path: float, init_values: float | None = None, qk_norm: bool = False):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float,
+        qkv_bias: bool,
+        drop: float,
+        attn_drop: float,
+        drop_path: float,
+        init_values: float | None = None,
+        qk_norm: bool = False,
+    ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = Attention(dim, num_heads, qkv_bias, attn_drop, drop, qk_norm)
@@ -148,12 +165,27 @@ class Block(nn.Module):
 
 
 class VisionTransformer(nn.Module):
-    def __init__(self, img_size: int = 224, patch_size: int = 16, in_chans: int = 3,
-                 num_classes: int = 1000, embed_dim: int = 768, depth: int = 12, num_heads: int = 12,
-                 mlp_ratio: float = 4.0, qkv_bias: bool = True, pool: str = "cls",
-                 pos_embed: str = "learned", drop_rate: float = 0.0, attn_drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.0, reg_tokens: int = 0, init_values: float | None = None,
-                 qk_norm: bool = False, distilled: bool = False):
+    def __init__(
+        self,
+        img_size: int = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        pool: str = "cls",
+        pos_embed: str = "learned",
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        reg_tokens: int = 0,
+        init_values: float | None = None,
+        qk_norm: bool = False,
+        distilled: bool = False,
+    ):
         super().__init__()
         self.pool = pool
         self.num_classes = num_classes
@@ -172,10 +204,12 @@ class VisionTransformer(nn.Module):
             self.register_buffer("pos_embed", torch.cat([prefix, sincos])[None])
         self.pos_drop = nn.Dropout(drop_rate)
         rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # stochastic depth rises with depth
-        self.blocks = nn.Sequential(*[
-            Block(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rate, init_values, qk_norm)
-            for rate in rates
-        ])
+        self.blocks = nn.Sequential(
+            *[
+                Block(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rate, init_values, qk_norm)
+                for rate in rates
+            ]
+        )
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.head_dist = nn.Linear(embed_dim, num_classes) if distilled and num_classes > 0 else None
@@ -224,7 +258,7 @@ class VisionTransformer(nn.Module):
         returns the mean of its two heads (DeiT's inference), or with `both_heads` the pair
         (class head, distillation head) that DeiT's training loss takes.
         """
-        pooled = x[:, 0] if self.pool == "cls" else x[:, self.num_prefix_tokens:].mean(dim=1)  # (B, D)
+        pooled = x[:, 0] if self.pool == "cls" else x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, D)
         norm = self.head_norm or nn.Identity()
         logits = self.head(norm(pooled))
         if self.head_dist is None:
@@ -256,7 +290,7 @@ class VisionTransformer(nn.Module):
         if self.cls_token is not None:
             weights[0] = 1.0
         else:
-            weights[self.num_prefix_tokens:] = 1.0 / self.patch_embed.num_patches
+            weights[self.num_prefix_tokens :] = 1.0 / self.patch_embed.num_patches
         if self.dist_token is not None:
             weights = weights / 2
             weights[self.dist_index] = 0.5
@@ -299,17 +333,25 @@ def set_grad_checkpointing(model: nn.Module, enable: bool = True) -> int:
 
 
 def position_kind(weights: dict[str, torch.Tensor]) -> str:
-    """"sincos2d" when the patch positions of `weights["pos_embed"]` (1, P + g*g, D) equal the fixed 2-D sin-cos
+    """ "sincos2d" when the patch positions of `weights["pos_embed"]` (1, P + g*g, D) equal the fixed 2-D sin-cos
     table (models/vit.py `sincos_2d`, MoCo v3's and MAE's) to 1e-4 after some count P of prefix positions that
     are zero (as the fixed table's are), else "learned"."""
     pos = weights["pos_embed"]
     if pos.dim() != 3 or pos.shape[-1] % 4:
         return "learned"
     tokens, dim = pos.shape[1], pos.shape[2]
-    prefix = ("cls_token" in weights) + ("dist_token" in weights) + (weights["reg_token"].shape[1] if "reg_token" in weights else 0)
+    prefix = (
+        ("cls_token" in weights)
+        + ("dist_token" in weights)
+        + (weights["reg_token"].shape[1] if "reg_token" in weights else 0)
+    )
     for count in range(min(prefix, tokens), -1, -1):  # the prefix positions zero, as the fixed table has them
         side = int((tokens - count) ** 0.5)
-        if side * side == tokens - count and side > 0 and torch.allclose(
-                pos[0, count:].float(), sincos_2d(side, dim), atol=1e-4, rtol=0) and not pos[0, :count].any():
+        if (
+            side * side == tokens - count
+            and side > 0
+            and torch.allclose(pos[0, count:].float(), sincos_2d(side, dim), atol=1e-4, rtol=0)
+            and not pos[0, :count].any()
+        ):
             return "sincos2d"
     return "learned"

@@ -71,8 +71,9 @@ class Loss:
     The methods below keep what must survive a restart for exact resume; by default there is nothing.
     """
 
-    def __call__(self, module: nn.Module, images: torch.Tensor,
-                 targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def __call__(
+        self, module: nn.Module, images: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         raise NotImplementedError
 
     def draws(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -121,7 +122,10 @@ class Objective(ObjectiveConfig):
         direction = "maximize" if cls.higher_is_better else "minimize"
         cls.results = cls.results or {f"best_{cls.metric}": direction, f"final_{cls.metric}": direction}
         cls.summary_columns = cls.summary_columns or {
-            key: (key.replace("_", " "), 4) for key in cls.results if key in (f"best_{cls.metric}", f"final_{cls.metric}")}
+            key: (key.replace("_", " "), 4)
+            for key in cls.results
+            if key in (f"best_{cls.metric}", f"final_{cls.metric}")
+        }
         cls.best_text = cls.best_text or cls.metric
         cls.title = cls.title or str(cls.__dict__.get("name") or cls.__name__)
 
@@ -145,14 +149,23 @@ class Objective(ObjectiveConfig):
         """Training FLOPs (forward and backward) of one image; 0: unknown (no TFLOP/s or MFU is logged)."""
         return 0.0
 
-    def build_loss(self, cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None,
-                   rank: int = 0) -> Loss:
+    def build_loss(
+        self, cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None, rank: int = 0
+    ) -> Loss:
         """The loss for `model` (plain, unwrapped, on its device), `num_classes` classes (`class_names`, the data's
         in label order, when known), in process `rank`."""
         raise NotImplementedError
 
-    def evaluate(self, model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None, cfg: Config,
-                 progress: bool = False, confusion: bool = False) -> dict[str, Any]:
+    def evaluate(
+        self,
+        model: nn.Module,
+        loader,
+        device: torch.device,
+        amp_dtype: torch.dtype | None,
+        cfg: Config,
+        progress: bool = False,
+        confusion: bool = False,
+    ) -> dict[str, Any]:
         """Its metrics over the whole loader (every process its share, summed); `metric` among them."""
         raise NotImplementedError
 
@@ -183,11 +196,24 @@ class Objective(ObjectiveConfig):
         """Its `results` keys for results.json: `best` (its best score, None before the first evaluation) and the
         last evaluation's `metrics` (empty before one). Default: best_<metric> is `best`, final_<key> the last
         evaluation's <key> (None for a key it does not hold)."""
-        return {key: best if key == f"best_{self.metric}" else
-                metrics.get(key.removeprefix("final_")) if key.startswith("final_") else None for key in self.results}
+        return {
+            key: best
+            if key == f"best_{self.metric}"
+            else metrics.get(key.removeprefix("final_"))
+            if key.startswith("final_")
+            else None
+            for key in self.results
+        }
 
-    def figures(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, class_names: list[str],
-                stats: tuple, confusion: torch.Tensor | None = None) -> dict[str, Any]:
+    def figures(
+        self,
+        model: nn.Module,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        class_names: list[str],
+        stats: tuple,
+        confusion: torch.Tensor | None = None,
+    ) -> dict[str, Any]:
         """{name: matplotlib figure} of `model` on normalised val `images` (vit-eval's PNGs, TensorBoard's)."""
         return {}
 
@@ -201,8 +227,14 @@ class Objective(ObjectiveConfig):
         holds vit-eval's record of what it evaluated: tools/report.py). Default: its score, then every other number
         `evaluation` gave, one a line."""
         record = ("step", "img_size", "trained_img_size")  # numbers of that record, not of the evaluation
-        keys = [cls.metric, *(k for k, v in results.items() if k != cls.metric and k not in record and
-                              isinstance(v, (int, float)) and not isinstance(v, bool))]
+        keys = [
+            cls.metric,
+            *(
+                k
+                for k, v in results.items()
+                if k != cls.metric and k not in record and isinstance(v, (int, float)) and not isinstance(v, bool)
+            ),
+        ]
         return "\n".join([what, *(f"{key} {results[key]:.4f}" for key in keys if key in results)])
 
     def check_resume(self, saved: dict[str, Any] | None, path: Any) -> None:
@@ -211,11 +243,15 @@ class Objective(ObjectiveConfig):
 
     def restart_hint(self, path: Any) -> str:
         """What to do instead of resuming checkpoint `path` with its own keys changed: a new run from its weights."""
-        return (f"or start a new objective={self.name} run from its weights: vit-train objective={self.name} "
-                f"model.pretrained={path} <your overrides> (model.pretrained loads {self.pretrained_loads})")
+        return (
+            f"or start a new objective={self.name} run from its weights: vit-train objective={self.name} "
+            f"model.pretrained={path} <your overrides> (model.pretrained loads {self.pretrained_loads})"
+        )
 
     def refuse_prediction(self, what: str) -> None:
         """ConfigError (one line) when its model predicts no classes; `what` says what was asked of it."""
         if not self.predicts:
-            raise ConfigError(f"this is a {self.title} checkpoint (objective={self.name}); it {what}. Fine-tune it first: "
-                              f"vit-train model.pretrained=<its run directory> (docs/finetuning.md)")
+            raise ConfigError(
+                f"this is a {self.title} checkpoint (objective={self.name}); it {what}. Fine-tune it first: "
+                f"vit-train model.pretrained=<its run directory> (docs/finetuning.md)"
+            )

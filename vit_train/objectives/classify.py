@@ -31,8 +31,9 @@ class CrossEntropy(Loss):
 
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
 
-    def __call__(self, module: nn.Module, images: torch.Tensor,
-                 targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, module: nn.Module, images: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = module(images)  # (B, classes)
         return self.criterion(logits, targets), logits
 
@@ -44,8 +45,13 @@ class Classify(Objective):
     metric = "top1"  # the score: val top-1 (%)
     higher_is_better = True
     best_text = "top-1"
-    results = {"best_top1": "maximize", "final_top1": "maximize", "final_top5": "maximize", "final_loss": "minimize",
-               "final_ema_top1": "maximize"}
+    results = {
+        "best_top1": "maximize",
+        "final_top1": "maximize",
+        "final_top5": "maximize",
+        "final_loss": "minimize",
+        "final_ema_top1": "maximize",
+    }
     summary_columns = {"best_top1": ("best top-1", 2), "final_top1": ("final top-1", 2)}
 
     name: str = "classify"
@@ -58,12 +64,21 @@ class Classify(Objective):
         """Training FLOPs (forward and backward) of one image (models/flops.py)."""
         return cfg.model.flops_per_image(num_classes)
 
-    def build_loss(self, cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None,
-                   rank: int = 0) -> Loss:
+    def build_loss(
+        self, cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None, rank: int = 0
+    ) -> Loss:
         return CrossEntropy(cfg.aug.label_smoothing)
 
-    def evaluate(self, model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None, cfg: Config,
-                 progress: bool = False, confusion: bool = False) -> dict[str, Any]:
+    def evaluate(
+        self,
+        model: nn.Module,
+        loader,
+        device: torch.device,
+        amp_dtype: torch.dtype | None,
+        cfg: Config,
+        progress: bool = False,
+        confusion: bool = False,
+    ) -> dict[str, Any]:
         """{"loss", "top1", "top5"} over the val loader (evaluate.py); with `confusion`, also the
         (classes, classes) confusion matrix under "confusion"."""
         from vit_train.objectives.evaluate import evaluate as evaluate_logits
@@ -83,11 +98,23 @@ class Classify(Objective):
         return f"{score:.2f}%"
 
     def results_of(self, best: float | None, metrics: dict[str, Any]) -> dict[str, Any]:
-        return {"best_top1": best, "final_top1": metrics.get("top1"), "final_top5": metrics.get("top5"),
-                "final_loss": metrics.get("loss"), "final_ema_top1": metrics.get("ema_top1")}
+        return {
+            "best_top1": best,
+            "final_top1": metrics.get("top1"),
+            "final_top5": metrics.get("top5"),
+            "final_loss": metrics.get("loss"),
+            "final_ema_top1": metrics.get("ema_top1"),
+        }
 
-    def figures(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, class_names: list[str],
-                stats: tuple, confusion: torch.Tensor | None = None) -> dict[str, Any]:
+    def figures(
+        self,
+        model: nn.Module,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        class_names: list[str],
+        stats: tuple,
+        confusion: torch.Tensor | None = None,
+    ) -> dict[str, Any]:
         """Attention, rollout, per-head attention, positions, patch filters, and the confusion matrix (a ResNet:
         the confusion matrix only; viz/figures.py)."""
         from vit_train.viz.figures import model_figures
@@ -99,8 +126,10 @@ class Classify(Objective):
         metrics = dict(metrics)
         confusion = metrics.pop("confusion")
         counts = confusion.sum(dim=1)
-        per_class = {name: 100 * confusion[i, i].item() / counts[i].item() if counts[i] else None
-                     for i, name in enumerate(class_names)}
+        per_class = {
+            name: 100 * confusion[i, i].item() / counts[i].item() if counts[i] else None
+            for i, name in enumerate(class_names)
+        }
         return {"images": int(confusion.sum()), **metrics, "per_class": per_class, "confusion": confusion.tolist()}
 
     @classmethod
@@ -110,10 +139,15 @@ class Classify(Objective):
         width = max(columns(name) for name in [*results["per_class"], "class"])
         counts = [sum(row) for row in results["confusion"]]
         top5 = f"   top-5 {results['top5']:.2f}%" if len(results["per_class"]) > 5 else ""
-        lines = [f"{what}, {results['images']} images", f"top-1 {results['top1']:.2f}%{top5}   loss {results['loss']:.4f}\n",
-                 f"{'class':<{width}}  top-1    images"]
-        lines += [f"{name}{' ' * (width - columns(name))}  {'-' if acc is None else f'{acc:5.1f}%'}  {count:>7}"
-                  for (name, acc), count in zip(results["per_class"].items(), counts, strict=True)]
+        lines = [
+            f"{what}, {results['images']} images",
+            f"top-1 {results['top1']:.2f}%{top5}   loss {results['loss']:.4f}\n",
+            f"{'class':<{width}}  top-1    images",
+        ]
+        lines += [
+            f"{name}{' ' * (width - columns(name))}  {'-' if acc is None else f'{acc:5.1f}%'}  {count:>7}"
+            for (name, acc), count in zip(results["per_class"].items(), counts, strict=True)
+        ]
         return "\n".join(lines)
 
 

@@ -44,9 +44,11 @@ class Distill(Classify):
     default = False
     title = "distillation"
     moved_from = "distill"
-    refused_on_resume = {**Classify.refused_on_resume,
-                         "teacher_arch": "the teacher is another network",
-                         "type": "the distillation head was trained on other targets"}
+    refused_on_resume = {
+        **Classify.refused_on_resume,
+        "teacher_arch": "the teacher is another network",
+        "type": "the distillation head was trained on other targets",
+    }
 
     name: str = "distill"
     teacher: str | None = None  # a vit-train checkpoint or .safetensors, or a state-dict file with teacher_arch
@@ -59,8 +61,11 @@ class Distill(Classify):
         """Refuse (ConfigError, one line) a run without a teacher, and impossible alpha or tau."""
         fraction("objective.alpha", self.alpha)
         require(self.tau > 0, f"objective.tau must be > 0, got {self.tau}")
-        require(bool(self.teacher), f"objective={self.name} needs objective.teacher=PATH: a vit-train checkpoint or "
-                f".safetensors, or a state-dict file with objective.teacher_arch=NAME")
+        require(
+            bool(self.teacher),
+            f"objective={self.name} needs objective.teacher=PATH: a vit-train checkpoint or "
+            f".safetensors, or a state-dict file with objective.teacher_arch=NAME",
+        )
 
     def ignored(self, cfg: RunConfig) -> list[tuple[str, str, str]]:
         return [("tau", "objective.type=hard", "objective.type=soft")] * (self.type == "hard")
@@ -76,11 +81,14 @@ class Distill(Classify):
         from vit_train.objectives.teacher import file_sha256, teacher_file
 
         if saved and saved.get("teacher_sha256") not in (None, file_sha256(teacher_file(self, resuming=True))):
-            raise CheckpointError(f"objective.teacher {self.teacher} is not the file this run started with (SHA-256 "
-                                  f"differs); resume with the original teacher, {self.restart_hint(path)}")
+            raise CheckpointError(
+                f"objective.teacher {self.teacher} is not the file this run started with (SHA-256 "
+                f"differs); resume with the original teacher, {self.restart_hint(path)}"
+            )
 
-    def build_loss(self, cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None,
-                   rank: int = 0) -> Loss:
+    def build_loss(
+        self, cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None, rank: int = 0
+    ) -> Loss:
         """The distill loss for `model` (on its device), with the teacher objective.teacher names; `class_names`
         (the data's) are compared with the teacher's when its file records them (teacher.py)."""
         from vit_train.objectives.teacher import distillation_loss_for

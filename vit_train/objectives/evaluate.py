@@ -11,8 +11,14 @@ from vit_train.runtime.progress import progress_iter
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None,
-             progress: bool = False, confusion: bool = False) -> dict:
+def evaluate(
+    model: nn.Module,
+    loader,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+    progress: bool = False,
+    confusion: bool = False,
+) -> dict:
     """Mean cross-entropy, top-1 and top-5 accuracy (%) over the whole loader; with `confusion`,
     also the (classes, classes) confusion matrix (rows: true class, columns: predicted) as "confusion".
     A loader that yields nothing (a stop signal ended it before its first batch: train/batches.py's
@@ -30,8 +36,14 @@ def evaluate(model: nn.Module, loader, device: torch.device, amp_dtype: torch.dt
             pairs = torch.bincount(targets * classes + logits.argmax(dim=1), minlength=classes * classes)
             matrix = pairs if matrix is None else matrix + pairs
         hits = logits.topk(min(5, classes), dim=1).indices == targets[:, None]  # (B, k)
-        totals += torch.stack([F.cross_entropy(logits.float(), targets, reduction="sum"), hits[:, 0].sum(),
-                               hits.any(dim=1).sum(), torch.tensor(len(targets), device=device)]).double()
+        totals += torch.stack(
+            [
+                F.cross_entropy(logits.float(), targets, reduction="sum"),
+                hits[:, 0].sum(),
+                hits.any(dim=1).sum(),
+                torch.tensor(len(targets), device=device),
+            ]
+        ).double()
     model.train(was_training)
     sum_all(totals)  # with several processes, each evaluated its share: the sums are the whole set's
     if confusion and matrix is not None:

@@ -52,8 +52,9 @@ class MaskedReconstruction(Loss):
         """{"noise": (B, patches)}: the masks' noise for micro-batch `images`, from the run's mask sampler."""
         return {"noise": self.masks.noise(len(images), self.num_patches, images.device)}
 
-    def __call__(self, model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
-                 noise: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
+    def __call__(
+        self, model: nn.Module, images: torch.Tensor, targets: torch.Tensor, noise: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, None]:
         """`noise` (B, patches) from `draws`; drawn here when not given."""
         from vit_train.models.mae import reconstruction_loss
 
@@ -85,9 +86,13 @@ class Mae(Objective):
     summary_columns = {"best_loss": ("best loss", 4), "final_loss": ("final loss", 4)}
     moved_from = "mae"
     refused_on_resume = {
-        **Objective.refused_on_resume, "decoder_dim": DECODER, "decoder_depth": DECODER, "decoder_heads": DECODER,
+        **Objective.refused_on_resume,
+        "decoder_dim": DECODER,
+        "decoder_depth": DECODER,
+        "decoder_heads": DECODER,
         "norm_pix_loss": "the decoder was trained to predict other targets, and best_loss would compare both",
-        "mask_ratio": "the val reconstruction loss that picks best.pt would measure another task"}
+        "mask_ratio": "the val reconstruction loss that picks best.pt would measure another task",
+    }
 
     name: str = "mae"
     mask_ratio: float = 0.75  # fraction of each image's patches hidden from the encoder
@@ -101,27 +106,50 @@ class Mae(Objective):
         `cfg` is a Config whose img_size and patch_size are filled (pixels)."""
         m, a, name = cfg.model, cfg.aug, f"objective={self.name}"
         if not isinstance(m, ViT):
-            raise ConfigError(f"{name} masks the patches of a ViT encoder; model.arch={m.arch} has none: pre-train "
-                              f"a ViT (e.g. model=vit_tiny), or train the CNN with objective=classify")
+            raise ConfigError(
+                f"{name} masks the patches of a ViT encoder; model.arch={m.arch} has none: pre-train "
+                f"a ViT (e.g. model=vit_tiny), or train the CNN with objective=classify"
+            )
         assert m.img_size is not None and m.patch_size is not None  # Config.validate filled them before the checks
-        require(m.trainable == "all", f"{name} pre-trains the encoder, which model.trainable={m.trainable} freezes (only "
-                f"the decoder would learn): use model.trainable=all; probe the encoder afterwards with "
-                f"model.trainable={m.trainable} model.pretrained=<this run>")
-        require(not m.distilled, f"model.distilled adds a distillation token and head for objective=distill; {name} "
-                f"pre-trains an encoder without heads: set model.distilled=false")
-        require(cfg.optim.layer_decay is None, f"optim.layer_decay={cfg.optim.layer_decay} is a fine-tuning rule; "
-                f"{name} pre-trains every layer at one learning rate: set optim.layer_decay=null (and use it when "
-                f"fine-tuning)")
-        require(a.mixup_alpha == 0 and a.cutmix_alpha == 0, f"{name} reads no labels, so batch mixing has nothing to "
-                f"mix: set aug.mixup_alpha=0 and aug.cutmix_alpha=0 (got {a.mixup_alpha} and {a.cutmix_alpha})")
+        require(
+            m.trainable == "all",
+            f"{name} pre-trains the encoder, which model.trainable={m.trainable} freezes (only "
+            f"the decoder would learn): use model.trainable=all; probe the encoder afterwards with "
+            f"model.trainable={m.trainable} model.pretrained=<this run>",
+        )
+        require(
+            not m.distilled,
+            f"model.distilled adds a distillation token and head for objective=distill; {name} "
+            f"pre-trains an encoder without heads: set model.distilled=false",
+        )
+        require(
+            cfg.optim.layer_decay is None,
+            f"optim.layer_decay={cfg.optim.layer_decay} is a fine-tuning rule; "
+            f"{name} pre-trains every layer at one learning rate: set optim.layer_decay=null (and use it when "
+            f"fine-tuning)",
+        )
+        require(
+            a.mixup_alpha == 0 and a.cutmix_alpha == 0,
+            f"{name} reads no labels, so batch mixing has nothing to "
+            f"mix: set aug.mixup_alpha=0 and aug.cutmix_alpha=0 (got {a.mixup_alpha} and {a.cutmix_alpha})",
+        )
         require(0.0 < self.mask_ratio < 1.0, f"objective.mask_ratio must be in (0, 1), got {self.mask_ratio}")
         patches = (m.img_size // m.patch_size) ** 2
-        require(int(patches * (1 - self.mask_ratio)) >= 1, f"objective.mask_ratio={self.mask_ratio} leaves no visible "
-                f"patch of the {patches} (model.img_size={m.img_size}, model.patch_size={m.patch_size}); lower it")
-        positive(("objective.decoder_dim", self.decoder_dim), ("objective.decoder_depth", self.decoder_depth),
-                 ("objective.decoder_heads", self.decoder_heads))
-        require(not (self.decoder_dim % self.decoder_heads or self.decoder_dim % 4), f"objective.decoder_dim "
-                f"({self.decoder_dim}) must be divisible by objective.decoder_heads ({self.decoder_heads}) and by 4")
+        require(
+            int(patches * (1 - self.mask_ratio)) >= 1,
+            f"objective.mask_ratio={self.mask_ratio} leaves no visible "
+            f"patch of the {patches} (model.img_size={m.img_size}, model.patch_size={m.patch_size}); lower it",
+        )
+        positive(
+            ("objective.decoder_dim", self.decoder_dim),
+            ("objective.decoder_depth", self.decoder_depth),
+            ("objective.decoder_heads", self.decoder_heads),
+        )
+        require(
+            not (self.decoder_dim % self.decoder_heads or self.decoder_dim % 4),
+            f"objective.decoder_dim "
+            f"({self.decoder_dim}) must be divisible by objective.decoder_heads ({self.decoder_heads}) and by 4",
+        )
 
     def build_model(self, cfg: Config, num_classes: int) -> MaskedAutoencoder:
         """The autoencoder: the encoder from `cfg.model` (no head: no classes) and the decoder from its own keys."""
@@ -142,12 +170,21 @@ class Mae(Objective):
 
         return mae_flops_per_image(cfg.model, self)
 
-    def build_loss(self, cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None,
-                   rank: int = 0) -> Loss:
+    def build_loss(
+        self, cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None, rank: int = 0
+    ) -> Loss:
         return MaskedReconstruction(cfg, rank)
 
-    def evaluate(self, model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None, cfg: Config,
-                 progress: bool = False, confusion: bool = False) -> dict[str, Any]:
+    def evaluate(
+        self,
+        model: nn.Module,
+        loader,
+        device: torch.device,
+        amp_dtype: torch.dtype | None,
+        cfg: Config,
+        progress: bool = False,
+        confusion: bool = False,
+    ) -> dict[str, Any]:
         """{"loss"}: the mean reconstruction loss on the masked patches of the val set, with fixed masks (no
         classes, so never a confusion matrix)."""
         import torch
@@ -174,15 +211,19 @@ class Mae(Objective):
     def inference_model(self, cfg: Config, trained_img_size: int, num_classes: int, weights: dict) -> MaskedAutoencoder:
         """The autoencoder rebuilt from a checkpoint's `weights`, at the size it was trained at only."""
         if cfg.model.img_size != trained_img_size:
-            raise ConfigError(f"model.img_size cannot change for a masked-autoencoder checkpoint (trained at "
-                              f"{trained_img_size}); evaluate it at its own size")
+            raise ConfigError(
+                f"model.img_size cannot change for a masked-autoencoder checkpoint (trained at "
+                f"{trained_img_size}); evaluate it at its own size"
+            )
         model = self.build_model(cfg, num_classes)
         model.load_state_dict(weights)
         return model
 
     def eval_text(self, metrics: dict[str, float], ema: dict[str, float] | None, classes: int | None = None) -> str:
         """An evaluation in the log line: the reconstruction loss (and the EMA's)."""
-        return f"val reconstruction loss {metrics['loss']:.4f}" + (f", EMA {ema['loss']:.4f}" if ema is not None else "")
+        return f"val reconstruction loss {metrics['loss']:.4f}" + (
+            f", EMA {ema['loss']:.4f}" if ema is not None else ""
+        )
 
     def data_text(self, num_classes: int) -> str:
         """What the run's start line says of the data's labels: none are read."""
@@ -191,8 +232,15 @@ class Mae(Objective):
     def results_of(self, best: float | None, metrics: dict[str, Any]) -> dict[str, Any]:
         return {"best_loss": best, "final_loss": metrics.get("loss"), "final_ema_loss": metrics.get("ema_loss")}
 
-    def figures(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, class_names: list[str],
-                stats: tuple, confusion: torch.Tensor | None = None) -> dict[str, Any]:
+    def figures(
+        self,
+        model: nn.Module,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        class_names: list[str],
+        stats: tuple,
+        confusion: torch.Tensor | None = None,
+    ) -> dict[str, Any]:
         """Original / masked / reconstruction of the images, with the fixed val masks (viz/figures.py)."""
         from vit_train.models.mae import MaskedAutoencoder
         from vit_train.viz.figures import reconstruction_figures
@@ -205,5 +253,7 @@ class Mae(Objective):
         return f"{what}: masked-autoencoder reconstruction loss {results['loss']:.4f} (masked patches, fixed masks)"
 
     def refuse_prediction(self, what: str) -> None:
-        raise ConfigError(f"this is a masked-autoencoder pre-training checkpoint (objective={self.name}); it {what}. "
-                          f"Fine-tune it first: vit-train model.pretrained=<its run directory> (docs/mae.md)")
+        raise ConfigError(
+            f"this is a masked-autoencoder pre-training checkpoint (objective={self.name}); it {what}. "
+            f"Fine-tune it first: vit-train model.pretrained=<its run directory> (docs/mae.md)"
+        )

@@ -43,46 +43,74 @@ class TeacherOptions(Protocol):
     tau: float
 
 
-def distillation_loss_for(objective: TeacherOptions, cfg: Config, model: nn.Module, num_classes: int,
-                          class_names: list[str] | None = None) -> DistillationLoss:
+def distillation_loss_for(
+    objective: TeacherOptions, cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None
+) -> DistillationLoss:
     """The loss of `objective` for `model` (on its device), with the teacher objective.teacher names; `class_names`
     (the data's) are compared with the teacher's when its file records them."""
     device, img_size = next(model.parameters()).device, cfg.model.img_size
     assert img_size is not None  # Config.validate fills it from the data set
     with torch.random.fork_rng():  # building the teacher (its throw-away init) must not move the run's RNG
-        teacher, described, path = load_teacher(objective, num_classes, img_size, resuming=bool(cfg.resume),
-                                                class_names=class_names, with_path=True)
+        teacher, described, path = load_teacher(
+            objective, num_classes, img_size, resuming=bool(cfg.resume), class_names=class_names, with_path=True
+        )
         teacher = teacher.to(device).eval().requires_grad_(False)
         check_teacher_output(teacher, num_classes, img_size, device)
     # the file itself (a run directory's best.pt), as a new run and a resumed one both read it
     info = {"teacher": objective.teacher, "teacher_sha256": file_sha256(path), "teacher_model": described}
     two_heads = bool(getattr(model, "head_dist", None))
-    log.info("distilling from %s (%s, %.2fM parameters): %s, alpha %g%s%s", objective.teacher, described,
-             sum(p.numel() for p in teacher.parameters()) / 1e6, objective.type, objective.alpha,
-             f", tau {objective.tau:g}" if objective.type == "soft" else "",
-             "" if two_heads else "; the student has no distillation head (model.distilled=false): both terms "
-             "train its one head")
+    log.info(
+        "distilling from %s (%s, %.2fM parameters): %s, alpha %g%s%s",
+        objective.teacher,
+        described,
+        sum(p.numel() for p in teacher.parameters()) / 1e6,
+        objective.type,
+        objective.alpha,
+        f", tau {objective.tau:g}" if objective.type == "soft" else "",
+        ""
+        if two_heads
+        else "; the student has no distillation head (model.distilled=false): both terms train its one head",
+    )
     return DistillationLoss(teacher, objective, cfg.aug.label_smoothing, two_heads, info)
 
 
-def distillation_loss(cls_logits: torch.Tensor, dist_logits: torch.Tensor, teacher_logits: torch.Tensor,
-                      targets: torch.Tensor, base: nn.Module, cfg: TeacherOptions) -> torch.Tensor:
+def distillation_loss(
+    cls_logits: torch.Tensor,
+    dist_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    targets: torch.Tensor,
+    base: nn.Module,
+    cfg: TeacherOptions,
+) -> torch.Tensor:
     """DeiT's loss for logits (B, classes): `base` (the classification criterion, e.g. cross-entropy
     with label smoothing) on the class head, the teacher term on the distillation head."""
     label_term, teacher_term = loss_terms(cls_logits, dist_logits, teacher_logits, targets, base, cfg)
     return (1 - cfg.alpha) * label_term + cfg.alpha * teacher_term
 
 
-def loss_terms(cls_logits: torch.Tensor, dist_logits: torch.Tensor, teacher_logits: torch.Tensor,
-               targets: torch.Tensor, base: nn.Module, cfg: TeacherOptions) -> tuple[torch.Tensor, torch.Tensor]:
+def loss_terms(
+    cls_logits: torch.Tensor,
+    dist_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    targets: torch.Tensor,
+    base: nn.Module,
+    cfg: TeacherOptions,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(the label term, the teacher term) of `distillation_loss`, each a scalar before its alpha weight."""
     if cfg.type == "hard":
         teacher_term = F.cross_entropy(dist_logits, teacher_logits.argmax(dim=1))
     else:
         tau = cfg.tau
-        teacher_term = F.kl_div(F.log_softmax(dist_logits.float() / tau, dim=1),
-                                F.log_softmax(teacher_logits.float() / tau, dim=1),
-                                reduction="batchmean", log_target=True) * tau * tau
+        teacher_term = (
+            F.kl_div(
+                F.log_softmax(dist_logits.float() / tau, dim=1),
+                F.log_softmax(teacher_logits.float() / tau, dim=1),
+                reduction="batchmean",
+                log_target=True,
+            )
+            * tau
+            * tau
+        )
     return base(cls_logits, targets), teacher_term
 
 
@@ -92,8 +120,9 @@ TERMS = ("loss_label", "loss_teacher", "teacher_agreement", "images")  # what `t
 class DistillationLoss(Loss):
     """objective=distill's loss: (module, images, targets) -> (loss, logits for the training top-1)."""
 
-    def __init__(self, teacher: nn.Module, cfg: TeacherOptions, label_smoothing: float, two_heads: bool,
-                 info: dict[str, Any]):
+    def __init__(
+        self, teacher: nn.Module, cfg: TeacherOptions, label_smoothing: float, two_heads: bool, info: dict[str, Any]
+    ):
         self.teacher, self.cfg, self.two_heads = teacher, cfg, two_heads
         self.base = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         self.checkpoint_info = info  # plain data: what the checkpoint records of the teacher
@@ -102,8 +131,9 @@ class DistillationLoss(Loss):
         device = next(teacher.parameters()).device
         self.sums = {key: torch.zeros((), device=device) for key in TERMS}
 
-    def __call__(self, module: nn.Module, images: torch.Tensor,
-                 targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, module: nn.Module, images: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
             teacher_logits = self.teacher(images)
         if self.two_heads:
@@ -115,13 +145,17 @@ class DistillationLoss(Loss):
         self._count(label_term, teacher_term, logits, teacher_logits)
         return (1 - self.cfg.alpha) * label_term + self.cfg.alpha * teacher_term, logits
 
-    def _count(self, label_term: torch.Tensor, teacher_term: torch.Tensor, logits: torch.Tensor,
-               teacher_logits: torch.Tensor) -> None:
+    def _count(
+        self, label_term: torch.Tensor, teacher_term: torch.Tensor, logits: torch.Tensor, teacher_logits: torch.Tensor
+    ) -> None:
         """Add one micro-batch to the logged terms (image-weighted sums; no host sync)."""
         n = len(logits)
-        batch = {"loss_label": label_term.detach().float() * n, "loss_teacher": teacher_term.detach().float() * n,
-                 "teacher_agreement": (logits.detach().argmax(1) == teacher_logits.argmax(1)).sum().float(),
-                 "images": torch.tensor(float(n), device=logits.device)}
+        batch = {
+            "loss_label": label_term.detach().float() * n,
+            "loss_teacher": teacher_term.detach().float() * n,
+            "teacher_agreement": (logits.detach().argmax(1) == teacher_logits.argmax(1)).sum().float(),
+            "images": torch.tensor(float(n), device=logits.device),
+        }
         for key, value in batch.items():
             self.sums[key].add_(value)
 
@@ -154,9 +188,11 @@ class DistillationLoss(Loss):
     def load_state_dict(self, saved: dict[str, Any] | None) -> None:
         """Refuse to resume with another teacher file than the checkpoint's run used."""
         if saved and saved.get("teacher_sha256") not in (None, self.checkpoint_info["teacher_sha256"]):
-            raise CheckpointError(f"objective.teacher {self.checkpoint_info['teacher']} is not the file this run "
-                                  f"started with (SHA-256 differs); resume with the original teacher, or start a new "
-                                  f"run from these weights with model.pretrained=<the checkpoint>")
+            raise CheckpointError(
+                f"objective.teacher {self.checkpoint_info['teacher']} is not the file this run "
+                f"started with (SHA-256 differs); resume with the original teacher, or start a new "
+                f"run from these weights with model.pretrained=<the checkpoint>"
+            )
 
 
 def file_sha256(path: Path) -> str:
@@ -172,18 +208,28 @@ def teacher_file(cfg: TeacherOptions, resuming: bool = False) -> Path:
     `resolve`: a file, or a run directory's best.pt). ConfigError (one line) when there is none; for a
     relative path in a resumed run, it says the path is relative to where the first run started."""
     if not cfg.teacher:
-        raise ConfigError("objective.teacher is not set; give a vit-train checkpoint (.pt) or run directory, a "
-                          ".safetensors file, or objective.teacher_arch=NAME with a state-dict file")
+        raise ConfigError(
+            "objective.teacher is not set; give a vit-train checkpoint (.pt) or run directory, a "
+            ".safetensors file, or objective.teacher_arch=NAME with a state-dict file"
+        )
     path = Path(cfg.teacher).expanduser()
     if not path.exists() and resuming and not path.is_absolute():
-        raise ConfigError(f"objective.teacher={cfg.teacher} does not exist from {Path.cwd()}: a relative teacher path "
-                          f"is relative to where the first run started; resume with objective.teacher=<its new path> "
-                          f"(the same file, the same SHA-256)")
+        raise ConfigError(
+            f"objective.teacher={cfg.teacher} does not exist from {Path.cwd()}: a relative teacher path "
+            f"is relative to where the first run started; resume with objective.teacher=<its new path> "
+            f"(the same file, the same SHA-256)"
+        )
     return resolve(cfg.teacher, "objective.teacher")
 
 
-def load_teacher(cfg: TeacherOptions, num_classes: int, img_size: int, resuming: bool = False,
-                 class_names: list[str] | None = None, with_path: bool = False):
+def load_teacher(
+    cfg: TeacherOptions,
+    num_classes: int,
+    img_size: int,
+    resuming: bool = False,
+    class_names: list[str] | None = None,
+    with_path: bool = False,
+):
     """(teacher on the CPU, a description[, the file read]): through the door for weights
     (objectives/weights_in.py: a vit-train checkpoint or run directory, whose better-scoring weights are
     taken and logged, or a .safetensors exported by vit-train; rebuilt from the config it carries, a ViT
@@ -193,21 +239,29 @@ def load_teacher(cfg: TeacherOptions, num_classes: int, img_size: int, resuming:
     pre-training), or a teacher whose recorded classes are not `class_names` (names and order)."""
     path = teacher_file(cfg, resuming)
     assert cfg.teacher is not None  # teacher_file refuses a run without one
-    incoming = open_weights(cfg.teacher, "objective.teacher")  # the file teacher_file found, logged as the user wrote it
+    incoming = open_weights(
+        cfg.teacher, "objective.teacher"
+    )  # the file teacher_file found, logged as the user wrote it
     if incoming.config is not None and "model" in incoming.config:
         if cfg.teacher_arch is not None:
-            raise ConfigError(f"objective.teacher={path.name} is a vit-train checkpoint, which names its own network "
-                              f"({incoming.config['model'].get('name', incoming.config['model'].get('arch'))}): drop "
-                              f"objective.teacher_arch={cfg.teacher_arch}")
+            raise ConfigError(
+                f"objective.teacher={path.name} is a vit-train checkpoint, which names its own network "
+                f"({incoming.config['model'].get('name', incoming.config['model'].get('arch'))}): drop "
+                f"objective.teacher_arch={cfg.teacher_arch}"
+            )
         if class_names is not None:
             check_classes(incoming, class_names, "distil from a teacher trained on these classes, in this order")
         teacher, described = vit_train_teacher(incoming, num_classes, img_size)
     elif cfg.teacher_arch is None:
-        raise ConfigError(f"objective.teacher={path} holds plain weights without a vit-train config; name the network "
-                          f"with objective.teacher_arch (e.g. resnet50, or a timm model name)")
+        raise ConfigError(
+            f"objective.teacher={path} holds plain weights without a vit-train config; name the network "
+            f"with objective.teacher_arch (e.g. resnet50, or a timm model name)"
+        )
     else:
-        teacher, described = named_teacher(cfg.teacher_arch, incoming.weights, num_classes, img_size, path), \
-            cfg.teacher_arch
+        teacher, described = (
+            named_teacher(cfg.teacher_arch, incoming.weights, num_classes, img_size, path),
+            cfg.teacher_arch,
+        )
     return (teacher, described, path) if with_path else (teacher, described)
 
 
@@ -218,26 +272,34 @@ def vit_train_teacher(incoming, num_classes: int, img_size: int) -> tuple[nn.Mod
     # a family whose weights fit another image size (a ViT's positions) runs at the student's; a CNN as it was trained
     is_vit = family is not None and overridden(family, ModelConfig, "fit_size")
     try:
-        teacher_model = Config.from_dict({"model": {**saved["model"], **({"img_size": img_size} if is_vit else {})}}).model
+        teacher_model = Config.from_dict(
+            {"model": {**saved["model"], **({"img_size": img_size} if is_vit else {})}}
+        ).model
     except ConfigError as e:
         patch = saved["model"].get("patch_size")
         if not is_vit or not patch or img_size % patch == 0:
             raise ConfigError(f"objective.teacher={incoming.given}: its saved config does not hold ({e})") from None
-        raise ConfigError(f"objective.teacher={incoming.given} is a ViT with {saved['model'].get('patch_size')}-pixel "
-                          f"patches, which do not tile the student's {img_size}x{img_size} images (model.img_size="
-                          f"{img_size}); give the student an image size divisible by "
-                          f"{saved['model'].get('patch_size')}, or distil from another teacher") from None
+        raise ConfigError(
+            f"objective.teacher={incoming.given} is a ViT with {saved['model'].get('patch_size')}-pixel "
+            f"patches, which do not tile the student's {img_size}x{img_size} images (model.img_size="
+            f"{img_size}); give the student an image size divisible by "
+            f"{saved['model'].get('patch_size')}, or distil from another teacher"
+        ) from None
     weights = incoming.weights
     teacher = teacher_model.build(num_classes)
     refuse_headless(path, weights, teacher, saved)
     if class_names is not None and len(class_names) != num_classes:
-        raise ConfigError(f"objective.teacher {path.name} predicts {len(class_names)} classes, the data has "
-                          f"{num_classes}; distil from a teacher trained on these classes")
+        raise ConfigError(
+            f"objective.teacher {path.name} predicts {len(class_names)} classes, the data has "
+            f"{num_classes}; distil from a teacher trained on these classes"
+        )
     try:
         teacher.load_state_dict(teacher_model.fit_size(teacher, weights))
     except RuntimeError as e:  # tensors that do not fit the network the file's own config names
-        raise ConfigError(f"objective.teacher={incoming.given}: its weights do not fit the network its config names "
-                          f"({first_difference(e)}); the file was edited or damaged: distil from a sound one") from None
+        raise ConfigError(
+            f"objective.teacher={incoming.given}: its weights do not fit the network its config names "
+            f"({first_difference(e)}); the file was edited or damaged: distil from a sound one"
+        ) from None
     return teacher, f"vit-train {teacher_model.name}"
 
 
@@ -250,11 +312,15 @@ def refuse_headless(path: Path, weights: dict, teacher: nn.Module, saved: dict) 
     name = str((saved.get("objective") or {}).get("name"))
     trained_for = options("objective").get(name)
     if trained_for is not None and issubclass(trained_for, Objective) and not trained_for.predicts:
-        raise ConfigError(f"objective.teacher={path} is a {trained_for.title} checkpoint (objective={name}); "
-                          f"it has no classifier to teach with. Fine-tune it first: vit-train model.pretrained=<its run "
-                          f"directory> (docs/finetuning.md), then distil from that run")
-    raise ConfigError(f"objective.teacher={path} holds no classifier head ({', '.join(heads) or 'head.*'} missing); a "
-                      f"teacher must be a trained classifier: fine-tune it first (model.pretrained=<it>)")
+        raise ConfigError(
+            f"objective.teacher={path} is a {trained_for.title} checkpoint (objective={name}); "
+            f"it has no classifier to teach with. Fine-tune it first: vit-train model.pretrained=<its run "
+            f"directory> (docs/finetuning.md), then distil from that run"
+        )
+    raise ConfigError(
+        f"objective.teacher={path} holds no classifier head ({', '.join(heads) or 'head.*'} missing); a "
+        f"teacher must be a trained classifier: fine-tune it first (model.pretrained=<it>)"
+    )
 
 
 def named_teacher(arch: str, weights: dict, num_classes: int, img_size: int, path: Path) -> nn.Module:
@@ -274,17 +340,22 @@ def named_teacher(arch: str, weights: dict, num_classes: int, img_size: int, pat
         try:
             import timm
         except ImportError:
-            raise ConfigError(f"objective.teacher_arch={arch} is not a torchvision classification model, and timm "
-                              f"(for timm model names) is not installed: pip install timm") from None
+            raise ConfigError(
+                f"objective.teacher_arch={arch} is not a torchvision classification model, and timm "
+                f"(for timm model names) is not installed: pip install timm"
+            ) from None
         if not timm.is_model(arch):
-            raise ConfigError(f"objective.teacher_arch={arch} is neither a torchvision classification model nor a "
-                              f"timm model name (e.g. resnet50, regnety_160)")
+            raise ConfigError(
+                f"objective.teacher_arch={arch} is neither a torchvision classification model nor a "
+                f"timm model name (e.g. resnet50, regnety_160)"
+            )
         teacher = timm.create_model(arch, pretrained=False, num_classes=num_classes)
     try:
         teacher.load_state_dict(weights)
     except RuntimeError as e:
-        raise ConfigError(f"objective.teacher={path.name} does not fit {arch} with {num_classes} classes: "
-                          f"{first_difference(e)}") from None
+        raise ConfigError(
+            f"objective.teacher={path.name} does not fit {arch} with {num_classes} classes: {first_difference(e)}"
+        ) from None
     return teacher
 
 
@@ -296,5 +367,7 @@ def check_teacher_output(teacher: nn.Module, num_classes: int, img_size: int, de
     except (RuntimeError, ValueError, AssertionError) as e:  # shape errors; timm asserts the input size
         raise ConfigError(f"the teacher cannot take {img_size}x{img_size} images ({str(e).splitlines()[0]})") from None
     if out.shape != (1, num_classes):
-        raise ConfigError(f"the teacher gives outputs of shape {tuple(out.shape[1:])} for one image; the student "
-                          f"needs ({num_classes},) class logits")
+        raise ConfigError(
+            f"the teacher gives outputs of shape {tuple(out.shape[1:])} for one image; the student "
+            f"needs ({num_classes},) class logits"
+        )

@@ -19,8 +19,9 @@ from vit_train.models.architecture import differences, positions_exempt, reveale
 log = logging.getLogger("vit_train")
 
 
-def check_architecture(incoming: Incoming, ours: dict[str, Any], exempt: tuple[str, ...] = (),
-                       theirs: dict[str, Any] | None = None) -> None:
+def check_architecture(
+    incoming: Incoming, ours: dict[str, Any], exempt: tuple[str, ...] = (), theirs: dict[str, Any] | None = None
+) -> None:
     """ConfigError (one line) when the weights' architecture (`theirs`, default `incoming.architecture`)
     differs from `ours` (models/architecture.py, of the network they go into) in a field that changes the
     function and is not `exempt`, naming each field with the file's value and ours."""
@@ -32,11 +33,16 @@ def check_architecture(incoming: Incoming, ours: dict[str, Any], exempt: tuple[s
             settings += f" model.img_size={size}"
         shown = incoming.architecture if theirs is None else theirs
         # another width from a file that cannot show its head count: the line alone would split its qkv wrongly
-        heads = ", and model.num_heads as the weights were trained (their tensors cannot show it)" \
-            if "model.num_heads" not in shown and any(f.startswith("model.embed_dim=") for f in found) else ""
-        raise ConfigError(f"{incoming.key}={incoming.given} holds another network: {', '.join(found)}; "
-                          f"{'set ' + settings + ' to load it' + heads if settings else 'give weights of this network'} "
-                          f"(loaded into this one it would compute another function)")
+        heads = (
+            ", and model.num_heads as the weights were trained (their tensors cannot show it)"
+            if "model.num_heads" not in shown and any(f.startswith("model.embed_dim=") for f in found)
+            else ""
+        )
+        raise ConfigError(
+            f"{incoming.key}={incoming.given} holds another network: {', '.join(found)}; "
+            f"{'set ' + settings + ' to load it' + heads if settings else 'give weights of this network'} "
+            f"(loaded into this one it would compute another function)"
+        )
 
 
 def check_classes(incoming: Incoming, class_names: list[str], advice: str) -> bool:
@@ -52,8 +58,9 @@ def check_classes(incoming: Incoming, class_names: list[str], advice: str) -> bo
         return True
     if not advice:
         return False
-    raise ConfigError(f"{incoming.key}={incoming.given} was trained on other classes than this data's: {difference}; "
-                      f"{advice}")
+    raise ConfigError(
+        f"{incoming.key}={incoming.given} was trained on other classes than this data's: {difference}; {advice}"
+    )
 
 
 # the option fields models/pretrained.py `check_options` refuses with the value to set; the distillation
@@ -61,8 +68,9 @@ def check_classes(incoming: Incoming, class_names: list[str], advice: str) -> bo
 PRETRAINED_EXEMPT = ("model.distilled", "model.init_values", "model.qk_norm", "model.reg_tokens")
 
 
-def load_pretrained(model: torch.nn.Module, given: str | Path, class_names: list[str] | None = None,
-                    reset_head: bool = False) -> dict[str, list[str]]:
+def load_pretrained(
+    model: torch.nn.Module, given: str | Path, class_names: list[str] | None = None, reset_head: bool = False
+) -> dict[str, list[str]]:
     """`model.pretrained`: the weights `given` names, through the door, into `model` (the classifier, or
     a masked autoencoder's encoder); returns what happened to each key (models/pretrained.py
     `fit_pretrained`).
@@ -76,16 +84,20 @@ def load_pretrained(model: torch.nn.Module, given: str | Path, class_names: list
 
     incoming = open_weights(given, "model.pretrained")
     weights, naming = timm_names(incoming.weights)
-    theirs = incoming.identity["architecture"] if incoming.identity and incoming.identity.get("architecture") \
+    theirs = (
+        incoming.identity["architecture"]
+        if incoming.identity and incoming.identity.get("architecture")
         else revealed(weights)
+    )
     ours = architecture_of(model)
     check_architecture(incoming, ours, PRETRAINED_EXEMPT + positions_exempt(theirs, ours), theirs)
     new_head = _new_head(incoming, head_classes(weights), head_classes(model.state_dict()), class_names, reset_head)
     return fit_pretrained(model, weights, naming, incoming.config, str(incoming.path), new_head)
 
 
-def _new_head(incoming: Incoming, theirs: int | None, ours: int | None, class_names: list[str] | None,
-              reset_head: bool) -> bool:
+def _new_head(
+    incoming: Incoming, theirs: int | None, ours: int | None, class_names: list[str] | None, reset_head: bool
+) -> bool:
     """Whether the heads start fresh: only when asked (model.reset_head=true), or when there is no head to
     keep on one side (a masked autoencoder's encoder, a headless export). Refuses a head of other classes."""
     if theirs is None or ours is None:
@@ -96,12 +108,16 @@ def _new_head(incoming: Incoming, theirs: int | None, ours: int | None, class_na
     if class_names is not None and incoming.class_names is not None:
         check_classes(incoming, class_names, fix)
     elif theirs != ours:
-        raise ConfigError(f"{incoming.key}={incoming.given} has a head for {theirs} classes and the data has {ours}; "
-                          f"{fix}")
+        raise ConfigError(
+            f"{incoming.key}={incoming.given} has a head for {theirs} classes and the data has {ours}; {fix}"
+        )
     elif incoming.class_names is None:
-        log.info("%s records no class names: its head (%d classes, as many as the data's) is kept, and whether they "
-                 "are these classes in this order cannot be checked (model.reset_head=true starts a new head)",
-                 incoming.key, theirs)
+        log.info(
+            "%s records no class names: its head (%d classes, as many as the data's) is kept, and whether they "
+            "are these classes in this order cannot be checked (model.reset_head=true starts a new head)",
+            incoming.key,
+            theirs,
+        )
     return False
 
 
@@ -109,4 +125,4 @@ def first_difference(error: RuntimeError) -> str:
     """load_state_dict's error in one short line: the first few missing or unexpected keys, or the shape."""
     lines = str(error).splitlines()
     detail = lines[1].strip() if len(lines) > 1 else str(error)
-    return detail if len(detail) <= 200 else detail[:200].rsplit(",", 1)[0] + ", ...\""
+    return detail if len(detail) <= 200 else detail[:200].rsplit(",", 1)[0] + ', ..."'

@@ -41,10 +41,24 @@ class AdamW(OptimConfig):
     def update(self, params: list, grads: list, state: list[dict], group: dict, lr: Any) -> None:
         from torch.optim.adam import adam  # what AdamW.step calls; a module-level name dynamo can trace
 
-        adam(params, grads, [s["exp_avg"] for s in state], [s["exp_avg_sq"] for s in state], [],
-             [s["step"] for s in state], foreach=True, capturable=True, decoupled_weight_decay=True, amsgrad=False,
-             beta1=group["betas"][0], beta2=group["betas"][1], lr=lr, weight_decay=group["weight_decay"],
-             eps=group["eps"], maximize=False)
+        adam(
+            params,
+            grads,
+            [s["exp_avg"] for s in state],
+            [s["exp_avg_sq"] for s in state],
+            [],
+            [s["step"] for s in state],
+            foreach=True,
+            capturable=True,
+            decoupled_weight_decay=True,
+            amsgrad=False,
+            beta1=group["betas"][0],
+            beta2=group["betas"][1],
+            lr=lr,
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            maximize=False,
+        )
 
     def init_state(self, optimizer: Any) -> None:
         """Step counts (device tensors: capturable) and moments at zero, as its first step makes them."""
@@ -53,6 +67,8 @@ class AdamW(OptimConfig):
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if not optimizer.state[p]:
-                    optimizer.state[p].update(step=torch.zeros((), dtype=torch.float32, device=p.device),
-                                              exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
-                                              exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
+                    optimizer.state[p].update(
+                        step=torch.zeros((), dtype=torch.float32, device=p.device),
+                        exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
+                        exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format),
+                    )

@@ -23,8 +23,10 @@ class SGD(OptimConfig):
 
     def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
-        require(self.momentum > 0, f"optim.momentum must be > 0 for optim=sgd (Nesterov momentum), got "
-                f"{self.momentum}; e.g. 0.9")
+        require(
+            self.momentum > 0,
+            f"optim.momentum must be > 0 for optim=sgd (Nesterov momentum), got {self.momentum}; e.g. 0.9",
+        )
 
     def build(self, groups: list[dict], lr: float, device: Any, capturable: bool = False) -> Any:
         import torch
@@ -34,8 +36,18 @@ class SGD(OptimConfig):
     def update(self, params: list, grads: list, state: list[dict], group: dict, lr: Any) -> None:
         from torch.optim.sgd import sgd  # what SGD.step calls
 
-        sgd(params, grads, [s["momentum_buffer"] for s in state], foreach=True, weight_decay=group["weight_decay"],
-            momentum=group["momentum"], lr=lr, dampening=group["dampening"], nesterov=group["nesterov"], maximize=False)
+        sgd(
+            params,
+            grads,
+            [s["momentum_buffer"] for s in state],
+            foreach=True,
+            weight_decay=group["weight_decay"],
+            momentum=group["momentum"],
+            lr=lr,
+            dampening=group["dampening"],
+            nesterov=group["nesterov"],
+            maximize=False,
+        )
 
     def init_state(self, optimizer: Any) -> None:
         """Momentum buffers at zero: the first step then sets each to its gradient, as torch's does (dampening 0)."""

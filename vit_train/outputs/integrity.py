@@ -47,8 +47,10 @@ def write_failure(error: BaseException, path: Path, needed: int, what: str | Non
     if full or free < needed:
         size = f", {what} needs about {needed / MB:.1f} MB" if what else ""
         quota = isinstance(error, OSError) and error.errno == errno.EDQUOT
-        return (f"{'your disk quota is used up' if quota else 'no space left'} on {mount_point(folder)} "
-                f"({free / MB:.1f} MB free{size})")
+        return (
+            f"{'your disk quota is used up' if quota else 'no space left'} on {mount_point(folder)} "
+            f"({free / MB:.1f} MB free{size})"
+        )
     if isinstance(error, OSError) and error.strerror:
         return error.strerror
     return str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__

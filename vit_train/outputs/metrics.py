@@ -106,17 +106,23 @@ class RunLogger:
         text = yaml.safe_dump(config, sort_keys=False)
         with writing(self.events):
             self.tb.add_text("config", "    " + text.replace("\n", "\n    "), step)  # indented: shown as code
-        self.file_handler.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, "config:\n%s", (text.rstrip(),),
-                                                None))
+        self.file_handler.handle(
+            log.makeRecord(log.name, logging.INFO, __file__, 0, "config:\n%s", (text.rstrip(),), None)
+        )
         composed = self.run_dir / ".hydra" / "config.yaml"
-        log.info("config: in %s%s and TensorBoard's Text tab", self.run_dir / "train.log",
-                 f", {composed}" if composed.is_file() else "")
+        log.info(
+            "config: in %s%s and TensorBoard's Text tab",
+            self.run_dir / "train.log",
+            f", {composed}" if composed.is_file() else "",
+        )
 
     def close(self) -> None:
         try:
             self.tb.close()
         except OSError as e:  # the events' disk is full: said once, the run's own error (if any) stays the one raised
-            log.warning("TensorBoard events after %s were lost: %s", self.events, write_failure(e, self.events, 0, None))
+            log.warning(
+                "TensorBoard events after %s were lost: %s", self.events, write_failure(e, self.events, 0, None)
+            )
         log.removeHandler(self.file_handler)
         self.file_handler.close()
 
@@ -134,7 +140,9 @@ def output_error(error: Exception, run_dir: Path) -> Exception:
     """`error` as the run reports it: a full disk or quota met in a write not named otherwise (figures in
     TensorBoard, say) becomes one OutputError naming the run directory; anything else is kept."""
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return OutputError(f"could not write in {run_dir}: {write_failure(error, run_dir / 'x', 0, None)}; {FREE_SPACE}")
+        return OutputError(
+            f"could not write in {run_dir}: {write_failure(error, run_dir / 'x', 0, None)}; {FREE_SPACE}"
+        )
     return error
 
 
@@ -210,8 +218,11 @@ class QuietFileHandler(logging.FileHandler):
     def handleError(self, record: logging.LogRecord) -> None:
         if not self.failed:
             self.failed = True
-            print(f"vit-train: warning: cannot write {self.baseFilename} (the disk may be full); it misses "
-                  f"records from here on", file=sys.stderr)
+            print(
+                f"vit-train: warning: cannot write {self.baseFilename} (the disk may be full); it misses "
+                f"records from here on",
+                file=sys.stderr,
+            )
 
     def close(self) -> None:
         try:
@@ -233,9 +244,18 @@ def write_results(run_dir: Path, results: dict[str, Any]) -> None:
         write_atomic(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
 
 
-def results_summary(status: str, state, objective: str, scores: dict[str, Any], metrics: dict[str, float],
-                    wall_seconds: float, run_dir: Path, all_attempts: float | None = None,
-                    error: str | None = None, compile_seconds: float | None = None) -> dict[str, Any]:
+def results_summary(
+    status: str,
+    state,
+    objective: str,
+    scores: dict[str, Any],
+    metrics: dict[str, float],
+    wall_seconds: float,
+    run_dir: Path,
+    all_attempts: float | None = None,
+    error: str | None = None,
+    compile_seconds: float | None = None,
+) -> dict[str, Any]:
     """results.json: how the run ended and its numbers. `state` is the run's TrainState; `objective` its
     objective's name and `scores` that objective's own numbers (its `results_of`: best and final scores, null
     before an evaluation); `metrics` the last evaluation's. `wall_seconds` is this attempt's, `all_attempts`
@@ -243,17 +263,23 @@ def results_summary(status: str, state, objective: str, scores: dict[str, Any], 
     `compile_seconds` what trainer.compile spent compiling in this attempt (None: nothing was compiled), which
     images_per_s leaves out."""
     return {
-        "status": status, "run_id": state.run_id,  # made at the run's start, kept across resumes
-        "objective": objective, **scores,
-        "best_step": state.best_step, "best_source": state.best_source,
+        "status": status,
+        "run_id": state.run_id,  # made at the run's start, kept across resumes
+        "objective": objective,
+        **scores,
+        "best_step": state.best_step,
+        "best_source": state.best_source,
         # trainer.limit_val_batches: the last evaluation covered only these val images (not the val set's score)
-        "val_partial": "val_images" in metrics, "val_images": metrics.get("val_images"),
+        "val_partial": "val_images" in metrics,
+        "val_images": metrics.get("val_images"),
         "best_partial": state.best_partial,  # the best score is a partial validation's (trainer.limit_val_batches)
         "epochs": state.epochs_done,
-        "steps": state.step, "skipped_steps": state.skipped_steps,
+        "steps": state.step,
+        "skipped_steps": state.skipped_steps,
         "images_per_s": state.images_seen / state.train_seconds if state.train_seconds else None,
         "wall_seconds": wall_seconds,
         "wall_seconds_all_attempts": wall_seconds if all_attempts is None else all_attempts,
         "compile_seconds": compile_seconds,
-        "error": error, "run_dir": str(run_dir),
+        "error": error,
+        "run_dir": str(run_dir),
     }

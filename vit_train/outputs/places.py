@@ -79,8 +79,9 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         f.flush()
 
 
-def place_error(error: BaseException, path: Path, advice: str = FREE_SPACE,
-                otherwise: str = "give another place") -> OutputError:
+def place_error(
+    error: BaseException, path: Path, advice: str = FREE_SPACE, otherwise: str = "give another place"
+) -> OutputError:
     """One line for a failed write of `path`: what the system said in words (no space left on <mount>,
     a read-only file system, permission denied, <folder> is not a folder), then what to do: `advice`
     for a full disk or quota, `otherwise` for anything else."""
@@ -115,8 +116,13 @@ def os_error_of(error: BaseException) -> OSError | None:
 
 def _kind(mode: int) -> str | None:
     """What a non-regular file is, in words; None for a regular file."""
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+    for test, name in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+    ):
         if test(mode):
             return name
     return None if stat.S_ISREG(mode) else "not a regular file"
@@ -135,8 +141,10 @@ def check_output_file(path: Path, key: str) -> None:
     except OSError as e:  # ENOTDIR: a file on the way; ELOOP: a link loop
         raise place_error(e, path, otherwise=f"give another {key}=") from None
     if kind:
-        raise OutputError(f"{key}={path} is {kind}, not a file to write; give a file name, e.g. "
-                          f"{key}={path.parent / ('model' + path.suffix) if path.suffix else path.parent / 'out'}")
+        raise OutputError(
+            f"{key}={path} is {kind}, not a file to write; give a file name, e.g. "
+            f"{key}={path.parent / ('model' + path.suffix) if path.suffix else path.parent / 'out'}"
+        )
     check_output_folder(path.parent, key, of=path)
 
 
@@ -153,8 +161,10 @@ def check_output_folder(folder: Path, key: str, of: Path | None = None) -> None:
         existing = existing.parent
     try:
         if not existing.is_dir():
-            raise OutputError(f"{key}={target} cannot be written: {existing} is "
-                              f"{_kind(os.stat(existing).st_mode) or 'a file'}, not a folder; give another {key}=")
+            raise OutputError(
+                f"{key}={target} cannot be written: {existing} is "
+                f"{_kind(os.stat(existing).st_mode) or 'a file'}, not a folder; give another {key}="
+            )
         fd, probe = tempfile.mkstemp(dir=existing, prefix=".vit-probe-")
         os.close(fd)
         os.unlink(probe)
@@ -181,16 +191,22 @@ def print_output(text: str) -> None:
         _drop_stdout()
         raise SystemExit(141) from None
     except OSError as e:
-        target = os.readlink(f"/proc/self/fd/{fd}") if fd is not None and os.path.exists(f"/proc/self/fd/{fd}") \
+        target = (
+            os.readlink(f"/proc/self/fd/{fd}")
+            if fd is not None and os.path.exists(f"/proc/self/fd/{fd}")
             else "standard output"
+        )
         if start is not None:
             try:
                 os.ftruncate(fd, start)
             except OSError:
                 pass
         _drop_stdout()
-        why = place_error(e, Path(target)) if start is not None else \
-            OutputError(f"could not write the output to {target}: {e.strerror or e}; send it elsewhere")
+        why = (
+            place_error(e, Path(target))
+            if start is not None
+            else OutputError(f"could not write the output to {target}: {e.strerror or e}; send it elsewhere")
+        )
         raise why from None
 
 

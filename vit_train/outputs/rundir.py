@@ -66,8 +66,7 @@ def special_run_file(run_dir: Path) -> str | None:
             continue
         kind = not_regular(path)
         if kind is not None:
-            return (f"{path} is {kind}, not a regular file; move it out of the run directory, "
-                    f"then resume")
+            return f"{path} is {kind}, not a regular file; move it out of the run directory, then resume"
     return None
 
 
@@ -132,34 +131,48 @@ def acquire(run_dir: Path) -> RunLock:
     existed = os.path.lexists(lock_path)
     kind = not_regular(lock_path) if existed else None
     if kind is not None:  # a FIFO would block the open; flock on it fails: never run without the lock
-        raise RunFileNotRegular(f"{lock_path} is {kind}, not a regular file; move it out of the run directory, "
-                                f"then resume")
+        raise RunFileNotRegular(
+            f"{lock_path} is {kind}, not a regular file; move it out of the run directory, then resume"
+        )
     # O_NONBLOCK: a FIFO put there since the check opens at once (and is refused below), never blocks
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o644)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise RunFileNotRegular(f"{lock_path} is not a regular file; move it out of the run directory, "
-                                    f"then resume")
+            raise RunFileNotRegular(f"{lock_path} is not a regular file; move it out of the run directory, then resume")
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = _describe(os.read(fd, 4096))
         os.close(fd)
-        raise RunDirBusy(f"{run_dir} is in use by another vit-train run ({holder}); wait for it to end, or give "
-                         f"this run its own directory (hydra.run.dir=...)") from None
+        raise RunDirBusy(
+            f"{run_dir} is in use by another vit-train run ({holder}); wait for it to end, or give "
+            f"this run its own directory (hydra.run.dir=...)"
+        ) from None
     except RunFileNotRegular:
         os.close(fd)
         raise
     except OSError as e:
         os.close(fd)
-        raise RunDirBusy(f"{lock_path} cannot be locked ({e.strerror}); give this run a directory on a "
-                         f"local file system (hydra.run.dir=...)") from None
+        raise RunDirBusy(
+            f"{lock_path} cannot be locked ({e.strerror}); give this run a directory on a "
+            f"local file system (hydra.run.dir=...)"
+        ) from None
     info = os.fstat(fd)
     before = (os.pread(fd, info.st_size, 0), info.st_mtime_ns) if existed else None
     os.ftruncate(fd, 0)
     program = Path(sys.argv[0]).name.replace("__main__.py", "vit-train")  # python -m vit_train
     try:  # who holds it, for a second run's message; the lock itself needs no bytes (a full disk)
-        os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime(
-            "%Y-%m-%d %H:%M:%S"), "command": " ".join([program, *sys.argv[1:]])[:500]}).encode(), 0)
+        os.pwrite(
+            fd,
+            json.dumps(
+                {
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "command": " ".join([program, *sys.argv[1:]])[:500],
+                }
+            ).encode(),
+            0,
+        )
     except OSError:
         pass
     _open_fds.add(fd)
@@ -194,13 +207,18 @@ def _describe(text: bytes) -> str:
 
 def remove_leftovers(run_dir: Path) -> list[Path]:
     """Delete the `*.tmp` files of an interrupted write (checkpoints, metrics, results, event files); returns them."""
-    found = [p for folder in (run_dir, run_dir / "checkpoints", run_dir / "tb") if folder.is_dir()
-             for p in folder.glob("*.tmp")]
+    found = [
+        p
+        for folder in (run_dir, run_dir / "checkpoints", run_dir / "tb")
+        if folder.is_dir()
+        for p in folder.glob("*.tmp")
+    ]
     for path in found:
         path.unlink(missing_ok=True)
     if found:
-        log.info("removed %d temporary file(s) an interrupted run left: %s", len(found),
-                 ", ".join(p.name for p in found))
+        log.info(
+            "removed %d temporary file(s) an interrupted run left: %s", len(found), ", ".join(p.name for p in found)
+        )
     return found
 
 

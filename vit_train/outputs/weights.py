@@ -37,5 +37,8 @@ def strip_wrappers(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`weights` without the names wrappers add: `module.` (DDP, DataParallel, AveragedModel), `_orig_mod.`
     (torch.compile), `_fsdp_wrapped_module.` (FSDP1) and `_checkpoint_wrapped_module.` (activation
     checkpointing's wrapper), at any depth and in any order; an AveragedModel's `n_averaged` dropped."""
-    return {".".join(p for p in k.split(".") if p not in WRAPPERS): v for k, v in weights.items()
-            if k.split(".")[-1] != "n_averaged"}
+    return {
+        ".".join(p for p in k.split(".") if p not in WRAPPERS): v
+        for k, v in weights.items()
+        if k.split(".")[-1] != "n_averaged"
+    }

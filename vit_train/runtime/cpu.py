@@ -66,10 +66,14 @@ def cpu_ticks(cpus: Iterable[int], stat: Path = Path("/proc/stat")) -> tuple[int
     return (busy, total) if total else None
 
 
-def busy_cpus(cpus: set[int], seconds: float = SAMPLE_SECONDS,
-              ticks: Callable[[set[int]], tuple[int, int] | None] = cpu_ticks,
-              own_seconds: Callable[[], float] = lambda: sum(os.times()[:2]),
-              sleep: Callable[[float], None] = time.sleep, hz: int | None = None) -> float:
+def busy_cpus(
+    cpus: set[int],
+    seconds: float = SAMPLE_SECONDS,
+    ticks: Callable[[set[int]], tuple[int, int] | None] = cpu_ticks,
+    own_seconds: Callable[[], float] = lambda: sum(os.times()[:2]),
+    sleep: Callable[[float], None] = time.sleep,
+    hz: int | None = None,
+) -> float:
     """How many of the CPUs `cpus` other processes keep busy (0.0 to len(cpus)), from a sample of
     `seconds`: the busy clock ticks on those CPUs (`ticks`, `hz` a second) less this process's own
     CPU time (all its threads), over the ticks that passed; 0.0 where it cannot be measured. A point

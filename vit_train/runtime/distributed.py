@@ -51,8 +51,9 @@ def from_slurm(env: dict | None = None) -> None:
         return
     env.update(RANK=env["SLURM_PROCID"], LOCAL_RANK=env.get("SLURM_LOCALID", "0"), WORLD_SIZE=env["SLURM_NTASKS"])
     if "MASTER_ADDR" not in env:  # the job's first node
-        nodes = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True,
-                               text=True, check=True).stdout.split()
+        nodes = subprocess.run(
+            ["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True, text=True, check=True
+        ).stdout.split()
         env["MASTER_ADDR"] = nodes[0]
     env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
 
@@ -70,8 +71,13 @@ def setup(device_name: str) -> Context:
     # holds the previous attempt's addresses, which the new processes would otherwise try to reach.
     store, _, _ = next(dist.rendezvous("env://"))
     store = dist.PrefixStore(f"vit-train/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
-    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world,
-                            device_id=torch.device("cuda", local_rank) if cuda else None)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        store=store,
+        rank=rank,
+        world_size=world,
+        device_id=torch.device("cuda", local_rank) if cuda else None,
+    )
     _context = Context(rank, local_rank, world)
     return _context
 
@@ -95,8 +101,10 @@ def check_batch(batch_size: int, accum_steps: int) -> int:
     """This process's share of the global batch; refuses a batch the processes cannot split evenly."""
     world = _context.world_size
     if batch_size % world or (batch_size // world) % accum_steps:
-        raise ConfigError(f"data.batch_size ({batch_size}) must split evenly over {world} processes x "
-                          f"trainer.accum_steps ({accum_steps}); use a multiple of {world * accum_steps}")
+        raise ConfigError(
+            f"data.batch_size ({batch_size}) must split evenly over {world} processes x "
+            f"trainer.accum_steps ({accum_steps}); use a multiple of {world * accum_steps}"
+        )
     return batch_size // world
 
 

@@ -53,7 +53,6 @@ class EarlyRecords(logging.Handler):
         self.records.clear()
 
 
-
 class QuietStdout:
     """Standard output for a training run (`sys.stdout = QuietStdout(sys.stdout)`): a failed write (a
     full disk, /dev/full, a closed pipe) is said once on stderr instead of a traceback per log line,
@@ -80,8 +79,11 @@ class QuietStdout:
             self.failed = True
             why = getattr(e, "strerror", None) or str(e) or type(e).__name__
             try:
-                print(f"vit-train: warning: cannot write to standard output ({why}); its lines are dropped from "
-                      f"here on, train.log keeps them", file=sys.stderr)
+                print(
+                    f"vit-train: warning: cannot write to standard output ({why}); its lines are dropped from "
+                    f"here on, train.log keeps them",
+                    file=sys.stderr,
+                )
             except (OSError, ValueError):
                 pass
             try:  # the unwritten rest of the buffer goes nowhere, so the exit does not fail on it again

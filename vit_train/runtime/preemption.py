@@ -99,8 +99,12 @@ class StopRequest:
         if not self.deferred:
             self.signum = signum
         if self.speaks and not again:
-            log.warning("received %s: %s%s", signal.Signals(signum).name, self.plan(),
-                        "" if self.interrupts and not self.deferred else " (Ctrl-C again to stop at once)")
+            log.warning(
+                "received %s: %s%s",
+                signal.Signals(signum).name,
+                self.plan(),
+                "" if self.interrupts and not self.deferred else " (Ctrl-C again to stop at once)",
+            )
         if self.interrupts and not self.deferred:
             self._interrupt()
 

@@ -35,8 +35,16 @@ class LineProgress:
     (`vit-shards train: 40/48 images (83%), 212.5 images/s`).
     """
 
-    def __init__(self, total: int, desc: str, initial: int = 0, interval: float = LINE_INTERVAL,
-                 file: IO[str] | None = None, clock: Callable[[], float] = time.monotonic, unit: str = "step"):
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        initial: int = 0,
+        interval: float = LINE_INTERVAL,
+        file: IO[str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        unit: str = "step",
+    ):
         self.total, self.desc, self.n, self.interval, self.clock = total, desc, initial, interval, clock
         self.unit = unit
         self.file = file if file is not None else sys.stderr
@@ -150,4 +158,3 @@ def progress_iter(iterable: Iterable, desc: str, enabled: bool) -> Iterable:
     if enabled and interactive():
         return tqdm(iterable, desc=desc, leave=False, dynamic_ncols=True)
     return iterable
-

@@ -24,8 +24,11 @@ class Cosine(ScheduleConfig):
 
     def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
-        require(0 <= self.min_lr <= cfg.lr, f"schedule.min_lr ({self.min_lr}) must be between 0 and optim.lr "
-                f"({cfg.lr:g}{' after batch scaling' if cfg.optim.lr_base_batch else ''})")
+        require(
+            0 <= self.min_lr <= cfg.lr,
+            f"schedule.min_lr ({self.min_lr}) must be between 0 and optim.lr "
+            f"({cfg.lr:g}{' after batch scaling' if cfg.optim.lr_base_batch else ''})",
+        )
 
     def factor(self, step: int, warmup_steps: int, total_steps: int, lr: float) -> float:
         """Warmup rises to 1 at step warmup_steps - 1; the cosine falls from 1 to min_lr / lr at the last step,

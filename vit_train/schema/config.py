@@ -82,16 +82,25 @@ class Config:
         except ConfigError as e:
             if source is None:
                 raise
-            missing = [(group, section[chooser(group)]) for group in OPTION_GROUPS for section in [data.get(group)]
-                       if isinstance(section, dict) and isinstance(section.get(chooser(group)), str)
-                       and section[chooser(group)] not in options(group)]
+            missing = [
+                (group, section[chooser(group)])
+                for group in OPTION_GROUPS
+                for section in [data.get(group)]
+                if isinstance(section, dict)
+                and isinstance(section.get(chooser(group)), str)
+                and section[chooser(group)] not in options(group)
+            ]
             if missing:  # a run of another package's option (docs/extending.md)
                 group, name = missing[0]
                 spelled = group if chooser(group) == "name" else f"{group}.{chooser(group)}"
-                raise ConfigError(f"{source} was trained with {spelled}={name}, which is not registered here: install "
-                                  f"the package that has it (docs/extending.md), then run the same command") from None
-            raise ConfigError(f"{source} holds a config this vit-train does not read ({e}): the file was edited, or "
-                              f"written by another version") from None
+                raise ConfigError(
+                    f"{source} was trained with {spelled}={name}, which is not registered here: install "
+                    f"the package that has it (docs/extending.md), then run the same command"
+                ) from None
+            raise ConfigError(
+                f"{source} holds a config this vit-train does not read ({e}): the file was edited, or "
+                f"written by another version"
+            ) from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -104,7 +113,11 @@ class Config:
 
     def sections(self) -> dict[str, Section]:
         """{section name: section} in the schema's order."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), Section)}
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), Section)
+        }
 
     def validate(self) -> Config:
         """Fill model.img_size/patch_size left null from the data set, then run every section's checks (one

@@ -49,8 +49,9 @@ def upgrade_saved(plain: dict[str, Any]) -> dict[str, Any]:
         known = {k for cls in owners for k in section_keys(cls)}
         if not isinstance(keys, dict) or set(keys) - known:
             what = "is not a mapping" if not isinstance(keys, dict) else f"holds {sorted(set(keys) - known)[0]}"
-            raise ConfigError(f"the saved config's '{old}' section {what}, which no vit-train wrote: the file was "
-                              f"edited or damaged")
+            raise ConfigError(
+                f"the saved config's '{old}' section {what}, which no vit-train wrote: the file was edited or damaged"
+            )
         for cls in owners:
             section = plain.get(cls.group)
             if isinstance(section, dict) and section.get("name") == cls.name:
@@ -72,9 +73,11 @@ def refuse_old_sections(plain: dict[str, Any]) -> None:
         if old in plain:
             cls = owners[0]
             example = next(iter(plain[old]), None) if isinstance(plain[old], dict) else None
-            raise ConfigError(f"'{old}' is no longer a section: {cls.group}={cls.name}'s keys are {cls.group}.* now "
-                              f"(e.g. {cls.group}.{example or [k for k in section_keys(cls) if k != 'name'][0]}); "
-                              f"move them under {cls.group}")
+            raise ConfigError(
+                f"'{old}' is no longer a section: {cls.group}={cls.name}'s keys are {cls.group}.* now "
+                f"(e.g. {cls.group}.{example or [k for k in section_keys(cls) if k != 'name'][0]}); "
+                f"move them under {cls.group}"
+            )
 
 
 def rename_old_keys(args: list[str]) -> tuple[list[str], list[str]]:
@@ -84,23 +87,29 @@ def rename_old_keys(args: list[str]) -> tuple[list[str], list[str]]:
     moved = moved_options()
     renamed, notes = [], []
     for arg in args:
-        prefix = arg[:len(arg) - len(arg.lstrip("+~"))]
-        key, eq, value = arg[len(prefix):].partition("=")
+        prefix = arg[: len(arg) - len(arg.lstrip("+~"))]
+        key, eq, value = arg[len(prefix) :].partition("=")
         section, _, leaf = key.partition(".")
         owner = next((cls for cls in moved.get(section, []) if leaf in section_keys(cls)), None)
         if section in moved and owner is None and leaf and (eq or prefix.startswith("~")) and not arg.startswith("-"):
             cls = moved[section][0]  # an old section's key that its option never had
-            raise ConfigError(f"{key}: '{section}' is no longer a section ({cls.group}={cls.name}'s keys are "
-                              f"{cls.group}.* now) and {cls.group}={cls.name} has no key {leaf} (its keys: "
-                              f"{', '.join(k for k in section_keys(cls) if k != 'name')})")
+            raise ConfigError(
+                f"{key}: '{section}' is no longer a section ({cls.group}={cls.name}'s keys are "
+                f"{cls.group}.* now) and {cls.group}={cls.name} has no key {leaf} (its keys: "
+                f"{', '.join(k for k in section_keys(cls) if k != 'name')})"
+            )
         if arg.startswith("-") or not eq and not prefix.startswith("~") or owner is None:
             renamed.append(arg)
             continue
         twin = next((a for a in args if a.lstrip("+~").partition("=")[0] == f"{owner.group}.{leaf}"), None)
         if twin is not None:  # both spellings of one key: which wins would be a guess
-            raise ConfigError(f"{arg} and {twin} set the same key ({key} is the old spelling of {owner.group}.{leaf}); "
-                              f"give one: {twin}")
+            raise ConfigError(
+                f"{arg} and {twin} set the same key ({key} is the old spelling of {owner.group}.{leaf}); "
+                f"give one: {twin}"
+            )
         renamed.append(f"{prefix}{owner.group}.{leaf}{eq}{value}")
-        notes.append(f"{key} is spelled {owner.group}.{leaf} now ({owner.group}={owner.name}'s keys moved under "
-                     f"{owner.group}.*); the old spelling works until the next release")
+        notes.append(
+            f"{key} is spelled {owner.group}.{leaf} now ({owner.group}={owner.name}'s keys moved under "
+            f"{owner.group}.*); the old spelling works until the next release"
+        )
     return renamed, notes

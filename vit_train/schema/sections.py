@@ -45,12 +45,17 @@ class ModelConfig(Option):
     img_size: int | None = None  # input side in pixels; null = the data set's default
     patch_size: int | None = None  # patch side in pixels (families with patches); null = the data set's default
     pretrained: str | None = None  # weights to start from: a vit-train checkpoint, .safetensors or timm .pth
-    reset_head: bool = False  # model.pretrained: a new classifier head (fine-tuning to other classes); else the head must fit
+    reset_head: bool = (
+        False  # model.pretrained: a new classifier head (fine-tuning to other classes); else the head must fit
+    )
 
     def check(self, cfg: RunConfig) -> None:
         positive(("model.img_size", self.img_size), ("model.patch_size", self.patch_size))
-        require(cfg.optim.layer_decay is None or self.has_layers, f"optim.layer_decay is for networks of "
-                f"numbered layers; model.arch={self.arch} has none: set optim.layer_decay=null")
+        require(
+            cfg.optim.layer_decay is None or self.has_layers,
+            f"optim.layer_decay is for networks of "
+            f"numbered layers; model.arch={self.arch} has none: set optim.layer_decay=null",
+        )
 
     def ignored(self, cfg: RunConfig) -> list[tuple[str, str, str]]:
         """patch_size, for a family without patches, when it is not the data set's (which fills it for every model)."""
@@ -130,9 +135,13 @@ class OptimConfig(Option):
     layer_decay: float | None = None  # layer-wise lr decay (BEiT/MAE): block i gets lr x decay^(depth - i); null = off
 
     def check(self, cfg: RunConfig) -> None:
-        positive(("optim.lr", self.lr), ("optim.clip_grad", self.clip_grad), ("optim.lr_base_batch", self.lr_base_batch))
-        require(self.layer_decay is None or 0 < self.layer_decay <= 1, f"optim.layer_decay must be in (0, 1] (e.g. "
-                f"0.75 for fine-tuning) or null for off, got {self.layer_decay}")
+        positive(
+            ("optim.lr", self.lr), ("optim.clip_grad", self.clip_grad), ("optim.lr_base_batch", self.lr_base_batch)
+        )
+        require(
+            self.layer_decay is None or 0 < self.layer_decay <= 1,
+            f"optim.layer_decay must be in (0, 1] (e.g. 0.75 for fine-tuning) or null for off, got {self.layer_decay}",
+        )
         require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
 
     def build(self, groups: list[dict], lr: float, device: Any, capturable: bool = False) -> Any:
@@ -185,15 +194,21 @@ class TrainerConfig(Section):
     max_steps: int | None = None  # cap on optimiser steps; the schedule then ends at the cap
     accum_steps: int = 1  # micro-batches per optimiser step (data.batch_size is split into them)
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on capable GPUs, else fp32
-    compile: bool = False  # torch.compile (compile_scope says what): the first step compiles, timed apart (docs/speed.md)
+    compile: bool = (
+        False  # torch.compile (compile_scope says what): the first step compiles, timed apart (docs/speed.md)
+    )
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
-    compile_scope: Literal["model", "step"] = "model"  # model: its forward and backward; step: the whole training step as one graph
+    compile_scope: Literal["model", "step"] = (
+        "model"  # model: its forward and backward; step: the whole training step as one graph
+    )
     compile_backend: str = "inductor"  # torch.compile's backend (timm's --torchcompile): inductor, aot_eager, eager
     peak_tflops: float | None = None  # the device's peak, for MFU; null = from a table of known GPUs
     device: Literal["auto", "cuda", "cpu"] = "auto"  # auto: cuda when available
     cpu_threads: int | None = None  # torch intra-op threads; null = this process's CPU share (docs/speed.md)
     eval_every: int | None = None  # evaluate every N steps; null = at the end of each epoch
-    limit_val_batches: int | None = None  # evaluate on the first N val batches only (a partial top-1, marked so); null = all
+    limit_val_batches: int | None = (
+        None  # evaluate on the first N val batches only (a partial top-1, marked so); null = all
+    )
     ckpt_every: int | None = None  # also write last.pt every N steps; null = each epoch only
     log_every: int = 50  # steps between train metric logs
     progress: bool = True  # progress on stderr: a tqdm bar on a terminal, whole lines in a log (docs/outputs.md)
@@ -201,32 +216,54 @@ class TrainerConfig(Section):
     max_bad_steps: int = 20  # consecutive steps with a non-finite loss or gradient norm before the run stops
     ema_decay: float | None = None  # exponential moving average of the weights; null = off, e.g. 0.9998
     viz_every: int | None = None  # figures (attention maps, confusion, ...) to TensorBoard every N evals; null = off
-    strategy: Literal["ddp", "fsdp"] = "ddp"  # several processes: ddp copies the weights, fsdp shards them (FSDP2; docs/multi-gpu.md)
-    fsdp_reshard_after_forward: bool | None = None  # fsdp: free gathered weights after forward; null = blocks yes, root no (torchtitan)
+    strategy: Literal["ddp", "fsdp"] = (
+        "ddp"  # several processes: ddp copies the weights, fsdp shards them (FSDP2; docs/multi-gpu.md)
+    )
+    fsdp_reshard_after_forward: bool | None = (
+        None  # fsdp: free gathered weights after forward; null = blocks yes, root no (torchtitan)
+    )
 
     refused_on_resume: ClassVar[dict[str, str]] = {
-        "ema_decay": "the checkpoint's EMA weights would be dropped"}  # only on -> off: an EMA may start or change decay
+        "ema_decay": "the checkpoint's EMA weights would be dropped"
+    }  # only on -> off: an EMA may start or change decay
 
     def check(self, cfg: RunConfig) -> None:
-        positive(("trainer.epochs", self.epochs), ("trainer.accum_steps", self.accum_steps),
-                 ("trainer.log_every", self.log_every), ("trainer.keep_last", self.keep_last),
-                 ("trainer.max_bad_steps", self.max_bad_steps), ("trainer.max_steps", self.max_steps),
-                 ("trainer.eval_every", self.eval_every), ("trainer.ckpt_every", self.ckpt_every),
-                 ("trainer.viz_every", self.viz_every), ("trainer.cpu_threads", self.cpu_threads),
-                 ("trainer.limit_val_batches", self.limit_val_batches))
-        require(self.ema_decay is None or 0.0 < self.ema_decay < 1.0,
-                f"trainer.ema_decay must be in (0, 1), got {self.ema_decay}")
-        require(not (self.strategy == "fsdp" and self.precision == "fp16"), "trainer.strategy=fsdp does not take "
-                "trainer.precision=fp16 (its GradScaler cannot see sharded gradients); use bf16 or fp32")
-        require(not (self.compile and self.compile_scope == "step" and self.precision == "fp16"),
-                "trainer.compile_scope=step does not take trainer.precision=fp16 (its GradScaler reads the host every "
-                "step); use bf16 or fp32, or trainer.compile_scope=model")
+        positive(
+            ("trainer.epochs", self.epochs),
+            ("trainer.accum_steps", self.accum_steps),
+            ("trainer.log_every", self.log_every),
+            ("trainer.keep_last", self.keep_last),
+            ("trainer.max_bad_steps", self.max_bad_steps),
+            ("trainer.max_steps", self.max_steps),
+            ("trainer.eval_every", self.eval_every),
+            ("trainer.ckpt_every", self.ckpt_every),
+            ("trainer.viz_every", self.viz_every),
+            ("trainer.cpu_threads", self.cpu_threads),
+            ("trainer.limit_val_batches", self.limit_val_batches),
+        )
+        require(
+            self.ema_decay is None or 0.0 < self.ema_decay < 1.0,
+            f"trainer.ema_decay must be in (0, 1), got {self.ema_decay}",
+        )
+        require(
+            not (self.strategy == "fsdp" and self.precision == "fp16"),
+            "trainer.strategy=fsdp does not take "
+            "trainer.precision=fp16 (its GradScaler cannot see sharded gradients); use bf16 or fp32",
+        )
+        require(
+            not (self.compile and self.compile_scope == "step" and self.precision == "fp16"),
+            "trainer.compile_scope=step does not take trainer.precision=fp16 (its GradScaler reads the host every "
+            "step); use bf16 or fp32, or trainer.compile_scope=model",
+        )
 
     def ignored(self, cfg: RunConfig) -> list[tuple[str, str, str]]:
-        return [(key, "trainer.compile=false", "trainer.compile=true")
-                for key in ("compile_mode", "compile_scope", "compile_backend") if not self.compile] + \
-            [("fsdp_reshard_after_forward", f"trainer.strategy={self.strategy}", "trainer.strategy=fsdp")] * \
-            (self.strategy != "fsdp")
+        return [
+            (key, "trainer.compile=false", "trainer.compile=true")
+            for key in ("compile_mode", "compile_scope", "compile_backend")
+            if not self.compile
+        ] + [("fsdp_reshard_after_forward", f"trainer.strategy={self.strategy}", "trainer.strategy=fsdp")] * (
+            self.strategy != "fsdp"
+        )
 
     def resume_refusal(self, key: str, saved: Any) -> str | None:
         """An EMA may start (from the weights) or change its decay on resume; only switching it off is refused."""
@@ -243,10 +280,14 @@ class SweepConfig(Section):
     def check(self, cfg: RunConfig) -> None:
         positive(("sweep.devices", self.devices))
         directions = results_directions()
-        require(self.objective in directions,
-                f"sweep.objective must be one of {', '.join(directions)}; got {self.objective!r}")
-        require(directions[self.objective] != "minimize" or self.direction == "minimize",
-                f"sweep.objective={self.objective} is a loss: lower is better, so add sweep.direction=minimize")
+        require(
+            self.objective in directions,
+            f"sweep.objective must be one of {', '.join(directions)}; got {self.objective!r}",
+        )
+        require(
+            directions[self.objective] != "minimize" or self.direction == "minimize",
+            f"sweep.objective={self.objective} is a loss: lower is better, so add sweep.direction=minimize",
+        )
 
 
 def results_directions() -> dict[str, str]:
@@ -264,8 +305,13 @@ class DataConfig(Option):
     vit_train/data/sources/ with a subclass holding its own keys."""
 
     group: ClassVar[str] = "data"
-    input_size: ClassVar[tuple[int, int]] = (32, 4)  # (model.img_size, model.patch_size) when the config leaves them null
-    encoded: ClassVar[bool] = False  # image files of any size (RandomResizedCrop, bad-image policy), not fixed-size arrays
+    input_size: ClassVar[tuple[int, int]] = (
+        32,
+        4,
+    )  # (model.img_size, model.patch_size) when the config leaves them null
+    encoded: ClassVar[bool] = (
+        False  # image files of any size (RandomResizedCrop, bad-image policy), not fixed-size arrays
+    )
     refused_on_resume: ClassVar[dict[str, str]] = {"name": "the classes and the head belong to another data set"}
 
     name: str
@@ -283,11 +329,18 @@ class DataConfig(Option):
         return {**super().composed(), "model": {"img_size": img_size, "patch_size": patch_size}}
 
     def check(self, cfg: RunConfig) -> None:
-        positive(("data.batch_size", self.batch_size), ("data.repeated_aug", self.repeated_aug),
-                 ("data.eval_batch_size", self.eval_batch_size))
-        require(self.num_workers is None or self.num_workers >= 0, f"data.num_workers must be >= 0, got {self.num_workers}")
-        require(self.batch_size % cfg.trainer.accum_steps == 0, f"data.batch_size ({self.batch_size}) must be "
-                f"divisible by trainer.accum_steps ({cfg.trainer.accum_steps})")
+        positive(
+            ("data.batch_size", self.batch_size),
+            ("data.repeated_aug", self.repeated_aug),
+            ("data.eval_batch_size", self.eval_batch_size),
+        )
+        require(
+            self.num_workers is None or self.num_workers >= 0, f"data.num_workers must be >= 0, got {self.num_workers}"
+        )
+        require(
+            self.batch_size % cfg.trainer.accum_steps == 0,
+            f"data.batch_size ({self.batch_size}) must be divisible by trainer.accum_steps ({cfg.trainer.accum_steps})",
+        )
 
 
 @dataclass
@@ -308,18 +361,29 @@ class AugConfig(Option):
     def check(self, cfg: RunConfig) -> None:
         for key in ("mix_prob", "switch_prob", "random_erasing"):
             fraction(f"aug.{key}", getattr(self, key))
-        require(self.mixup_alpha >= 0 and self.cutmix_alpha >= 0, f"aug.mixup_alpha and aug.cutmix_alpha must be "
-                f">= 0 (0 = off), got {self.mixup_alpha} and {self.cutmix_alpha}")
+        require(
+            self.mixup_alpha >= 0 and self.cutmix_alpha >= 0,
+            f"aug.mixup_alpha and aug.cutmix_alpha must be "
+            f">= 0 (0 = off), got {self.mixup_alpha} and {self.cutmix_alpha}",
+        )
         fraction("aug.label_smoothing", self.label_smoothing, closed=False)
 
     def ignored(self, cfg: RunConfig) -> list[tuple[str, str, str]]:
         mix = f"aug.mixup_alpha={self.mixup_alpha}, aug.cutmix_alpha={self.cutmix_alpha}"
-        return [("mix_prob", mix, "aug.mixup_alpha > 0 or aug.cutmix_alpha > 0")] * \
-            (self.mixup_alpha == 0 and self.cutmix_alpha == 0) + \
-            [("switch_prob", mix, "aug.mixup_alpha > 0 together with aug.cutmix_alpha > 0")] * \
-            (self.mixup_alpha == 0 or self.cutmix_alpha == 0) + \
-            [("label_smoothing", f"objective={cfg.objective.name} (it reads no labels)",
-              "objectives trained on labels")] * (not getattr(cfg.objective, "reads_labels", True))
+        return (
+            [("mix_prob", mix, "aug.mixup_alpha > 0 or aug.cutmix_alpha > 0")]
+            * (self.mixup_alpha == 0 and self.cutmix_alpha == 0)
+            + [("switch_prob", mix, "aug.mixup_alpha > 0 together with aug.cutmix_alpha > 0")]
+            * (self.mixup_alpha == 0 or self.cutmix_alpha == 0)
+            + [
+                (
+                    "label_smoothing",
+                    f"objective={cfg.objective.name} (it reads no labels)",
+                    "objectives trained on labels",
+                )
+            ]
+            * (not getattr(cfg.objective, "reads_labels", True))
+        )
 
 
 @dataclass
@@ -332,7 +396,8 @@ class ObjectiveConfig(Option):
     higher_is_better: ClassVar[bool] = True
     results: ClassVar[dict[str, str]] = {}  # its numbers in results.json: {key: "maximize" or "minimize"}
     refused_on_resume: ClassVar[dict[str, str]] = {
-        "name": "the weights, the loss and the best score belong to another objective"}
+        "name": "the weights, the loss and the best score belong to another objective"
+    }
 
     name: str
 

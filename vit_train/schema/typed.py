@@ -25,12 +25,29 @@ from typing import Any, ClassVar, Literal, Union
 from vit_train.errors import ConfigError
 
 # Names users bring from other trainers (timm, Lightning, DeiT), for "did you mean" hints.
-ALIASES = {"learning_rate": "lr", "wd": "weight_decay", "grad_clip": "clip_grad", "clip_grad_norm": "clip_grad",
-           "max_epochs": "epochs", "warmup": "warmup_epochs", "drop_path_rate": "drop_path", "workers": "num_workers",
-           "batch": "batch_size", "patch": "patch_size", "input_size": "img_size", "global_pool": "pool",
-           "mixup": "mixup_alpha", "cutmix": "cutmix_alpha", "reprob": "random_erasing", "smoothing": "label_smoothing",
-           "mixup_prob": "mix_prob", "mixup_switch_prob": "switch_prob", "repeated_aug_count": "repeated_aug",
-           "model_ema_decay": "ema_decay", "finetune": "pretrained"}
+ALIASES = {
+    "learning_rate": "lr",
+    "wd": "weight_decay",
+    "grad_clip": "clip_grad",
+    "clip_grad_norm": "clip_grad",
+    "max_epochs": "epochs",
+    "warmup": "warmup_epochs",
+    "drop_path_rate": "drop_path",
+    "workers": "num_workers",
+    "batch": "batch_size",
+    "patch": "patch_size",
+    "input_size": "img_size",
+    "global_pool": "pool",
+    "mixup": "mixup_alpha",
+    "cutmix": "cutmix_alpha",
+    "reprob": "random_erasing",
+    "smoothing": "label_smoothing",
+    "mixup_prob": "mix_prob",
+    "mixup_switch_prob": "switch_prob",
+    "repeated_aug_count": "repeated_aug",
+    "model_ema_decay": "ema_decay",
+    "finetune": "pretrained",
+}
 
 
 class Section:
@@ -73,10 +90,21 @@ BUILT_IN = {
     "model": ("vit_train.models.families.vit", "vit_train.models.families.resnet"),
     "optim": ("vit_train.optim.adamw", "vit_train.optim.sgd"),
     "schedule": ("vit_train.schedules.cosine", "vit_train.schedules.constant"),
-    "data": ("vit_train.data.sources.shapes", "vit_train.data.sources.cifar", "vit_train.data.sources.imagefolder",
-             "vit_train.data.sources.webdataset", "vit_train.data.sources.hf"),
-    "aug": ("vit_train.data.aug.none", "vit_train.data.aug.basic", "vit_train.data.aug.randaug",
-            "vit_train.data.aug.autoaug", "vit_train.data.aug.trivial", "vit_train.data.aug.deit"),
+    "data": (
+        "vit_train.data.sources.shapes",
+        "vit_train.data.sources.cifar",
+        "vit_train.data.sources.imagefolder",
+        "vit_train.data.sources.webdataset",
+        "vit_train.data.sources.hf",
+    ),
+    "aug": (
+        "vit_train.data.aug.none",
+        "vit_train.data.aug.basic",
+        "vit_train.data.aug.randaug",
+        "vit_train.data.aug.autoaug",
+        "vit_train.data.aug.trivial",
+        "vit_train.data.aug.deit",
+    ),
     "objective": ("vit_train.objectives.classify", "vit_train.objectives.distill", "vit_train.objectives.mae"),
 }
 ENTRY_POINTS = "vit_train.options"
@@ -122,15 +150,23 @@ def load_plugin(plugin: Any) -> None:
         dist = getattr(plugin, "dist", None)
         package = f", package {dist.name} {dist.version}" if dist is not None else ""
         first = str(error).splitlines()[0] if str(error) else ""
-        log.warning("the options of %s (entry point %s of %s%s) are not available: %s: %s", plugin.value,
-                    plugin.name, ENTRY_POINTS, package, type(error).__name__, first)
+        log.warning(
+            "the options of %s (entry point %s of %s%s) are not available: %s: %s",
+            plugin.value,
+            plugin.name,
+            ENTRY_POINTS,
+            package,
+            type(error).__name__,
+            first,
+        )
     for group, found in REGISTRY.items():
         for name, cls in list(found.items()):
             problem = None if before.get(group, {}).get(name) is cls else unusable(cls)
             if problem:  # one line, and the option is not there: every other command works
                 del found[name]
-                log.warning("%s=%s (%s.%s) is not available: %s", group, name, cls.__module__, cls.__qualname__,
-                            problem)
+                log.warning(
+                    "%s=%s (%s.%s) is not available: %s", group, name, cls.__module__, cls.__qualname__, problem
+                )
 
 
 def unusable(cls: type[Option]) -> str | None:
@@ -182,8 +218,10 @@ class Option(Section):
             known = REGISTRY.setdefault(cls.group, {})
             other = known.get(name)
             if other is not None and (other.__module__, other.__qualname__) != (cls.__module__, cls.__qualname__):
-                raise ConfigError(f"{cls.group}={name} is {other.__module__}.{other.__qualname__} already; give "
-                                  f"{cls.__module__}.{cls.__qualname__} another name")  # never a silent last-wins
+                raise ConfigError(
+                    f"{cls.group}={name} is {other.__module__}.{other.__qualname__} already; give "
+                    f"{cls.__module__}.{cls.__qualname__} another name"
+                )  # never a silent last-wins
             known[name] = cls  # a module imported again (importlib.reload) registers its class anew
 
     @classmethod
@@ -221,17 +259,21 @@ def option_class(group: str, name: Any) -> type[Option]:
     missing = known[name].unimplemented()
     if missing:  # a user's option short of its group's contract: refused when chosen, not a traceback mid-run
         cls = known[name]
-        raise ConfigError(f"{group}={name} ({cls.__module__}.{cls.__qualname__}) does not define {', '.join(missing)}, "
-                          f"which every {group} option defines; add {'it' if len(missing) == 1 else 'them'} "
-                          f"(docs/extending.md)")
+        raise ConfigError(
+            f"{group}={name} ({cls.__module__}.{cls.__qualname__}) does not define {', '.join(missing)}, "
+            f"which every {group} option defines; add {'it' if len(missing) == 1 else 'them'} "
+            f"(docs/extending.md)"
+        )
     return known[name]
 
 
 def overridden(cls: type, base: type, method: str) -> bool:
     """Whether `cls` (a subclass of `base`) defines `method` otherwise than `base` does."""
+
     def function(owner: type) -> Any:
         found = getattr(owner, method)
         return getattr(found, "__func__", found)  # a classmethod's function
+
     return function(cls) is not function(base)
 
 
@@ -239,9 +281,11 @@ def default_option(group: str) -> type[Option]:
     """The class of the option that `group` defaults to (the one whose `default` is set)."""
     found = [cls for cls in options(group).values() if cls.__dict__.get("default")]
     if len(found) != 1:
-        raise ConfigError(f"the config group {group} has {len(found)} default options "
-                          f"({', '.join(getattr(c, c.chooser) for c in found) or 'none'}); exactly one option sets "
-                          f"default = True")
+        raise ConfigError(
+            f"the config group {group} has {len(found)} default options "
+            f"({', '.join(getattr(c, c.chooser) for c in found) or 'none'}); exactly one option sets "
+            f"default = True"
+        )
     return found[0]
 
 
@@ -296,8 +340,10 @@ def not_this_option(group: str, name: str, leaf: str) -> str | None:
     pick = f"{choice}={owners[0]}" if len(owners) == 1 else f"one of {choice}={', '.join(owners)}"
     if chooser != "name":  # a family is picked by its presets: model=vit_small, not model.arch=vit
         pick = f"a {group} of {pick}"
-    return (f"{group}.{leaf} is a key of {which}, not of {choice}={name} "
-            f"({f'its keys: {mine}' if mine else f'it has no keys but {chooser}'}); pick {pick} or drop {group}.{leaf}")
+    return (
+        f"{group}.{leaf} is a key of {which}, not of {choice}={name} "
+        f"({f'its keys: {mine}' if mine else f'it has no keys but {chooser}'}); pick {pick} or drop {group}.{leaf}"
+    )
 
 
 def build(cls: type, data: Any, prefix: str, valid: list[str]) -> Any:
@@ -356,8 +402,9 @@ def coerce(tp: Any, value: Any, key: str, valid: list[str] | None = None) -> Any
         fixed = bool(args) and args[-1] is not Ellipsis
         if fixed and len(value) != len(args):
             raise ConfigError(f"{key} must hold {len(args)} values, got {len(value)}")
-        return tuple(coerce(args[i] if fixed else args[0], v, f"{key}[{i}]") if args else v
-                     for i, v in enumerate(value))
+        return tuple(
+            coerce(args[i] if fixed else args[0], v, f"{key}[{i}]") if args else v for i, v in enumerate(value)
+        )
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key} must be a mapping, got {value!r}")

@@ -76,9 +76,12 @@ def tagged_console(job: int, live: bool | None = None) -> Iterator[None]:
     tag = f"[job {job}] "
     before = sys.stdout, sys.stderr
     tagged = {id(s): TaggedStream(s, tag, live) for s in before}
-    handlers = [h for name in (None, "vit_train") for h in logging.getLogger(name).handlers
-                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
-                and id(h.stream) in tagged]
+    handlers = [
+        h
+        for name in (None, "vit_train")
+        for h in logging.getLogger(name).handlers
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) and id(h.stream) in tagged
+    ]
     streams = [h.stream for h in handlers]
     sys.stdout, sys.stderr = (tagged[id(s)] for s in before)
     for handler in handlers:

@@ -153,8 +153,10 @@ def holds_other_job(run_dir: Path, overrides: list[str]) -> str | None:
     if read_results(run_dir) is None and not run_checkpoints(run_dir):
         return None  # nothing of the other job's is there to lose
     theirs, ours = [o for o in before if o not in overrides], [o for o in overrides if o not in before]
-    return (f"{run_dir} holds a job of another sweep ({' '.join(theirs)}), not {' '.join(ours)}; "
-            f"run this grid with a hydra.sweep.dir of its own (this one keeps that sweep's jobs)")
+    return (
+        f"{run_dir} holds a job of another sweep ({' '.join(theirs)}), not {' '.join(ours)}; "
+        f"run this grid with a hydra.sweep.dir of its own (this one keeps that sweep's jobs)"
+    )
 
 
 def check_same_job(run_dir: Path, overrides: list[str]) -> None:
@@ -208,8 +210,9 @@ def claim_device(sweep_dir: Path, count: int, job: int, poll_seconds: float = 0.
         time.sleep(poll_seconds)
 
 
-def run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path, overrides: list[str], job: int,
-            objective: str) -> float:
+def run_job(
+    compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path, overrides: list[str], job: int, objective: str
+) -> float:
     """One job of a sweep: its objective, or NaN after recording why it failed (the sweep goes on).
 
     `compose` gives the job's typed config (called only for a job that still has work to do). A job
@@ -228,11 +231,16 @@ def run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path,
             (run_dir / REFUSAL).unlink(missing_ok=True)
         home = job_home(run_dir, overrides)
         if home != run_dir and not _has_work(home):
-            log.info("job %d (%s) runs in %s (%s holds another job of this grid)", job,
-                     " ".join(overrides), home, run_dir)
+            log.info(
+                "job %d (%s) runs in %s (%s holds another job of this grid)", job, " ".join(overrides), home, run_dir
+            )
         elif home != run_dir:
-            log.info("job %d (%s) is the job of %s (the same grid in another order); it continues there", job,
-                     " ".join(overrides), home)
+            log.info(
+                "job %d (%s) is the job of %s (the same grid in another order); it continues there",
+                job,
+                " ".join(overrides),
+                home,
+            )
         try:
             with locked(home) as lock:  # before reading anything there: another process may be writing it
                 return _run_job(compose, home, overrides, job, objective, lock)
@@ -241,8 +249,14 @@ def run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path,
             return math.nan
 
 
-def _run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path, overrides: list[str], job: int,
-             objective: str, run_lock: RunLock) -> float:
+def _run_job(
+    compose: Callable[[], tuple[Config, list[str], Any]],
+    run_dir: Path,
+    overrides: list[str],
+    job: int,
+    objective: str,
+    run_lock: RunLock,
+) -> float:
     try:
         done = finished_job(run_dir, overrides)
         if done is not None:
@@ -267,8 +281,12 @@ def _run_job(compose: Callable[[], tuple[Config, list[str], Any]], run_dir: Path
                 torch.cuda.set_device(index)
                 log.info("job %d runs on GPU %d (of %d shared by this sweep)", job, index, config.sweep.devices)
             else:
-                log.info("job %d holds slot %d of %d (no GPU visible: the slots only limit concurrency)", job, index,
-                         config.sweep.devices)
+                log.info(
+                    "job %d holds slot %d of %d (no GPU visible: the slots only limit concurrency)",
+                    job,
+                    index,
+                    config.sweep.devices,
+                )
         from vit_train.train.trainer import train
 
         try:

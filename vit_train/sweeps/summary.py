@@ -34,8 +34,10 @@ def read_results(job: Path) -> dict[str, Any] | None:
     path = Path(job) / "results.json"
     kind = not_regular(path) if os.path.lexists(path) else None
     if kind is not None:
-        return {"status": "unreadable", "error": f"{path} is {kind}, not a regular file; move it out of the "
-                                                 f"job directory"}
+        return {
+            "status": "unreadable",
+            "error": f"{path} is {kind}, not a regular file; move it out of the job directory",
+        }
     return job_files.read_results(job)
 
 
@@ -48,8 +50,10 @@ def read_refusal(job: Path) -> dict[str, Any] | None:
 
 
 # the columns around the objectives' own (each objective's `summary_columns`); *_partial: scored on a share of the val set
-FIRST, LAST = ("job", "status", "objective"), ("epochs", "images_per_s", "wall_seconds", "best_partial", "val_partial",
-                                               "overrides")
+FIRST, LAST = (
+    ("job", "status", "objective"),
+    ("epochs", "images_per_s", "wall_seconds", "best_partial", "val_partial", "overrides"),
+)
 
 
 def objective_columns(found: list[dict[str, Any]]) -> dict[str, tuple[str, int]]:
@@ -130,44 +134,68 @@ def short_override(override: str) -> str:
     return override.replace("|", "\\|")
 
 
-def summarize(sweep_dir: Path, objective: str = "best_top1", direction: str = "maximize",
-              out: IO | None = sys.stdout) -> list[dict[str, Any]]:
+def summarize(
+    sweep_dir: Path, objective: str = "best_top1", direction: str = "maximize", out: IO | None = sys.stdout
+) -> list[dict[str, Any]]:
     """One row per job, best first (failed jobs last); writes summary.csv and summary.md in
     `sweep_dir`, prints the Markdown table to `out`, and writes TensorBoard HParams per job."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
-        raise UserError(f"sweep directory {sweep_dir} " + ("is not a folder" if sweep_dir.exists() else "does not exist"))
-    jobs = sorted((d for d in sweep_dir.iterdir() if (d / ".hydra" / "overrides.yaml").is_file()),
-                  key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
+        raise UserError(
+            f"sweep directory {sweep_dir} " + ("is not a folder" if sweep_dir.exists() else "does not exist")
+        )
+    jobs = sorted(
+        (d for d in sweep_dir.iterdir() if (d / ".hydra" / "overrides.yaml").is_file()),
+        key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name),
+    )
     if not jobs:
         raise UserError(f"{sweep_dir} holds no sweep jobs (folders with .hydra/overrides.yaml)")
     overrides = {job: job_overrides(job) for job in jobs}
     swept = swept_keys(list(overrides.values()), command_overrides(sweep_dir))
     found = {job: read_results(job) or {"status": "unfinished"} for job in jobs}
-    unknown = sorted({r["objective"] for r in found.values() if r.get("objective") not in (None, *options("objective"))})
+    unknown = sorted(
+        {r["objective"] for r in found.values() if r.get("objective") not in (None, *options("objective"))}
+    )
     if unknown:  # its columns and direction would be guesses: say so, change nothing
-        raise ConfigError(f"jobs of {sweep_dir} were trained with objective={unknown[0]}, which is not registered here; "
-                          f"install the package that has it (docs/extending.md), then run vit-sweep-summary again")
+        raise ConfigError(
+            f"jobs of {sweep_dir} were trained with objective={unknown[0]}, which is not registered here; "
+            f"install the package that has it (docs/extending.md), then run vit-sweep-summary again"
+        )
     trained = sorted({r["objective"] for r in found.values() if r.get("objective") in options("objective")})
     if trained and not any(objective in options("objective")[name].results for name in trained):
         reported = [key for name in trained for key in options("objective")[name].results]
-        raise ConfigError(f"the jobs of {sweep_dir} ({', '.join(f'objective={n}' for n in trained)}) report "
-                          f"{', '.join(reported)} in results.json, not {objective}: give --objective {reported[0]}")
+        raise ConfigError(
+            f"the jobs of {sweep_dir} ({', '.join(f'objective={n}' for n in trained)}) report "
+            f"{', '.join(reported)} in results.json, not {objective}: give --objective {reported[0]}"
+        )
     own = objective_columns(list(found.values()))
     rows, shown = [], {}
     for job, results in found.items():
-        rows.append({"job": job.name, "status": results.get("status"), "objective": objective_value(results, objective),
-                     **{k: results.get(k) for k in [*own, *LAST[:-1]]}, "overrides": shlex.join(overrides[job])})
+        rows.append(
+            {
+                "job": job.name,
+                "status": results.get("status"),
+                "objective": objective_value(results, objective),
+                **{k: results.get(k) for k in [*own, *LAST[:-1]]},
+                "overrides": shlex.join(overrides[job]),
+            }
+        )
         shown[job.name] = " ".join(short_override(o) for o in overrides[job] if split_override(o)[0] in swept)
     sign = -1 if direction == "maximize" else 1
-    rows.sort(key=lambda r: (math.isnan(r["objective"]), sign * r["objective"] if not math.isnan(r["objective"]) else 0))
+    rows.sort(
+        key=lambda r: (math.isnan(r["objective"]), sign * r["objective"] if not math.isnan(r["objective"]) else 0)
+    )
     table = _markdown(rows, objective, shown, own) + _refusals(jobs)
     for name, text in (("summary.csv", _csv(rows, [*FIRST, *own, *LAST])), ("summary.md", table)):
         try:  # each the earlier summary's or the complete new one, never half written (a full disk, read-only)
             write_atomic(sweep_dir / name, text)
         except OSError as e:
-            raise place_error(e, sweep_dir / name, "free some space, then run vit-sweep-summary again",
-                              "make the sweep directory writable, then run vit-sweep-summary again") from None
+            raise place_error(
+                e,
+                sweep_dir / name,
+                "free some space, then run vit-sweep-summary again",
+                "make the sweep directory writable, then run vit-sweep-summary again",
+            ) from None
     if out is not None:
         print(f"sweep {sweep_dir}: {len(rows)} jobs, sorted by {objective} ({direction})\n{table}", file=out)
     _write_hparams(sweep_dir, jobs)
@@ -192,13 +220,17 @@ def incomplete_jobs(sweep_dir: Path, rows: list[dict[str, Any]]) -> str | None:
             refused.append(f"job {row['job']} refused" + (f" ({reason[-1]})" if reason else ""))
     parts = []
     if failed:
-        parts.append(f"{len(failed)} of {len(rows)} jobs did not complete: {'; '.join(failed)}; see their "
-                     f"results.json and train.log, then re-run the same command with hydra.sweep.dir={sweep_dir} "
-                     f"to retry them")
+        parts.append(
+            f"{len(failed)} of {len(rows)} jobs did not complete: {'; '.join(failed)}; see their "
+            f"results.json and train.log, then re-run the same command with hydra.sweep.dir={sweep_dir} "
+            f"to retry them"
+        )
     if refused:
         jobs = "1 job" if len(refused) == 1 else f"{len(refused)} jobs"
-        parts.append(f"{jobs} of the latest sweep refused (the table shows the jobs their directories already "
-                     f"hold; refused.json beside them says why): {'; '.join(refused)}")
+        parts.append(
+            f"{jobs} of the latest sweep refused (the table shows the jobs their directories already "
+            f"hold; refused.json beside them says why): {'; '.join(refused)}"
+        )
     return "; and ".join(parts) or None
 
 
@@ -211,8 +243,10 @@ def _refusals(jobs: list[Path]) -> str:
         if refusal:
             ours, holds = list(refusal.get("overrides") or []), list(refusal.get("holds") or [])
             theirs = " ".join(o for o in holds if o not in ours) or " ".join(holds)
-            lines.append(f"\nJob {job.name} of the latest sweep ({' '.join(ours)}) was refused: the row of job "
-                         f"{job.name} above is the job that directory already held ({theirs}).\n")
+            lines.append(
+                f"\nJob {job.name} of the latest sweep ({' '.join(ours)}) was refused: the row of job "
+                f"{job.name} above is the job that directory already held ({theirs}).\n"
+            )
     return "".join(lines)
 
 
@@ -224,32 +258,52 @@ def _csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return buffer.getvalue()
 
 
-def _markdown(rows: list[dict[str, Any]], objective: str, shown: dict[str, str],
-              columns: dict[str, tuple[str, int]]) -> str:
+def _markdown(
+    rows: list[dict[str, Any]], objective: str, shown: dict[str, str], columns: dict[str, tuple[str, int]]
+) -> str:
     """The table, with only the swept overrides of each job (`shown`, by job; summary.csv has them
     all) and the objectives' own `columns` {results key: (header, decimals)}; a best_* number is marked when
     the best score was a partial validation's, a final_* one when the last evaluation was. The sweep's
     objective is marked in its column when it is one of those, else it gets a column of its own."""
+
     def cell(value: Any, digits: int = 2) -> str:
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return "-"
         return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
     own = objective not in columns  # a number the table does not show otherwise: a column of its own
-    heads = ["job", "status", *([objective] if own else []),
-             *(f"{name} (objective)" if key == objective else name for key, (name, _) in columns.items()),
-             "epochs", "images/s", "wall s", "overrides"]
+    heads = [
+        "job",
+        "status",
+        *([objective] if own else []),
+        *(f"{name} (objective)" if key == objective else name for key, (name, _) in columns.items()),
+        "epochs",
+        "images/s",
+        "wall s",
+        "overrides",
+    ]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for r in rows:
         best, last = ("*" if r.get("best_partial") else ""), ("*" if r.get("val_partial") else "")
-        cells = [r["job"], r["status"], *([cell(r["objective"], 4) + (best or last)] if own else []),
-                 *(cell(r[key], digits) + (best if key.startswith("best") else last) for key, (_, digits) in columns.items()),
-                 cell(r["epochs"]),
-                 cell(r["images_per_s"], 0), cell(r["wall_seconds"], 0), shown[r["job"]]]
+        cells = [
+            r["job"],
+            r["status"],
+            *([cell(r["objective"], 4) + (best or last)] if own else []),
+            *(
+                cell(r[key], digits) + (best if key.startswith("best") else last)
+                for key, (_, digits) in columns.items()
+            ),
+            cell(r["epochs"]),
+            cell(r["images_per_s"], 0),
+            cell(r["wall_seconds"], 0),
+            shown[r["job"]],
+        ]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     if any(r.get("best_partial") or r.get("val_partial") for r in rows):
-        lines.append("\n\\* on a partial validation (trainer.limit_val_batches): a share of the val set, not its "
-                     "top-1; rank jobs on full validations")
+        lines.append(
+            "\n\\* on a partial validation (trainer.limit_val_batches): a share of the val set, not its "
+            "top-1; rank jobs on full validations"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -269,8 +323,11 @@ def _write_hparams(sweep_dir: Path, jobs: list[Path]) -> None:
         for override in job_overrides(job):
             key, value = split_override(override)
             params[key.lstrip("+~")] = value if isinstance(value, (int, float, bool, str)) else str(value)
-        metrics = {f"hparams/{k}": float(results[k]) for k in (*results_directions(), "images_per_s")
-                   if isinstance(results.get(k), (int, float))}
+        metrics = {
+            f"hparams/{k}": float(results[k])
+            for k in (*results_directions(), "images_per_s")
+            if isinstance(results.get(k), (int, float))
+        }
         shutil.rmtree(job / "tb" / "hparams", ignore_errors=True)  # written anew on each summary
         quiet_event_writer_errors()  # a full disk: raised below in one line, not printed by the writer's thread
         try:
@@ -280,9 +337,12 @@ def _write_hparams(sweep_dir: Path, jobs: list[Path]) -> None:
                 for name, value in metrics.items():
                     writer.add_scalar(name, value)
         except OSError as e:
-            raise place_error(e, job / "tb" / "hparams", "free some space, then run vit-sweep-summary again "
-                              "(summary.csv and summary.md are written)", "make it writable, then run "
-                              "vit-sweep-summary again (summary.csv and summary.md are written)") from None
+            raise place_error(
+                e,
+                job / "tb" / "hparams",
+                "free some space, then run vit-sweep-summary again (summary.csv and summary.md are written)",
+                "make it writable, then run vit-sweep-summary again (summary.csv and summary.md are written)",
+            ) from None
 
 
 OBJECTIVES = tuple(results_directions())  # sweep.objective's values: every objective's numbers in results.json
@@ -303,20 +363,35 @@ def sweep_objective(sweep_dir: Path) -> tuple[str, str] | None:
 
 def main(argv: list[str] | None = None) -> None:
     """vit-sweep-summary DIR [--objective KEY] [--direction maximize|minimize]"""
-    parser = argparse.ArgumentParser(prog="vit-sweep-summary", description="Summarise a sweep directory: a table "
-                                     "sorted by the objective, summary.csv, summary.md and TensorBoard HParams.")
+    parser = argparse.ArgumentParser(
+        prog="vit-sweep-summary",
+        description="Summarise a sweep directory: a table "
+        "sorted by the objective, summary.csv, summary.md and TensorBoard HParams.",
+    )
     parser.add_argument("sweep_dir", type=Path)
-    parser.add_argument("--objective", default=None, choices=list(OBJECTIVES),
-                        help="default: the sweep's own sweep.objective (its multirun.yaml), else best_top1")
-    parser.add_argument("--direction", default=None, choices=["maximize", "minimize"],
-                        help="default: the sweep's own sweep.direction when the objective is its own, else "
-                             "minimize for a loss and maximize otherwise")
+    parser.add_argument(
+        "--objective",
+        default=None,
+        choices=list(OBJECTIVES),
+        help="default: the sweep's own sweep.objective (its multirun.yaml), else best_top1",
+    )
+    parser.add_argument(
+        "--direction",
+        default=None,
+        choices=["maximize", "minimize"],
+        help="default: the sweep's own sweep.direction when the objective is its own, else "
+        "minimize for a loss and maximize otherwise",
+    )
     args = parser.parse_args(argv)
     own = sweep_objective(args.sweep_dir)
     if own and own[0] not in OBJECTIVES and not args.objective:  # a plugin's number, its package not installed here
-        exit_with("vit-sweep-summary", ConfigError(
-            f"{args.sweep_dir} was swept by sweep.objective={own[0]}, which no objective here reports (the package "
-            f"of its objective is not installed?); install it, or give --objective KEY"))
+        exit_with(
+            "vit-sweep-summary",
+            ConfigError(
+                f"{args.sweep_dir} was swept by sweep.objective={own[0]}, which no objective here reports (the package "
+                f"of its objective is not installed?); install it, or give --objective KEY"
+            ),
+        )
     objective = args.objective or (own[0] if own else "best_top1")
     direction = args.direction or (own[1] if own and own[0] == objective else results_directions()[objective])
     shown = io.StringIO()

@@ -35,8 +35,9 @@ def export(trained: Trained, fmt: str, out: Path, verbose: bool = False) -> dict
         return {"path": str(out), "format": fmt, "weights": trained.source}
     if fmt != "onnx":
         raise ConfigError(f"format must be safetensors or onnx; got {fmt!r}")
-    trained.cfg.objective.refuse_prediction("has no classifier to export to ONNX (format=safetensors writes "
-                                            "its weights)")
+    trained.cfg.objective.refuse_prediction(
+        "has no classifier to export to ONNX (format=safetensors writes its weights)"
+    )
     written = export_onnx(trained.model, trained.cfg.model.img_size, out, verbose, onnx_metadata(trained))
     return {"path": str(out), "format": fmt, "weights": trained.source, **written}
 
@@ -50,8 +51,14 @@ def onnx_metadata(trained: Trained) -> dict[str, str]:
     score; docs/finetuning.md) and "format": "vit-train"."""
     spec = trained.preprocess
     identity = weights_identity(trained.checkpoint, trained.source)  # run id, architecture, class names; which weights
-    return {"format": "vit-train", "class_names": json.dumps(trained.class_names, ensure_ascii=False),
-            "img_size": str(spec["size"]), "resize": str(spec["resize"]), "mean": json.dumps(spec["mean"]),
-            "std": json.dumps(spec["std"]), "weights": trained.source,
-            "config": json.dumps(trained.checkpoint["config"]),
-            **({"identity": json.dumps(identity, ensure_ascii=False)} if identity else {})}
+    return {
+        "format": "vit-train",
+        "class_names": json.dumps(trained.class_names, ensure_ascii=False),
+        "img_size": str(spec["size"]),
+        "resize": str(spec["resize"]),
+        "mean": json.dumps(spec["mean"]),
+        "std": json.dumps(spec["std"]),
+        "weights": trained.source,
+        "config": json.dumps(trained.checkpoint["config"]),
+        **({"identity": json.dumps(identity, ensure_ascii=False)} if identity else {}),
+    }

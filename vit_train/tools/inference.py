@@ -78,22 +78,32 @@ def load_for_inference(given: str | Path, weights: Weights = "auto", overrides: 
     incoming = open_weights(given, "ckpt", weights, said_as=f"weights={weights}")
     path = given
     if incoming.config is None:
-        raise ConfigError(f"ckpt={path} is a state dict without a vit-train config: it names no network to rebuild; "
-                          f"give a vit-train checkpoint, run directory or vit-export .safetensors, or train from "
-                          f"these weights (vit-train model.pretrained=<it>)")
+        raise ConfigError(
+            f"ckpt={path} is a state dict without a vit-train config: it names no network to rebuild; "
+            f"give a vit-train checkpoint, run directory or vit-export .safetensors, or train from "
+            f"these weights (vit-train model.pretrained=<it>)"
+        )
     if not incoming.class_names:
-        raise CheckpointError(f"ckpt={path} records no class names, so its predictions cannot be named; train from its "
-                              f"weights on your data (vit-train model.pretrained=<it>)")
-    ckpt = incoming.checkpoint or {"config": incoming.config, "class_names": incoming.class_names, "ema": None,
-                                   "model": incoming.weights, "step": (incoming.identity or {}).get("step"),
-                                   "preprocess": (incoming.metadata or {}).get("preprocess"),
-                                   "identity": incoming.identity}
+        raise CheckpointError(
+            f"ckpt={path} records no class names, so its predictions cannot be named; train from its "
+            f"weights on your data (vit-train model.pretrained=<it>)"
+        )
+    ckpt = incoming.checkpoint or {
+        "config": incoming.config,
+        "class_names": incoming.class_names,
+        "ema": None,
+        "model": incoming.weights,
+        "step": (incoming.identity or {}).get("step"),
+        "preprocess": (incoming.metadata or {}).get("preprocess"),
+        "identity": incoming.identity,
+    }
     if incoming.checkpoint is None and incoming.source == "ema":  # an export of EMA weights: they are the model here
         ckpt = {**ckpt, "ema": {f"module.{k}": v for k, v in incoming.weights.items()}}
     Config.from_saved({**ckpt["config"], "resume": None}, source=path)  # its own config first: a cause of its own
     plain = _merge(legacy.upgrade_saved(ckpt["config"]), overrides or {})
-    changed = [f"model.{k}" for k in plain["model"]
-               if plain["model"][k] != ckpt["config"]["model"].get(k) and k != "img_size"]
+    changed = [
+        f"model.{k}" for k in plain["model"] if plain["model"][k] != ckpt["config"]["model"].get(k) and k != "img_size"
+    ]
     if changed:
         raise ConfigError(f"{', '.join(changed)} cannot change for a trained checkpoint (model.img_size can)")
     cfg = Config.from_dict({**plain, "resume": None})
@@ -112,9 +122,14 @@ def load_for_inference(given: str | Path, weights: Weights = "auto", overrides: 
         raise _damaged(path, e) from None
     if resized:
         learned = isinstance(getattr(model, "pos_embed", None), torch.nn.Parameter)
-        log.info("evaluating at %dx%d, trained at %dx%d: %s", cfg.model.img_size, cfg.model.img_size,
-                 ckpt["config"]["model"]["img_size"], ckpt["config"]["model"]["img_size"],
-                 "learned positions interpolated (bicubic)" if learned else "fixed sin-cos positions recomputed")
+        log.info(
+            "evaluating at %dx%d, trained at %dx%d: %s",
+            cfg.model.img_size,
+            cfg.model.img_size,
+            ckpt["config"]["model"]["img_size"],
+            ckpt["config"]["model"]["img_size"],
+            "learned positions interpolated (bicubic)" if learned else "fixed sin-cos positions recomputed",
+        )
         ckpt = {**ckpt, "preprocess": None}  # the preprocessing follows the new size
     return Trained(model.eval(), cfg, incoming.path, source, incoming.identity, ckpt)
 
@@ -130,17 +145,26 @@ def _refuse_size(path, plain: dict, classes: int, state: dict, trained_size: int
     except RuntimeError as e:  # no fit at its own size either: what differs there
         raise _damaged(path, e) from None
     size = plain["model"]["img_size"]
-    found = [f"{key}={there} at {size}, {here} as trained"
-             for key, there, here in differing(architecture(plain["model"]), architecture(saved))]
-    why = f"the network is another at that size ({', '.join(found)})" if found else \
-        f"its weights do not fit the network at that size ({first_difference(error)})"
-    raise ConfigError(f"ckpt={path} cannot run at model.img_size={size}: {why}; evaluate at "
-                      f"model.img_size={trained_size} (its own size: leave model.img_size out)")
+    found = [
+        f"{key}={there} at {size}, {here} as trained"
+        for key, there, here in differing(architecture(plain["model"]), architecture(saved))
+    ]
+    why = (
+        f"the network is another at that size ({', '.join(found)})"
+        if found
+        else f"its weights do not fit the network at that size ({first_difference(error)})"
+    )
+    raise ConfigError(
+        f"ckpt={path} cannot run at model.img_size={size}: {why}; evaluate at "
+        f"model.img_size={trained_size} (its own size: leave model.img_size out)"
+    )
 
 
 def _damaged(path, error: RuntimeError) -> CheckpointError:
-    return CheckpointError(f"ckpt={path}: its weights do not fit the network its config names "
-                           f"({first_difference(error)}); the file was edited or damaged: do not use it as it is")
+    return CheckpointError(
+        f"ckpt={path}: its weights do not fit the network its config names "
+        f"({first_difference(error)}); the file was edited or damaged: do not use it as it is"
+    )
 
 
 def _merge(base: dict, extra: dict) -> dict:

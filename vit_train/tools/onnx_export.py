@@ -38,8 +38,9 @@ def _logging_off():
         logging.disable(logging.NOTSET)
 
 
-def export_onnx(model: VisionTransformer, img_size: int, out: Path, verbose: bool = False,
-                metadata: dict[str, str] | None = None) -> dict[str, Any]:
+def export_onnx(
+    model: VisionTransformer, img_size: int, out: Path, verbose: bool = False, metadata: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Write `model` to `out`: input "images" (N, 3, img_size, img_size) float32, normalised, with a
     dynamic batch axis; output "logits" (N, classes). `metadata` (str -> str) becomes the model's
     metadata_props (onnxruntime: `session.get_modelmeta().custom_metadata_map`). A `<out>.data` file
@@ -86,8 +87,9 @@ def _move_into_place(staged: Path, out: Path) -> None:
     fsync_dir(out.parent)
 
 
-def _export_checked(model: VisionTransformer, img_size: int, out: Path, verbose: bool,
-                    metadata: dict[str, str] | None, final: Path) -> dict[str, Any]:
+def _export_checked(
+    model: VisionTransformer, img_size: int, out: Path, verbose: bool, metadata: dict[str, str] | None, final: Path
+) -> dict[str, Any]:
     """export_onnx's work, written to `out` (in a fresh staging folder) and checked there; `final` is
     where it will go, for messages."""
     example = torch.randn(2, 3, img_size, img_size)
@@ -102,14 +104,23 @@ def _export_checked(model: VisionTransformer, img_size: int, out: Path, verbose:
             quiet.enter_context(_logging_off())  # "Replaced initializer ..." comes through logging, not stderr
             warnings.simplefilter("ignore")
         try:
-            program = torch.onnx.export(model, (example,), input_names=["images"], output_names=["logits"],
-                                        dynamic_shapes={"x": {0: batch}}, dynamo=True, verbose=verbose)
+            program = torch.onnx.export(
+                model,
+                (example,),
+                input_names=["images"],
+                output_names=["logits"],
+                dynamic_shapes={"x": {0: batch}},
+                dynamo=True,
+                verbose=verbose,
+            )
             program.model.metadata_props.update(metadata or {})
         except Exception as e:
             detail = (chatter.getvalue().strip().splitlines() or [""])[-1]
-            raise CheckpointError(f"the ONNX export failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                                  f"{'; ' + detail if detail else ''}); rerun with verbose=true to see the exporter's "
-                                  f"messages") from None
+            raise CheckpointError(
+                f"the ONNX export failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                f"{'; ' + detail if detail else ''}); rerun with verbose=true to see the exporter's "
+                f"messages"
+            ) from None
         program.save(str(out), external_data=False)  # external data only over the exporter's size limit
         for written in (out, data_file):  # durable before they are renamed into place
             if written.exists():
@@ -126,7 +137,8 @@ def _export_checked(model: VisionTransformer, img_size: int, out: Path, verbose:
     with torch.no_grad():
         diff = (got - model(check)).abs().max().item()
     if diff > 1e-3:
-        raise CheckpointError(f"the ONNX model's outputs differ from PyTorch's by {diff:.2e}; it is not trustworthy, so {final} "
-                              f"was not written")
+        raise CheckpointError(
+            f"the ONNX model's outputs differ from PyTorch's by {diff:.2e}; it is not trustworthy, so {final} "
+            f"was not written"
+        )
     return {**written, "checked": True, "max_abs_diff": diff}
-

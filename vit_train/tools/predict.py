@@ -58,8 +58,9 @@ def image_files(entries: list[str]) -> list[str]:
         else:
             found = _pattern_images(path)
             if not found:
-                raise DataError(f"images: the pattern {entry!r} matches no image file (image types: "
-                                f"{' '.join(IMG_EXTENSIONS)})")
+                raise DataError(
+                    f"images: the pattern {entry!r} matches no image file (image types: {' '.join(IMG_EXTENSIONS)})"
+                )
             files += found
     return files
 
@@ -71,8 +72,9 @@ def _refuse_special(path: Path, entry: str) -> None:
     except OSError:
         return  # missing or a broken link: read_image says so
     if not stat.S_ISREG(mode):
-        raise DataError(f"images: {entry} is {file_kind(mode)}, not a regular file; give image files, folders "
-                        f"or patterns")
+        raise DataError(
+            f"images: {entry} is {file_kind(mode)}, not a regular file; give image files, folders or patterns"
+        )
 
 
 def _pattern_images(pattern: Path) -> list[str]:
@@ -98,9 +100,11 @@ def _folder_images(folder: Path, entry: str | None = None) -> list[str]:
     found, skipped = list_images(folder, recursive=False)
     say_skipped(folder, skipped)
     if not found and entry is not None:
-        raise DataError(f"images: the folder {entry} holds no image files (image types: {' '.join(IMG_EXTENSIONS)}; "
-                        f"sub-folders are not read: for a whole tree give a pattern, e.g. "
-                        f"'images=[\"{Path(entry) / '**' / '*.png'}\"]')")
+        raise DataError(
+            f"images: the folder {entry} holds no image files (image types: {' '.join(IMG_EXTENSIONS)}; "
+            f"sub-folders are not read: for a whole tree give a pattern, e.g. "
+            f"'images=[\"{Path(entry) / '**' / '*.png'}\"]')"
+        )
     return found
 
 
@@ -111,15 +115,26 @@ def predict(trained: Trained, images: list[str], top_k: int = 5) -> list[dict]:
     Raises ConfigError (no images given, an MAE checkpoint), DataError (a missing or unreadable file)."""
     trained.cfg.objective.refuse_prediction("predicts no classes")
     if not images:
-        raise ConfigError("no images given: images=[a.jpg,b.png], a folder or a pattern such as 'images=[\"photos/*.jpg\"]'")
+        raise ConfigError(
+            "no images given: images=[a.jpg,b.png], a folder or a pattern such as 'images=[\"photos/*.jpg\"]'"
+        )
     files = image_files([str(f) for f in images])
     transform = eval_transform(trained.preprocess)
     names, results = trained.class_names, []
     for start in range(0, len(files), BATCH):
-        chunk = files[start:start + BATCH]
-        probs = trained.model(torch.stack([transform(read_image(f)) for f in chunk])).float().softmax(dim=1)  # (B, classes)
+        chunk = files[start : start + BATCH]
+        probs = (
+            trained.model(torch.stack([transform(read_image(f)) for f in chunk])).float().softmax(dim=1)
+        )  # (B, classes)
         top = probs.topk(min(top_k, probs.shape[1]), dim=1)
-        results += [{"file": f, "top": [{"class": names[i], "probability": p}
-                                        for p, i in zip(values.tolist(), indices.tolist(), strict=True)]}
-                    for f, values, indices in zip(chunk, top.values, top.indices, strict=True)]
+        results += [
+            {
+                "file": f,
+                "top": [
+                    {"class": names[i], "probability": p}
+                    for p, i in zip(values.tolist(), indices.tolist(), strict=True)
+                ],
+            }
+            for f, values, indices in zip(chunk, top.values, top.indices, strict=True)
+        ]
     return results

@@ -43,8 +43,12 @@ def changed_keys(saved: dict, cfg: Config) -> dict[str, Any]:
     `saved` config (both read through the schema, so a key added since the run was saved is no change)."""
     before = Config.from_saved({**saved, "resume": None}).to_dict()
     after = cfg.to_dict()
-    return {f"{section}.{key}": value for section in NAMED_SECTIONS for key, value in after[section].items()
-            if before[section].get(key) != value}
+    return {
+        f"{section}.{key}": value
+        for section in NAMED_SECTIONS
+        for key, value in after[section].items()
+        if before[section].get(key) != value
+    }
 
 
 def eval_dir(ckpt_path: Path, changed: dict[str, Any], same: set[str] = frozenset()) -> Path:
@@ -54,8 +58,9 @@ def eval_dir(ckpt_path: Path, changed: dict[str, Any], same: set[str] = frozense
     trainer.* only trainer.precision) as key=value, joined by ','.
     A value with characters other than letters, digits and ._+- (a path) keeps its last part, those
     characters as '_', and the name gets 8 hex digits of the exact values, so two roots never share it."""
-    named = {k: v for k, v in changed.items()
-             if k not in same and (not k.startswith("trainer.") or k == "trainer.precision")}
+    named = {
+        k: v for k, v in changed.items() if k not in same and (not k.startswith("trainer.") or k == "trainer.precision")
+    }
     run_dir = ckpt_path.parent.parent if ckpt_path.parent.name == "export" else run_dir_of(str(ckpt_path))
     base = run_dir / "eval"  # a file vit-export wrote (run/export/x.safetensors): its run's eval/ too
     if not named:
@@ -85,15 +90,16 @@ def previous_files(out: Path) -> list[Path]:
     except OSError:
         return []
     if not stat.S_ISREG(mode):
-        raise ConfigError(f"{previous} is not a regular file (a folder, a FIFO or a device); give another out= "
-                          f"folder")
+        raise ConfigError(f"{previous} is not a regular file (a folder, a FIFO or a device); give another out= folder")
     try:
         before = json.loads(previous.read_text())
     except (OSError, ValueError):
         return [previous]
     if not isinstance(before, dict) or "checkpoint" not in before or not isinstance(before.get("figures", []), list):
-        raise ConfigError(f"{out} holds a metrics.json that vit-eval did not write; give another out= folder, so "
-                          f"that nothing of another tool's is replaced or removed")
+        raise ConfigError(
+            f"{out} holds a metrics.json that vit-eval did not write; give another out= folder, so "
+            f"that nothing of another tool's is replaced or removed"
+        )
     figures = [out / Path(str(name)).name for name in before.get("figures", [])]
     return [previous] + [f for f in figures if f.suffix == ".png" and f.is_file()]  # vit-eval writes PNGs only
 
@@ -105,9 +111,15 @@ def clear_previous(out: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights: Weights = "auto",
-                        attention_images: int = 8, out_dir: str | Path | None = None,
-                        progress: bool = True, unwritten: Callable[[dict], None] | None = None) -> dict[str, Any]:
+def evaluate_checkpoint(
+    path: str | Path,
+    overrides: dict | None = None,
+    weights: Weights = "auto",
+    attention_images: int = 8,
+    out_dir: str | Path | None = None,
+    progress: bool = True,
+    unwritten: Callable[[dict], None] | None = None,
+) -> dict[str, Any]:
     """Evaluate a checkpoint on its val set (or another with the same classes, or at another
     model.img_size: `overrides`, a nested dict); write metrics.json and the figures to `out_dir`
     (default: `eval_dir`), replacing the evaluation written there before (`clear_previous`); returns
@@ -127,11 +139,20 @@ def evaluate_checkpoint(path: str | Path, overrides: dict | None = None, weights
         check_classes(trained.checkpoint, data.class_names)
     model.to(device)
     # the run's own evaluation (objectives/): a classifier's with its confusion matrix, MAE's reconstruction loss
-    metrics = objective.evaluate(model, data.val_loader, device, autocast_dtype(cfg.trainer.precision, device), cfg,
-                                 progress, confusion=True)
-    what = {"checkpoint": str(trained.path), "step": trained.step, "weights": trained.source,
-            "objective": objective.name, "data": cfg.data.name, "data_root": cfg.data.location(),
-            "img_size": cfg.model.img_size, "trained_img_size": trained.trained_size, "overrides": changed}
+    metrics = objective.evaluate(
+        model, data.val_loader, device, autocast_dtype(cfg.trainer.precision, device), cfg, progress, confusion=True
+    )
+    what = {
+        "checkpoint": str(trained.path),
+        "step": trained.step,
+        "weights": trained.source,
+        "objective": objective.name,
+        "data": cfg.data.name,
+        "data_root": cfg.data.location(),
+        "img_size": cfg.model.img_size,
+        "trained_img_size": trained.trained_size,
+        "overrides": changed,
+    }
     figures = {}
     if attention_images > 0 and not available("matplotlib"):
         log.warning("figures skipped: they need matplotlib (pip install 'vit-train[viz]')")
@@ -147,8 +168,9 @@ def evaluation_text(results: dict[str, Any], what: str) -> str:
     return options("objective")[results["objective"]].report(results, what)
 
 
-def write_evaluation(out: Path, results: dict[str, Any], figures: dict,
-                     unwritten: Callable[[dict], None] | None = None) -> dict[str, Any]:
+def write_evaluation(
+    out: Path, results: dict[str, Any], figures: dict, unwritten: Callable[[dict], None] | None = None
+) -> dict[str, Any]:
     """`figures` ({name: matplotlib figure}) as `out`/<name>.png and `results` as `out`/metrics.json;
     returns the results with "figures" (the PNGs' paths) and "out_dir".
 

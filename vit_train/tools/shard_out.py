@@ -43,8 +43,10 @@ def refuse_inside_source(cfg: Config, out: Path) -> None:
     target = Path(os.path.realpath(out))
     for folder in cfg.data.read_folders():
         if target == folder or folder in target.parents:
-            raise ConfigError(f"out={out} is inside {folder}, which data={cfg.data.name} reads (the shards would "
-                              f"become part of the data set); choose an out= outside it")
+            raise ConfigError(
+                f"out={out} is inside {folder}, which data={cfg.data.name} reads (the shards would "
+                f"become part of the data set); choose an out= outside it"
+            )
 
 
 def refuse_used(out: Path, splits: list[str], overwrite: bool) -> Target:
@@ -53,8 +55,9 @@ def refuse_used(out: Path, splits: list[str], overwrite: bool) -> Target:
     every split asked for (then they are added to it)."""
     if os.path.lexists(out) and not out.is_dir():
         kind = not_regular(out) or "a file"
-        raise ConfigError(f"out={out} is {kind if kind != 'missing' else 'a broken link'}; give a folder for "
-                          f"the shards")
+        raise ConfigError(
+            f"out={out} is {kind if kind != 'missing' else 'a broken link'}; give a folder for the shards"
+        )
     if not out.is_dir():
         return Target(out, overwrite, None, [])
     tars = sorted(p for p in out.glob("*.tar") if p.name.split("-")[0] in SPLITS)
@@ -64,13 +67,17 @@ def refuse_used(out: Path, splits: list[str], overwrite: bool) -> Target:
     index = _read_index(out / INDEX) if has_index else None
     if index is None:
         first = tars[0].name if tars else INDEX
-        raise ConfigError(f"out={out} already holds shards or an {INDEX} ({first}, {len(tars) + has_index} in "
-                          f"all); choose another out= or add overwrite=true to replace them")
+        raise ConfigError(
+            f"out={out} already holds shards or an {INDEX} ({first}, {len(tars) + has_index} in "
+            f"all); choose another out= or add overwrite=true to replace them"
+        )
     there = [s for s in splits if s in index["splits"]]
     if there:
-        raise ConfigError(f"out={out} already holds split {there[0]!r} (its {INDEX} lists "
-                          f"{', '.join(index['splits'])}); choose another out=, give splits= only splits it "
-                          f"lacks to add them, or add overwrite=true to replace the set")
+        raise ConfigError(
+            f"out={out} already holds split {there[0]!r} (its {INDEX} lists "
+            f"{', '.join(index['splits'])}); choose another out=, give splits= only splits it "
+            f"lacks to add them, or add overwrite=true to replace the set"
+        )
     listed = {s["name"] for split in index["splits"].values() for s in split["shards"]}
     return Target(out, False, index, [p for p in tars if p.name.split("-")[0] in splits and p.name not in listed])
 
@@ -83,9 +90,14 @@ def _read_index(path: Path) -> dict | None:
         with open(path) as f:
             index = json.load(f)
         splits = index["splits"]
-        if index.get("format") == "vit-train webdataset" and isinstance(index.get("classes"), list) and all(
+        if (
+            index.get("format") == "vit-train webdataset"
+            and isinstance(index.get("classes"), list)
+            and all(
                 isinstance(s["shards"], list) and all(isinstance(x["name"], str) for x in s["shards"])
-                for s in splits.values()):
+                for s in splits.values()
+            )
+        ):
             return index
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
@@ -97,9 +109,11 @@ def prepare(target: Target, classes: list[str]) -> None:
     leaves nothing behind); remove stray shards of the splits being added (listed by no index). Raises
     ConfigError when the data set's classes differ from those of the index the splits are added to."""
     if target.added_to is not None and list(target.added_to["classes"]) != list(classes):
-        raise ConfigError(f"out={target.out} holds shards of other classes ({_short(target.added_to['classes'])} vs "
-                          f"{_short(classes)}); add splits only from the data set the others came from, or choose "
-                          f"another out=")
+        raise ConfigError(
+            f"out={target.out} holds shards of other classes ({_short(target.added_to['classes'])} vs "
+            f"{_short(classes)}); add splits only from the data set the others came from, or choose "
+            f"another out="
+        )
     try:
         if target.folder != target.out:
             shutil.rmtree(target.folder, ignore_errors=True)  # left by a run killed before its swap
@@ -111,8 +125,9 @@ def prepare(target: Target, classes: list[str]) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise OutputError(f"cannot write into out={target.out} ({e.strerror or e}); choose a folder you can write "
-                          f"to") from None
+        raise OutputError(
+            f"cannot write into out={target.out} ({e.strerror or e}); choose a folder you can write to"
+        ) from None
 
 
 def merged(target: Target, index: dict) -> dict:
@@ -121,8 +136,11 @@ def merged(target: Target, index: dict) -> dict:
         return index
     old = target.added_to
     same = old.get("image_size") is not None and old.get("image_size") == index["image_size"]
-    return {**index, "image_size": index["image_size"] if same else None,
-            "splits": {**old["splits"], **index["splits"]}}
+    return {
+        **index,
+        "image_size": index["image_size"] if same else None,
+        "splits": {**old["splits"], **index["splits"]},
+    }
 
 
 def abandon(target: Target, writers: list = ()) -> None:
@@ -174,8 +192,10 @@ def finish(target: Target, index: dict) -> None:
         fsync_dir(out)
         staged.rmdir()
     except OSError as e:
-        raise OutputError(f"cannot move the new shards from {staged} into {out} ({e.strerror or e}); the new set "
-                          f"is whole in {staged}: move its files into {out} by hand") from None
+        raise OutputError(
+            f"cannot move the new shards from {staged} into {out} ({e.strerror or e}); the new set "
+            f"is whole in {staged}: move its files into {out} by hand"
+        ) from None
 
 
 def write_index(folder: Path, index: dict) -> None:
@@ -191,8 +211,10 @@ def write_index(folder: Path, index: dict) -> None:
         fsync_dir(folder)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise OutputError(f"cannot write {folder / INDEX} ({e.strerror or e}); free space or choose another out= "
-                          f"(the shards are there, but without {INDEX} they are not read as a set)") from None
+        raise OutputError(
+            f"cannot write {folder / INDEX} ({e.strerror or e}); free space or choose another out= "
+            f"(the shards are there, but without {INDEX} they are not read as a set)"
+        ) from None
 
 
 def _short(names: list[str]) -> str:

@@ -116,8 +116,9 @@ class SplitWriter:
             (self.out / shard["name"]).unlink(missing_ok=True)
 
 
-def encoded(base: Any, index: int, image_format: str,
-            short_side: int | None = None) -> tuple[str, bytes, tuple[int, int]]:
+def encoded(
+    base: Any, index: int, image_format: str, short_side: int | None = None
+) -> tuple[str, bytes, tuple[int, int]]:
     """(extension, encoded bytes, (H, W)) of sample `index` of a base data set (an image folder, a
     Hugging Face split, images in memory), decoded as training decodes it. With image_format=source, a
     JPEG/PNG/WebP file or cell keeps its bytes (they decode to the same pixels); anything else is
@@ -168,7 +169,7 @@ def webp_is_lossy(data: bytes) -> bool:
     two chunks of its RIFF container (WebP container specification; an extended file starts with VP8X)."""
     at = 12
     while at + 8 <= len(data):
-        kind, size = data[at:at + 4], int.from_bytes(data[at + 4:at + 8], "little")
+        kind, size = data[at : at + 4], int.from_bytes(data[at + 4 : at + 8], "little")
         if kind in (b"VP8 ", b"VP8L"):
             return kind == b"VP8 "
         at += 8 + size + (size & 1)  # chunks are padded to an even size
@@ -208,8 +209,9 @@ def encoded_all(base: Any, image_format: str, workers: int = 0, short_side: int 
         yield from (_encode_one(base, i, image_format, short_side) for i in range(len(base)))
         return
     # forked workers inherit the data set (CIFAR's arrays, a folder's listing) instead of receiving a pickle
-    with multiprocessing.get_context(worker_context()).Pool(workers, _set_worker,
-                                                            (base, image_format, short_side)) as pool:
+    with multiprocessing.get_context(worker_context()).Pool(
+        workers, _set_worker, (base, image_format, short_side)
+    ) as pool:
         yield from pool.imap(_encode_in_worker, range(len(base)), chunksize=16)
 
 
@@ -252,9 +254,18 @@ def _describe(base: Any, index: int) -> str:
     return samples[index][0] if samples is not None else f"image {index}"
 
 
-def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: int = 1000, maxsize: int | None = None,
-                 image_format: str = "source", overwrite: bool = False, progress: bool = True, workers: int = 0,
-                 short_side: int | None = None) -> dict:
+def write_shards(
+    cfg: Config,
+    out: str | Path,
+    splits: list[str],
+    shard_size: int = 1000,
+    maxsize: int | None = None,
+    image_format: str = "source",
+    overwrite: bool = False,
+    progress: bool = True,
+    workers: int = 0,
+    short_side: int | None = None,
+) -> dict:
     """Write `cfg.data`'s `splits` (train, val) as shards into `out` and index.json last; returns the index.
     `workers` processes read and encode the images (0: this process); the shards are the same for any number.
     `short_side`: images whose shorter side is longer are stored resized to it (pre-resized shards, as FFCV's and
@@ -272,8 +283,10 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
     if image_format not in IMAGE_FORMATS:
         raise ConfigError(f"image_format must be one of {', '.join(IMAGE_FORMATS)}; got {image_format!r}")
     if short_side is not None and (isinstance(short_side, bool) or not isinstance(short_side, int) or short_side < 1):
-        raise ConfigError(f"short_side must be a number of pixels >= 1 (the stored images' shorter side at most), "
-                          f"or null to store them at their size; got {short_side!r}")
+        raise ConfigError(
+            f"short_side must be a number of pixels >= 1 (the stored images' shorter side at most), "
+            f"or null to store them at their size; got {short_side!r}"
+        )
     if shard_size < 1 or (maxsize is not None and maxsize < 1):
         raise ConfigError(f"shard_size and maxsize must be >= 1; got shard_size={shard_size}, maxsize={maxsize}")
     unknown = [s for s in splits if s not in ("train", "val")]
@@ -287,9 +300,14 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
     shard_out.prepare(target, list(names))  # after: a data set that cannot be read leaves no folder behind
     writers: list[SplitWriter] = []  # every split's, so that a failure in val removes train's shards too
     bases = {"train": train, "val": val}
-    index: dict[str, Any] = {"format": FORMAT, "version": VERSION, "classes": list(names), "image_size": None,
-                             "source": {"data": cfg.data.name, "root": cfg.data.location(), "image_format": image_format},
-                             "splits": {}}
+    index: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "classes": list(names),
+        "image_size": None,
+        "source": {"data": cfg.data.name, "root": cfg.data.location(), "image_format": image_format},
+        "splits": {},
+    }
     sizes: set[tuple[int, int]] = set()
     for split in splits:
         base, writer, skipped = bases[split], SplitWriter(target.folder, split, shard_size, maxsize), []
@@ -301,8 +319,10 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
             for i, item in enumerate(items):
                 if isinstance(item, str):  # why it cannot be read
                     if cfg.data.bad_images == "error" or split == "val":
-                        raise DataError(f"{_describe(base, i)} cannot be read ({item}); fix or remove it, or set "
-                                        f"data.bad_images=skip to leave unreadable training images out")
+                        raise DataError(
+                            f"{_describe(base, i)} cannot be read ({item}); fix or remove it, or set "
+                            f"data.bad_images=skip to leave unreadable training images out"
+                        )
                     skipped.append(_describe(base, i))
                     continue
                 ext, data, size, label = item
@@ -311,18 +331,24 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
             writer.close()
         except OSError as e:
             shard_out.abandon(target, writers)
-            raise OutputError(f"cannot write the shards into {out} ({e.strerror or e}); free space or choose "
-                              f"another out= ({shard_out.failure_note(target)})") from None
+            raise OutputError(
+                f"cannot write the shards into {out} ({e.strerror or e}); free space or choose "
+                f"another out= ({shard_out.failure_note(target)})"
+            ) from None
         except BaseException:
             shard_out.abandon(target, writers)
             raise
         finally:
             stream.close()  # its worker processes end now, not when the generator is collected
         if skipped:
-            log.warning("%d unreadable %s image(s) left out (data.bad_images=skip): %s", len(skipped), split,
-                        ", ".join(skipped))
-        index["splits"][split] = {"samples": sum(s["samples"] for s in writer.shards), "short_side": short_side,
-                                  "shards": writer.shards}
+            log.warning(
+                "%d unreadable %s image(s) left out (data.bad_images=skip): %s", len(skipped), split, ", ".join(skipped)
+            )
+        index["splits"][split] = {
+            "samples": sum(s["samples"] for s in writer.shards),
+            "short_side": short_side,
+            "shards": writer.shards,
+        }
     index["image_size"] = list(sizes.pop()) if len(sizes) == 1 else None
     index = shard_out.merged(target, index)
     try:
@@ -333,4 +359,3 @@ def write_shards(cfg: Config, out: str | Path, splits: list[str], shard_size: in
         shard_out.abandon(target, writers)  # an index that cannot be written: no shards without one either
         raise OutputError(f"{str(e).split(' (the shards')[0]} ({shard_out.failure_note(target)})") from None
     return index
-

@@ -84,14 +84,23 @@ def batches(run: Run, stop: StopRequest) -> Iterator[tuple[torch.Tensor, torch.T
     while state.step < run.total_steps and not stop:
         state.begin_epoch(sampler)
         if sampler.left_out and run.ctx.is_main:
-            log.warning("%d images of epoch %d are left out: its last batch cannot be shared evenly by %d processes",
-                        sampler.left_out, state.epoch + 1, run.ctx.world_size)
+            log.warning(
+                "%d images of epoch %d are left out: its last batch cannot be shared evenly by %d processes",
+                sampler.left_out,
+                state.epoch + 1,
+                run.ctx.world_size,
+            )
         if not sampler.batches_left():  # all that was left of the epoch was left out
             state.end_epoch()
             data.epoch_done(state.epoch)
             continue
-        total, last = epoch_span(state.epoch, state.batch_in_epoch, sampler.batches_left(),
-                                 run.total_steps - state.step, data.steps_per_epoch)  # as far as the run will go
+        total, last = epoch_span(
+            state.epoch,
+            state.batch_in_epoch,
+            sampler.batches_left(),
+            run.total_steps - state.step,
+            data.steps_per_epoch,
+        )  # as far as the run will go
         run.progress.begin(total, f"epoch {state.epoch + 1}/{last}", initial=state.batch_in_epoch)
         loader = iter(data.train_loader)
         run.window.start()
@@ -105,8 +114,10 @@ def batches(run: Run, stop: StopRequest) -> Iterator[tuple[torch.Tensor, torch.T
                 if stop:
                     return
                 if batch is None:
-                    raise RuntimeError(f"the training loader ended at image {state.sample_in_epoch} of epoch "
-                                       f"{state.epoch + 1}, which ends at {state.epoch_end}")
+                    raise RuntimeError(
+                        f"the training loader ended at image {state.sample_in_epoch} of epoch "
+                        f"{state.epoch + 1}, which ends at {state.epoch_end}"
+                    )
                 images, targets = (x.to(run.device, non_blocking=True) for x in batch)
                 if run.mix is not None:
                     images, targets = run.mix(images, targets, state.step)

@@ -56,23 +56,45 @@ class CompiledStep:
     `schedule(step)` (0-based) and writes into a device tensor.
     """
 
-    def __init__(self, model: nn.Module, loss: Any, optimizer: torch.optim.Optimizer, optim: OptimConfig, ema: Any,
-                 window: TrainWindow, skips: SkippedSteps, accum_steps: int,
-                 amp_dtype: torch.dtype | None, device: torch.device, schedule: Callable[[int], float],
-                 ema_decay: float | None = None, mode: str = "default", backend: str = "inductor",
-                 seconds: dict[str, float] | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        loss: Any,
+        optimizer: torch.optim.Optimizer,
+        optim: OptimConfig,
+        ema: Any,
+        window: TrainWindow,
+        skips: SkippedSteps,
+        accum_steps: int,
+        amp_dtype: torch.dtype | None,
+        device: torch.device,
+        schedule: Callable[[int], float],
+        ema_decay: float | None = None,
+        mode: str = "default",
+        backend: str = "inductor",
+        seconds: dict[str, float] | None = None,
+    ):
         self.model, self.loss, self.optimizer, self.ema = model, loss, optimizer, ema
         self.window, self.skips, self.accum_steps = window, skips, accum_steps
         self.optim, self.max_norm = optim, optim.clip_grad or math.inf
         self.amp_dtype, self.device, self.schedule = amp_dtype, device, schedule
         self.groups = [dict(g) for g in optimizer.param_groups]  # hyperparameters: constants of the graph
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
-        self.group_index = [list(range(sum(len(g["params"]) for g in optimizer.param_groups[:i]),
-                                       sum(len(g["params"]) for g in optimizer.param_groups[:i + 1])))
-                            for i in range(len(optimizer.param_groups))]  # each group's positions in `params`
+        self.group_index = [
+            list(
+                range(
+                    sum(len(g["params"]) for g in optimizer.param_groups[:i]),
+                    sum(len(g["params"]) for g in optimizer.param_groups[: i + 1]),
+                )
+            )
+            for i in range(len(optimizer.param_groups))
+        ]  # each group's positions in `params`
         optim.init_state(optimizer)
-        self.base_lr = torch.tensor([g["initial_lr"] if "initial_lr" in g else g["lr"]
-                                     for g in optimizer.param_groups], dtype=torch.float32, device=device)
+        self.base_lr = torch.tensor(
+            [g["initial_lr"] if "initial_lr" in g else g["lr"] for g in optimizer.param_groups],
+            dtype=torch.float32,
+            device=device,
+        )
         self.factor = torch.ones((), dtype=torch.float32, device=device)
         self.ema_params: list[torch.Tensor] = []
         self.model_params: list[torch.Tensor] = []
@@ -84,8 +106,12 @@ class CompiledStep:
             torch._dynamo.mark_static_address(t)
         torch._dynamo.config.trace_autograd_ops = True  # backward() as autograd.grad inside the graph
         forget_compiled(CompiledStep._step)
-        self.compiled = torch.compile(self._step, fullgraph=True, backend=backend,
-                                      options=compile_options(mode, device) if backend == "inductor" else None)
+        self.compiled = torch.compile(
+            self._step,
+            fullgraph=True,
+            backend=backend,
+            options=compile_options(mode, device) if backend == "inductor" else None,
+        )
         self.active, self.calls, self.mode = True, 0, mode
         self.shape: torch.Size | None = None  # the global batch's shape the graph was compiled for
         self.seconds = {} if seconds is None else seconds  # the run's compile times: "step" set by the first call
@@ -121,15 +147,20 @@ class CompiledStep:
                     self.seconds["step"] = time.perf_counter() - started  # spent trying: said apart, as compile time
                     for group in self.optimizer.param_groups:  # capturable AdamW runs eagerly on CUDA devices only
                         group["capturable"] = group.get("capturable", False) and self.device.type == "cuda"
-                    log.warning("trainer.compile_scope=step: the training step could not be compiled (%s); the "
-                                "eager step runs", compiler_error(e))
+                    log.warning(
+                        "trainer.compile_scope=step: the training step could not be compiled (%s); the eager step runs",
+                        compiler_error(e),
+                    )
                     return False
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 self.seconds["step"] = time.perf_counter() - started
             if skipped:  # Inductor compiled the step but will not replay it as a CUDA graph
-                log.warning("trainer.compile_mode=%s: the step runs compiled, not as a CUDA graph (%s)", self.mode,
-                            "; ".join(skipped))
+                log.warning(
+                    "trainer.compile_mode=%s: the step runs compiled, not as a CUDA graph (%s)",
+                    self.mode,
+                    "; ".join(skipped),
+                )
             self.optimizer._opt_called = True  # what Optimizer.step's wrapper records: the scheduler's order check
         self.calls += 1
         return True
@@ -159,8 +190,11 @@ class CompiledStep:
                 loss, logits = self.loss(self.model, x, y, **extra)
                 loss = loss / self.accum_steps if len(x) * self.accum_steps == batch else loss * (len(x) / batch)
             new = torch.autograd.grad(loss, self.params, allow_unused=True)
-            grads = list(new) if grads is None else [g if n is None else n if g is None else g + n
-                                                     for g, n in zip(grads, new, strict=True)]
+            grads = (
+                list(new)
+                if grads is None
+                else [g if n is None else n if g is None else g + n for g, n in zip(grads, new, strict=True)]
+            )
             total = total + loss.detach()
             if logits is not None:
                 counted = True
@@ -181,8 +215,12 @@ class CompiledStep:
     def _update(self, grads: list[torch.Tensor | None], finite: torch.Tensor) -> None:
         """torch's functional AdamW or SGD per group, lr = peak x schedule factor (device tensors); a non-finite
         step leaves every parameter and state tensor as it was. `grads` line up with `params` (None: unused)."""
-        touched = [t for p, g in zip(self.params, grads, strict=True) if g is not None
-                   for t in (p, *self.optimizer.state[p].values())]
+        touched = [
+            t
+            for p, g in zip(self.params, grads, strict=True)
+            if g is not None
+            for t in (p, *self.optimizer.state[p].values())
+        ]
         before = [t.clone() for t in touched]
         for i, group in enumerate(self.groups):
             index = [j for j in self.group_index[i] if grads[j] is not None]
@@ -206,4 +244,3 @@ class CompiledStep:
                 mixed = torch.where(first, p, (e * self.ema_decay + p * (1 - self.ema_decay)).to(e.dtype))
                 e.copy_(torch.where(finite, mixed, e))
         self.ema.n_averaged.add_(finite.to(self.ema.n_averaged.dtype))
-

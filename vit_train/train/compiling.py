@@ -38,8 +38,10 @@ def compile_options(mode: str, device: torch.device) -> dict[str, Any]:
 def cuda_graphs_note(mode: str, device: torch.device) -> str | None:
     """The line saying that a CUDA-graph mode has no CUDA graphs on this device; None where it has."""
     if "triton.cudagraphs" in torch._inductor.list_mode_options(mode) and device.type != "cuda":
-        return (f"trainer.compile_mode={mode} replays CUDA graphs, which need a CUDA device: on {device.type} it "
-                f"compiles without them")
+        return (
+            f"trainer.compile_mode={mode} replays CUDA graphs, which need a CUDA device: on {device.type} it "
+            f"compiles without them"
+        )
     return None
 
 
@@ -51,8 +53,7 @@ def traces_backward() -> bool:
 def fallback_reason(world_size: int, fp16: bool, sharded: bool) -> str | None:
     """Why the whole step cannot be one graph in this run (None: it can), said before anything is built."""
     if not traces_backward():
-        return (f"torch {torch.__version__} cannot trace the backward pass into the step's graph (torch >= 2.11 "
-                f"can)")
+        return f"torch {torch.__version__} cannot trace the backward pass into the step's graph (torch >= 2.11 can)"
     if world_size > 1:
         return f"with {world_size} processes the gradients are all-reduced by DDP/FSDP outside any graph"
     if fp16:
@@ -60,8 +61,6 @@ def fallback_reason(world_size: int, fp16: bool, sharded: bool) -> str | None:
     if sharded:
         return "an FSDP-sharded model"
     return None
-
-
 
 
 class StaticBatch(nn.Module):
@@ -101,15 +100,16 @@ class StaticBatch(nn.Module):
 
 def padded(value: Any, rows: int, batch: int) -> Any:
     """`value` (a tensor, or a tuple/dict of them) with every tensor of `rows` rows padded with zeros to `batch`."""
+
     def pad(t: Any) -> Any:
         if not isinstance(t, torch.Tensor) or not t.ndim or len(t) != rows:
             return t
         return torch.cat([t, t.new_zeros((batch - rows, *t.shape[1:]))])
+
     return torch.utils._pytree.tree_map(pad, value)
 
 
-def compile_scope(t: Any, device: torch.device, world_size: int, fp16: bool, sharded: bool,
-                  speaks: bool) -> str | None:
+def compile_scope(t: Any, device: torch.device, world_size: int, fp16: bool, sharded: bool, speaks: bool) -> str | None:
     """What trainer.compile compiles in this run: None (nothing, or an FSDP model, whose blocks train/sharding.py
     compiled), "model", or "step"; a step that cannot be one graph here (`fallback_reason`) is said in one warning
     (when `speaks`) and the model is compiled instead; so is a CUDA-graph mode off CUDA (`cuda_graphs_note`)."""
@@ -117,14 +117,18 @@ def compile_scope(t: Any, device: torch.device, world_size: int, fp16: bool, sha
         return None
     backends = torch._dynamo.list_backends(exclude_tags=())
     if t.compile_backend not in backends:
-        raise ConfigError(f"trainer.compile_backend={t.compile_backend} is not a torch.compile backend here; choose "
-                          f"one of {', '.join(b for b in backends if 'TESTING' not in b)}")
+        raise ConfigError(
+            f"trainer.compile_backend={t.compile_backend} is not a torch.compile backend here; choose "
+            f"one of {', '.join(b for b in backends if 'TESTING' not in b)}"
+        )
     if t.compile_backend not in TORCH_BACKENDS:  # listed is not runnable (tvm without apache-tvm): tried on an addition
         try:
             torch.compile(lambda x: x + 1, backend=t.compile_backend)(torch.zeros(1))
         except Exception as e:  # noqa: BLE001 - whatever the backend raises: one line, before any work
-            raise ConfigError(f"trainer.compile_backend={t.compile_backend} cannot compile here ({compiler_error(e)}); "
-                              f"install what it needs or give another backend (inductor, aot_eager)") from None
+            raise ConfigError(
+                f"trainer.compile_backend={t.compile_backend} cannot compile here ({compiler_error(e)}); "
+                f"install what it needs or give another backend (inductor, aot_eager)"
+            ) from None
     if device.type != "cuda":  # Inductor's C++ build on a CPU machine: torch's line about CUDA_HOME means nothing here
         logging.getLogger("torch.utils.cpp_extension").addFilter(no_cuda_home_line)
     note = cuda_graphs_note(t.compile_mode, device)
@@ -136,8 +140,10 @@ def compile_scope(t: Any, device: torch.device, world_size: int, fp16: bool, sha
         reason = fallback_reason(world_size, fp16, sharded)
         if reason:
             if speaks:
-                log.warning("trainer.compile_scope=step: %s; the model is compiled instead (trainer.compile_scope=model)",
-                            reason)
+                log.warning(
+                    "trainer.compile_scope=step: %s; the model is compiled instead (trainer.compile_scope=model)",
+                    reason,
+                )
             return "model"
     return t.compile_scope
 
@@ -160,8 +166,16 @@ def no_cuda_home_line(record: logging.LogRecord) -> bool:
     return "No CUDA runtime is found" not in record.getMessage()
 
 
-def evaluators(scope: str | None, t: Any, model: nn.Module, step_fn: nn.Module, ema: Any, eval_batch: int,
-               device: torch.device, several: bool) -> tuple[nn.Module, nn.Module | None]:
+def evaluators(
+    scope: str | None,
+    t: Any,
+    model: nn.Module,
+    step_fn: nn.Module,
+    ema: Any,
+    eval_batch: int,
+    device: torch.device,
+    several: bool,
+) -> tuple[nn.Module, nn.Module | None]:
     """(what evaluates the model, what evaluates the EMA's weights): the compiled model at one batch shape
     (`StaticBatch`) when the model is compiled and one process evaluates; else the plain modules."""
     plain_ema = ema.module if ema is not None else None
@@ -175,6 +189,7 @@ def evaluators(scope: str | None, t: Any, model: nn.Module, step_fn: nn.Module, 
     def compiled(module: nn.Module) -> StaticBatch:
         options = compile_options(t.compile_mode, device) if t.compile_backend == "inductor" else None
         return StaticBatch(torch.compile(module, dynamic=False, backend=t.compile_backend, options=options), eval_batch)
+
     return compiled(model), compiled(plain_ema) if plain_ema is not None else None
 
 

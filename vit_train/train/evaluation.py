@@ -40,25 +40,44 @@ def evaluate(run: Run, stop: StopRequest | None = None) -> dict[str, float] | No
         metrics = _evaluate(run, stop, during)
     except CompileInterrupted:
         stop.agree(stop.received or 0)
-        log.warning("%s ended the evaluation of step %d while it compiled: it is left for the resumed run, which "
-                    "does it first", stop.name, state.step)
+        log.warning(
+            "%s ended the evaluation of step %d while it compiled: it is left for the resumed run, which does it first",
+            stop.name,
+            state.step,
+        )
         return None
     if compiling and metrics is not None:
-        run.compile_seconds["eval"] = sum(m.seconds or 0.0 for m in (run.eval_model, run.eval_ema)
-                                          if isinstance(m, StaticBatch))
+        run.compile_seconds["eval"] = sum(
+            m.seconds or 0.0 for m in (run.eval_model, run.eval_ema) if isinstance(m, StaticBatch)
+        )
     return metrics
 
 
 def _evaluate(run: Run, stop: StopRequest | None, during) -> dict[str, float] | None:
     """`evaluate` under `during` (what a stop signal does meanwhile)."""
     state, objective = run.state, run.cfg.objective
-    progress, metric, limit = run.cfg.trainer.progress and run.ctx.is_main, objective.metric, run.cfg.trainer.limit_val_batches
+    progress, metric, limit = (
+        run.cfg.trainer.progress and run.ctx.is_main,
+        objective.metric,
+        run.cfg.trainer.limit_val_batches,
+    )
     distributed.broadcast_buffers(run.model, run.ema)  # every process evaluates the model rank 0 saves (BatchNorm)
-    with run.window.paused(), sharding.gathered(run.cfg, run.model, run.ema), during:  # FSDP: no collective per val batch
+    with (
+        run.window.paused(),
+        sharding.gathered(run.cfg, run.model, run.ema),
+        during,
+    ):  # FSDP: no collective per val batch
         val = FirstBatches(run.data.val_loader, limit)  # trainer.limit_val_batches: a partial validation, said so
         passes = UntilStop(val, stop)
-        metrics = objective.evaluate(run.eval_model, passes, run.device, run.amp_dtype, run.cfg, progress,
-                                     confusion=bool(run.cfg.trainer.viz_every))  # every rank: the sum is a collective
+        metrics = objective.evaluate(
+            run.eval_model,
+            passes,
+            run.device,
+            run.amp_dtype,
+            run.cfg,
+            progress,
+            confusion=bool(run.cfg.trainer.viz_every),
+        )  # every rank: the sum is a collective
         if cut_short(run, passes, stop):
             return None
         if val.partial:
@@ -81,10 +100,18 @@ def _evaluate(run: Run, stop: StopRequest | None, during) -> dict[str, float] | 
     run.latest.clear()
     run.latest.update(metrics)  # this attempt's latest evaluation: results.json's final_*
     best = objective.score_text(state.best_score) if state.best_score is not None else "none"
-    log.info("step %d (epoch %.2f): %s (best %s, %s)%s", state.step, state.epochs_done,
-             objective.eval_text(metrics, ema_metrics, classes=len(run.data.class_names)), best, state.best_source,
-             f"; a partial validation: {metrics['val_images']} images, the first {val.limit} of {val.total} val "
-             f"batches (trainer.limit_val_batches={limit})" if val.partial else "")
+    log.info(
+        "step %d (epoch %.2f): %s (best %s, %s)%s",
+        state.step,
+        state.epochs_done,
+        objective.eval_text(metrics, ema_metrics, classes=len(run.data.class_names)),
+        best,
+        state.best_source,
+        f"; a partial validation: {metrics['val_images']} images, the first {val.limit} of {val.total} val "
+        f"batches (trainer.limit_val_batches={limit})"
+        if val.partial
+        else "",
+    )
     return metrics
 
 
@@ -95,6 +122,10 @@ def cut_short(run: Run, passes: UntilStop, stop: StopRequest | None) -> bool:
         return False
     stop.agree(distributed.max_all(stop.received or 0, run.device))
     if run.ctx.is_main:
-        log.warning("%s ended the evaluation at step %d with its loader's workers: it is left for the resumed run, "
-                    "which does it first", stop.name, run.state.step)
+        log.warning(
+            "%s ended the evaluation at step %d with its loader's workers: it is left for the resumed run, "
+            "which does it first",
+            stop.name,
+            run.state.step,
+        )
     return True

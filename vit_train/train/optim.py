@@ -18,8 +18,9 @@ log = logging.getLogger("vit_train")
 NO_DECAY_NAMES = ("pos_embed", "cls_token", "dist_token", "reg_token")
 
 
-def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None,
-                 family: ModelConfig | None = None) -> list[dict]:
+def param_groups(
+    model: nn.Module, weight_decay: float, layer_decay: float | None = None, family: ModelConfig | None = None
+) -> list[dict]:
     """Weight decay on matrices and conv kernels only: never on norms, biases, positions or prefix tokens.
 
     With `layer_decay` (BEiT, Bao et al. 2022; MAE fine-tuning) each group also has an `lr_scale`:
@@ -42,13 +43,21 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | Non
             groups[layer, decays] = {"params": [], "weight_decay": weight_decay if decays else 0.0, "lr_scale": scale}
         groups[layer, decays]["params"].append(p)
     if layer_decay is None:  # the two plain groups, decayed first, even when one is empty
-        return [groups.get((0, d), {"params": [], "weight_decay": weight_decay if d else 0.0, "lr_scale": 1.0})
-                for d in (True, False)]
+        return [
+            groups.get((0, d), {"params": [], "weight_decay": weight_decay if d else 0.0, "lr_scale": 1.0})
+            for d in (True, False)
+        ]
     return [groups[key] for key in sorted(groups)]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device, lr: float | None = None,
-                    capturable: bool = False, family: ModelConfig | None = None) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module,
+    cfg: OptimConfig,
+    device: torch.device,
+    lr: float | None = None,
+    capturable: bool = False,
+    family: ModelConfig | None = None,
+) -> torch.optim.Optimizer:
     """optim=NAME's optimiser over `param_groups`; `lr` is the peak rate (Config.lr), by default cfg.lr; each
     group starts at lr x its lr_scale (the schedule keeps that factor). `capturable`: for a compiled step
     (train/compiled_step.py); `family`: the model's (layer-wise lr decay reads its layers)."""
@@ -59,8 +68,15 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device, lr
     return cfg.build(groups, lr, device, capturable)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, cfg: ScheduleConfig,
-                    steps_per_epoch: int, total_steps: int, start_step: int = 0, lr: float | None = None) -> LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer,
+    optim: OptimConfig,
+    cfg: ScheduleConfig,
+    steps_per_epoch: int,
+    total_steps: int,
+    start_step: int = 0,
+    lr: float | None = None,
+) -> LambdaLR:
     """Stepped once per optimiser step; spans `total_steps` (the epochs, or the max_steps cap).
 
     The schedule (schedule=NAME's `factor`) is a pure function of the step, so a resumed run rebuilds it at
@@ -71,9 +87,16 @@ def build_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, cfg: S
     lr = optim.lr if lr is None else lr
     asked = round(cfg.warmup_epochs * steps_per_epoch)
     if asked > total_steps:
-        log.warning("schedule.warmup_epochs=%g is %d steps, longer than the run's %d: the lr rises for the whole run "
-                    "and reaches its peak (%g) only at the last step, with no %s after it; lower "
-                    "schedule.warmup_epochs or train longer", cfg.warmup_epochs, asked, total_steps, lr, cfg.name)
+        log.warning(
+            "schedule.warmup_epochs=%g is %d steps, longer than the run's %d: the lr rises for the whole run "
+            "and reaches its peak (%g) only at the last step, with no %s after it; lower "
+            "schedule.warmup_epochs or train longer",
+            cfg.warmup_epochs,
+            asked,
+            total_steps,
+            lr,
+            cfg.name,
+        )
     warmup = min(asked, total_steps)
     for group in optimizer.param_groups:
         group["initial_lr"] = lr * group.get("lr_scale", 1.0)

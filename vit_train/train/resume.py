@@ -37,8 +37,10 @@ def find_start(resume: str | None, run_dir: Path) -> tuple[Path, dict] | None:
     train() for the rest: once per run."""
     found = find_resume_checkpoint(resume, run_dir, mmap=True)
     if found is None and run_checkpoints(run_dir):
-        raise CheckpointError(f"{run_dir} already holds checkpoints; continue that run with resume=auto (or "
-                              f"resume={run_dir}), or start this one in another directory (hydra.run.dir=...)")
+        raise CheckpointError(
+            f"{run_dir} already holds checkpoints; continue that run with resume=auto (or "
+            f"resume={run_dir}), or start this one in another directory (hydra.run.dir=...)"
+        )
     if found is not None:
         check_own_run(Path(found[0]), found[1], run_dir)
     return found
@@ -56,11 +58,15 @@ def check_own_run(path: Path, ckpt: dict, run_dir: Path) -> None:
         return
     strangers, own, mine = found
     if not inside and str(path) in strangers:  # resume=<another run's file> into a directory that holds a run
-        raise CheckpointError(f"{path} is run {strangers[str(path)][:8]}'s checkpoint, but {run_dir} holds run "
-                              f"{own[:8]}'s files ({', '.join(mine)}): continued there it would overwrite them; "
-                              f"resume it in a new directory (hydra.run.dir=<a new directory>)")
-    raise CheckpointError(f"{mixed_text(run_dir, strangers, own, mine)}; move {', '.join(strangers)} out of {run_dir} "
-                          f"(to continue that run: resume=<its file> hydra.run.dir=<a new directory>), then resume")
+        raise CheckpointError(
+            f"{path} is run {strangers[str(path)][:8]}'s checkpoint, but {run_dir} holds run "
+            f"{own[:8]}'s files ({', '.join(mine)}): continued there it would overwrite them; "
+            f"resume it in a new directory (hydra.run.dir=<a new directory>)"
+        )
+    raise CheckpointError(
+        f"{mixed_text(run_dir, strangers, own, mine)}; move {', '.join(strangers)} out of {run_dir} "
+        f"(to continue that run: resume=<its file> hydra.run.dir=<a new directory>), then resume"
+    )
 
 
 def check_data_position(state: TrainState, ckpt: dict, cfg: Config, train_images: int, world_size: int) -> None:
@@ -77,8 +83,11 @@ def check_data_position(state: TrainState, ckpt: dict, cfg: Config, train_images
         return  # at an epoch's boundary: the next epoch is a new permutation anyway
     before = {"data.repeated_aug": saved["data"].get("repeated_aug", 1), "seed": saved.get("seed", 0)}
     now = {"data.repeated_aug": cfg.data.repeated_aug, "seed": cfg.seed}
-    changed = [f"the training set holds {train_images} images, not {state.train_images}"] if (
-        state.train_images and state.train_images != train_images) else []
+    changed = (
+        [f"the training set holds {train_images} images, not {state.train_images}"]
+        if (state.train_images and state.train_images != train_images)
+        else []
+    )
     changed += [f"{key} is {now[key]}, not {before[key]}" for key in before if now[key] != before[key]]
     changed += cfg.data.position_changes(saved["data"], ckpt.get("stream_layout"), world_size)
     if changed:
@@ -86,11 +95,13 @@ def check_data_position(state: TrainState, ckpt: dict, cfg: Config, train_images
         # (not trainer.max_steps=<end>: the warmup and cosine schedule would be fitted to that shorter run)
         cap = cfg.trainer.max_steps
         raise_cap = f" with trainer.max_steps raised to at least {end} (it is {cap})" if cap and cap < end else ""
-        raise ConfigError(f"cannot resume in the middle of epoch {state.epoch + 1} ({state.sample_in_epoch} of its "
-                          f"{state.epoch_end} images trained on): {' and '.join(changed)}, which reorders the epoch; "
-                          f"resume with the saved settings past the epoch's end at step {end} (it writes "
-                          f"checkpoints/step_{end:08d}.pt){raise_cap}, then resume from that file with the change, "
-                          f"or start a new run from these weights with model.pretrained=<the checkpoint>")
+        raise ConfigError(
+            f"cannot resume in the middle of epoch {state.epoch + 1} ({state.sample_in_epoch} of its "
+            f"{state.epoch_end} images trained on): {' and '.join(changed)}, which reorders the epoch; "
+            f"resume with the saved settings past the epoch's end at step {end} (it writes "
+            f"checkpoints/step_{end:08d}.pt){raise_cap}, then resume from that file with the change, "
+            f"or start a new run from these weights with model.pretrained=<the checkpoint>"
+        )
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -146,22 +157,31 @@ def check_compatible(ckpt: dict, cfg: Config, path: Any = "<the checkpoint>") ->
     if refused:
         what = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in refused)
         reasons = "; ".join(dict.fromkeys(why[k] for k, _, _ in refused))
-        keep = " ".join(f"{k.partition('.')[0]}={a}" if _group_choice(k, cfg) else f"{k}={cli_value(a)}" for k, a, _ in refused)
-        raise CheckpointError(f"cannot resume {path} with a changed config ({what}): {reasons}; resume with the saved "
-                              f"settings (drop the override, or give {keep}), {_instead(refused, path, cfg)} "
-                              f"(see docs/resuming.md)")
+        keep = " ".join(
+            f"{k.partition('.')[0]}={a}" if _group_choice(k, cfg) else f"{k}={cli_value(a)}" for k, a, _ in refused
+        )
+        raise CheckpointError(
+            f"cannot resume {path} with a changed config ({what}): {reasons}; resume with the saved "
+            f"settings (drop the override, or give {keep}), {_instead(refused, path, cfg)} "
+            f"(see docs/resuming.md)"
+        )
     cfg.objective.check_resume(ckpt.get("objective"), path)  # what its state needs (distill: the same teacher file)
-    return [f"{k}: {a!r} -> {b!r}" + (" (ignored: a resumed run continues from its checkpoint's weights)"
-                                       if k == "model.pretrained" else "")
-            for k, a, b in changes if (k, a, b) not in refused]
+    return [
+        f"{k}: {a!r} -> {b!r}"
+        + (" (ignored: a resumed run continues from its checkpoint's weights)" if k == "model.pretrained" else "")
+        for k, a, b in changes
+        if (k, a, b) not in refused
+    ]
 
 
 def _instead(refused: list[tuple[str, Any, Any]], path: Any, cfg: Config) -> str:
     """What else to do than resume, by the kind of the refused keys: a new run from the weights, when they can load."""
     no_fit = [k for k, _, _ in refused if k.removeprefix("model.") in type(cfg.model).NO_FIT and k.startswith("model.")]
     if no_fit:
-        return (f"or start a new run from scratch with the change ({', '.join(no_fit)}: the checkpoint's weights do "
-                f"not fit the new architecture, so model.pretrained={path} would not load them either)")
+        return (
+            f"or start a new run from scratch with the change ({', '.join(no_fit)}: the checkpoint's weights do "
+            f"not fit the new architecture, so model.pretrained={path} would not load them either)"
+        )
     if any(k.startswith("objective.") and k != "objective.name" for k, _, _ in refused):
         return cfg.objective.restart_hint(path)
     new_head = " model.reset_head=true" if any(k == "data.name" for k, _, _ in refused) else ""
@@ -186,15 +206,18 @@ def complete_interrupted_save(path: Path, run_dir: Path, state: TrainState, keep
     run's checkpoint (resume=<its file>) is left as it is."""
     folder = run_dir / "checkpoints"
     if path.resolve().parent == folder.resolve():
-        repair_run_checkpoints(folder, path, state.step, state.best_step if state.best_score is not None else None,
-                               keep_last)
+        repair_run_checkpoints(
+            folder, path, state.step, state.best_step if state.best_score is not None else None, keep_last
+        )
 
 
 def how_to_train_longer(t: TrainerConfig, total_steps: int) -> str:
     """What to raise so a finished run trains on: trainer.max_steps when that cap ended it, else trainer.epochs."""
     if t.max_steps is not None and total_steps >= t.max_steps:
-        return (f"trainer.max_steps={t.max_steps} ended it: raise trainer.max_steps, or set trainer.max_steps=null "
-                f"to train all trainer.epochs ({t.epochs})")
+        return (
+            f"trainer.max_steps={t.max_steps} ended it: raise trainer.max_steps, or set trainer.max_steps=null "
+            f"to train all trainer.epochs ({t.epochs})"
+        )
     return f"raise trainer.epochs (now {t.epochs}) to train longer"
 
 
@@ -218,5 +241,7 @@ def resume_auto_found_nothing(run_dir: Path) -> str:
                 if not other.samefile(run_dir):
                     others.append(((other / "checkpoints" / "last.pt").stat().st_mtime, other))
     how = f", e.g. the newest beside it: vit-train resume={max(others)[1]}" if others else ": resume=<run dir>"
-    return (f"resume=auto: no checkpoint in {run_dir} (hydra.run.dir), so this run starts at step 0; to continue an "
-            f"earlier run, give its directory{how}")
+    return (
+        f"resume=auto: no checkpoint in {run_dir} (hydra.run.dir), so this run starts at step 0; to continue an "
+        f"earlier run, give its directory{how}"
+    )

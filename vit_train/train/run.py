@@ -88,8 +88,9 @@ class Run:
     earlier_seconds: float  # wall time of earlier attempts, up to their last checkpoint
 
 
-def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: dict | None = None,
-              started: float | None = None) -> Run:
+def build_run(
+    cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: dict | None = None, started: float | None = None
+) -> Run:
     """Data, model, optimiser, schedule, EMA, logger: all of the run, restored from `ckpt` when given.
 
     `started` is when this attempt began (time.time(), default now), for the wall times.
@@ -102,8 +103,9 @@ def build_run(cfg: Config, run_dir: Path, overrides: Sequence[str] = (), ckpt: d
         return _build_run(cfg, run_dir, overrides, ckpt, started, early)
 
 
-def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict | None, started: float | None,
-               early: EarlyRecords) -> Run:
+def _build_run(
+    cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict | None, started: float | None, early: EarlyRecords
+) -> Run:
     objective, t = cfg.objective, cfg.trainer
     objective.check_run(cfg)  # what the objective needs beyond the config (a teacher's file), before any work
     ctx = distributed.setup(t.device)  # several processes under torchrun; else rank 0 of 1
@@ -124,7 +126,9 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
     classes = len(data.class_names)
     model = objective.build_model(cfg, classes)  # MAE: the autoencoder around the ViT (docs/mae.md)
     if cfg.model.pretrained and not ckpt:
-        load_pretrained(objective.pretrained_target(model), cfg.model.pretrained, data.class_names, cfg.model.reset_head)
+        load_pretrained(
+            objective.pretrained_target(model), cfg.model.pretrained, data.class_names, cfg.model.reset_head
+        )
     model.to(device)
     amp_dtype = autocast_dtype(t.precision, device)
     if ckpt:  # into the whole model, before any sharding: checkpoints hold whole tensors whatever wrote them
@@ -137,9 +141,17 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
         sharding.shard(model, ema, cfg, amp_dtype)
     elif t.strategy == "fsdp":
         log.info("trainer.strategy=fsdp with one process: nothing to shard, the model trains whole")
-    scope = compile_scope(t, device, ctx.world_size, amp_dtype == torch.float16, sharding.is_sharded(model), ctx.is_main)
-    optimizer = build_optimizer(model, cfg.optim, device, lr=cfg.lr, capturable=scope == "step",  # on the shards when sharded
-                                family=cfg.model)
+    scope = compile_scope(
+        t, device, ctx.world_size, amp_dtype == torch.float16, sharding.is_sharded(model), ctx.is_main
+    )
+    optimizer = build_optimizer(
+        model,
+        cfg.optim,
+        device,
+        lr=cfg.lr,
+        capturable=scope == "step",  # on the shards when sharded
+        family=cfg.model,
+    )
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     state = TrainState(run_id=new_run_id())  # os.urandom: no RNG of the run moves
     if ckpt:
@@ -151,8 +163,9 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
     # the epochs left, the current one from where it stands (its steps follow a changed data.batch_size)
     steps_left = data.train_sampler.steps_left(state.sample_in_epoch, state.epoch_end, t.epochs - state.epoch)
     total_steps = min(state.step + steps_left, t.max_steps or math.inf)
-    scheduler = build_scheduler(optimizer, cfg.optim, cfg.schedule, data.steps_per_epoch, total_steps, state.step,
-                                lr=cfg.lr)
+    scheduler = build_scheduler(
+        optimizer, cfg.optim, cfg.schedule, data.steps_per_epoch, total_steps, state.step, lr=cfg.lr
+    )
     # DistributedDataParallel with several processes (FSDP's model is its own wrapper), else the model itself
     ddp = model if sharding.is_sharded(model) else distributed.wrap(model)
     loss = objective.build_loss(cfg, model, classes, data.class_names, ctx.rank)
@@ -166,11 +179,30 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
     skips = SkippedSteps(state, device, on_device, t.max_bad_steps)
     compile_seconds: dict[str, float] = {}
     step_fn = torch.compile(ddp, mode=t.compile_mode, backend=t.compile_backend) if scope == "model" else ddp
-    compiled = CompiledStep(model, loss, optimizer, cfg.optim, ema, window, skips, t.accum_steps, amp_dtype,
-                            device, scheduler.lr_lambdas[0], t.ema_decay, t.compile_mode, t.compile_backend,
-                            compile_seconds) if scope == "step" else None
-    eval_model, eval_ema = evaluators(scope, t, model, step_fn, ema, cfg.data.eval_batch_size or cfg.data.batch_size,
-                                      device, ctx.enabled)
+    compiled = (
+        CompiledStep(
+            model,
+            loss,
+            optimizer,
+            cfg.optim,
+            ema,
+            window,
+            skips,
+            t.accum_steps,
+            amp_dtype,
+            device,
+            scheduler.lr_lambdas[0],
+            t.ema_decay,
+            t.compile_mode,
+            t.compile_backend,
+            compile_seconds,
+        )
+        if scope == "step"
+        else None
+    )
+    eval_model, eval_ema = evaluators(
+        scope, t, model, step_fn, ema, cfg.data.eval_batch_size or cfg.data.batch_size, device, ctx.enabled
+    )
     # last: from here train.log has a handler, which train() removes however the run ends
     logger = RunLogger(run_dir, resume_step=state.step if ckpt else None, early=early) if ctx.is_main else NullLogger()
     try:
@@ -179,13 +211,38 @@ def _build_run(cfg: Config, run_dir: Path, overrides: Sequence[str], ckpt: dict 
     except BaseException:  # matplotlib missing, unreadable val images
         logger.close()
         raise
-    return Run(cfg=cfg, run_dir=run_dir, overrides=list(overrides), ctx=ctx, device=device, amp_dtype=amp_dtype,
-               data=data, model=model, step_fn=step_fn, compiled=compiled, eval_model=eval_model, eval_ema=eval_ema,
-               compile_seconds=compile_seconds, resumed_with=resumed_with(cfg, ckpt), loss=loss, mix=mix, ema=ema, optimizer=optimizer, scheduler=scheduler,
-               scaler=scaler, skips=skips,
-               logger=logger, visuals=visuals, window=window, progress=EpochProgress(t.progress and ctx.is_main),
-               state=state, latest={}, total_steps=total_steps, started=time.time() if started is None else started,
-               earlier_seconds=state.wall_seconds)
+    return Run(
+        cfg=cfg,
+        run_dir=run_dir,
+        overrides=list(overrides),
+        ctx=ctx,
+        device=device,
+        amp_dtype=amp_dtype,
+        data=data,
+        model=model,
+        step_fn=step_fn,
+        compiled=compiled,
+        eval_model=eval_model,
+        eval_ema=eval_ema,
+        compile_seconds=compile_seconds,
+        resumed_with=resumed_with(cfg, ckpt),
+        loss=loss,
+        mix=mix,
+        ema=ema,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=scaler,
+        skips=skips,
+        logger=logger,
+        visuals=visuals,
+        window=window,
+        progress=EpochProgress(t.progress and ctx.is_main),
+        state=state,
+        latest={},
+        total_steps=total_steps,
+        started=time.time() if started is None else started,
+        earlier_seconds=state.wall_seconds,
+    )
 
 
 def build_ema(model: nn.Module, decay: float | None) -> AveragedModel | None:
@@ -200,7 +257,9 @@ def resumed_with(cfg: Config, ckpt: dict | None) -> list[str]:
     what a stop that saves nothing must repeat to continue this attempt."""
     if not ckpt:
         return []
-    return [f"{key}={cli_value(value)}" for key, _, value in config_changes(upgrade_saved(ckpt["config"]), cfg.to_dict())]
+    return [
+        f"{key}={cli_value(value)}" for key, _, value in config_changes(upgrade_saved(ckpt["config"]), cfg.to_dict())
+    ]
 
 
 def describe(run: Run) -> None:
@@ -208,14 +267,27 @@ def describe(run: Run) -> None:
     cfg, window = run.cfg, run.window
     labels = cfg.objective.data_text(len(run.data.class_names))
     strategy = "FSDP: weights, gradients and optimiser state sharded" if sharding.is_sharded(run.model) else "DDP"
-    log.info("%s: %.2fM parameters, %s, %d steps (%d per epoch), device %s%s, precision %s", cfg.model.name,
-             sum(p.numel() for p in run.model.parameters()) / 1e6, labels, run.total_steps, run.data.steps_per_epoch,
-             run.device, f" x {run.ctx.world_size} processes ({strategy})" if run.ctx.enabled else "",
-             run.amp_dtype or torch.float32)
+    log.info(
+        "%s: %.2fM parameters, %s, %d steps (%d per epoch), device %s%s, precision %s",
+        cfg.model.name,
+        sum(p.numel() for p in run.model.parameters()) / 1e6,
+        labels,
+        run.total_steps,
+        run.data.steps_per_epoch,
+        run.device,
+        f" x {run.ctx.world_size} processes ({strategy})" if run.ctx.enabled else "",
+        run.amp_dtype or torch.float32,
+    )
     if not window.flops_per_image:
-        log.info("FLOPs per image unknown (objective=%s defines no flops_per_image): no TFLOP/s or MFU logged",
-                 cfg.objective.name)
+        log.info(
+            "FLOPs per image unknown (objective=%s defines no flops_per_image): no TFLOP/s or MFU logged",
+            cfg.objective.name,
+        )
     else:
-        log.info("%.2f GFLOP per training image; peak %s", window.flops_per_image / 1e9,
-                 f"{window.peak_tflops:g} TFLOP/s (MFU logged)" if window.peak_tflops else
-                 "unknown (set trainer.peak_tflops to log MFU)")
+        log.info(
+            "%.2f GFLOP per training image; peak %s",
+            window.flops_per_image / 1e9,
+            f"{window.peak_tflops:g} TFLOP/s (MFU logged)"
+            if window.peak_tflops
+            else "unknown (set trainer.peak_tflops to log MFU)",
+        )

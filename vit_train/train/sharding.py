@@ -77,9 +77,13 @@ def shard(model: nn.Module, ema: AveragedModel | None, cfg: Config, amp_dtype: t
     runs eagerly). Raises ConfigError for trainer.precision=fp16.
     """
     if amp_dtype == torch.float16:
-        raise ConfigError("trainer.strategy=fsdp does not take fp16 (its GradScaler cannot see sharded gradients); "
-                          "use trainer.precision=bf16 or fp32")
-    policy = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32) if amp_dtype else MixedPrecisionPolicy()
+        raise ConfigError(
+            "trainer.strategy=fsdp does not take fp16 (its GradScaler cannot see sharded gradients); "
+            "use trainer.precision=bf16 or fp32"
+        )
+    policy = (
+        MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32) if amp_dtype else MixedPrecisionPolicy()
+    )
     blocks_reshard, root_reshard = reshard_policy(cfg)
     for module in (model, ema.module if ema is not None else None):
         if module is None:
@@ -101,11 +105,13 @@ def shard(model: nn.Module, ema: AveragedModel | None, cfg: Config, amp_dtype: t
 def _apart(multi_avg_fn):
     """The EMA's foreach update, once over the sharded parameters and once over the plain buffers (the
     fixed sin-cos positions): one foreach call cannot take DTensors and tensors together."""
+
     def update(averaged: list, current: list, num_averaged) -> None:
         for sharded in (True, False):
             pairs = [(a, c) for a, c in zip(averaged, current, strict=True) if isinstance(a, DTensor) == sharded]
             if pairs:
                 multi_avg_fn([a for a, _ in pairs], [c for _, c in pairs], num_averaged)
+
     return update
 
 
@@ -121,7 +127,9 @@ def gathered(cfg: Config, *modules: nn.Module | None) -> Iterator[None]:
     """Every FSDP unit of `modules` all-gathered on entry (every process, in the same order) and kept
     gathered until exit, so forwards need no communication: the processes may run different numbers of
     them (evaluation shares, rank 0's figures). A no-op for modules that are not sharded."""
-    per_module = [[m for m in module.modules() if isinstance(m, FSDPModule)] for module in modules if module is not None]
+    per_module = [
+        [m for m in module.modules() if isinstance(m, FSDPModule)] for module in modules if module is not None
+    ]
     units = [unit for found in per_module for unit in found]
     roots = [found[0] for found in per_module if found]  # the outermost unit of each (an EMA's: its module)
     if not units:
@@ -140,8 +148,9 @@ def gathered(cfg: Config, *modules: nn.Module | None) -> Iterator[None]:
             unit.set_reshard_after_forward(root_reshard if root else blocks_reshard, recurse=False)
 
 
-def full_states(model: nn.Module, optimizer: torch.optim.Optimizer,
-                ema: AveragedModel | None) -> tuple[dict, dict, dict | None] | None:
+def full_states(
+    model: nn.Module, optimizer: torch.optim.Optimizer, ema: AveragedModel | None
+) -> tuple[dict, dict, dict | None] | None:
     """(model, optimiser, EMA) state dicts of a sharded run, gathered whole onto rank 0's CPU, in the
     layout an unsharded run saves (the optimiser keyed by parameter index as torch's own state_dict);
     empty dicts on the other ranks. A collective: every process calls it. None when not sharded."""
@@ -158,5 +167,7 @@ def full_states(model: nn.Module, optimizer: torch.optim.Optimizer,
 def _by_index(model: nn.Module, optimizer: torch.optim.Optimizer, keyed: dict) -> dict:
     """get_optimizer_state_dict's name-keyed layout -> torch's index-keyed one (what an unsharded run saves)."""
     index = {name: i for i, name in enumerate(param_names(model, optimizer))}
-    return {"state": {index[n]: s for n, s in keyed["state"].items()},
-            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in keyed["param_groups"]]}
+    return {
+        "state": {index[n]: s for n, s in keyed["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in keyed["param_groups"]],
+    }

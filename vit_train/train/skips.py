@@ -37,8 +37,13 @@ class SkippedSteps:
         self.skipped.zero_()
         state.add_skipped(skipped, int(self.run.item()))
         if skipped:
-            log.warning("up to step %d: %d non-finite steps skipped (%d in a row now, the run stops at %d)",
-                        state.step, skipped, state.bad_in_a_row, self.max_bad_steps)
+            log.warning(
+                "up to step %d: %d non-finite steps skipped (%d in a row now, the run stops at %d)",
+                state.step,
+                skipped,
+                state.bad_in_a_row,
+                self.max_bad_steps,
+            )
         return skipped
 
     def reset(self, state: TrainState) -> None:

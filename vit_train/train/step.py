@@ -67,7 +67,9 @@ def eager_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> None:
     counted = False  # whether the objective gave logits to count top-1 hits from
     chunks = list(zip(images.chunk(t.accum_steps), targets.chunk(t.accum_steps), strict=True))
     for i, (x, y) in enumerate(chunks):
-        with distributed.no_sync(run.step_fn, last=i == len(chunks) - 1):  # one gradient all-reduce (FSDP: reduce-scatter) per step
+        with distributed.no_sync(
+            run.step_fn, last=i == len(chunks) - 1
+        ):  # one gradient all-reduce (FSDP: reduce-scatter) per step
             with torch.autocast(images.device.type, dtype=run.amp_dtype, enabled=run.amp_dtype is not None):
                 loss, logits = run.loss(run.step_fn, x, y, **run.loss.draws(x))
                 # each micro-batch weighs as its images: a short last batch (batch size changed mid-epoch)
@@ -110,8 +112,11 @@ def step_seed(seed: int, step: int, rank: int) -> int:
 def diverged_message(state: TrainState, run_dir: Path) -> str:
     """Why the run stopped after `trainer.max_bad_steps` non-finite steps in a row, and what to do."""
     kept = run_checkpoints(run_dir)
-    where = (f"the checkpoints in {run_dir / 'checkpoints'} are from before" if kept else
-             "it had written no checkpoint yet")
-    return (f"{state.bad_in_a_row} steps in a row had a non-finite loss or gradient norm (up to step {state.step}), so "
-            f"the run stopped; {where}. Lower optim.lr, set optim.clip_grad, or use trainer.precision=bf16 or fp32, "
-            f"and {'start again or resume' if kept else 'start again'}")
+    where = (
+        f"the checkpoints in {run_dir / 'checkpoints'} are from before" if kept else "it had written no checkpoint yet"
+    )
+    return (
+        f"{state.bad_in_a_row} steps in a row had a non-finite loss or gradient norm (up to step {state.step}), so "
+        f"the run stopped; {where}. Lower optim.lr, set optim.clip_grad, or use trainer.precision=bf16 or fp32, "
+        f"and {'start again or resume' if kept else 'start again'}"
+    )

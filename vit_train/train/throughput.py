@@ -22,14 +22,24 @@ DATA_BOUND = 0.2  # warn when more than this share of the step time waits for da
 
 # Dense peak TFLOP/s by datasheet, by GPU name fragment: (bf16/fp16 tensor cores, tf32).
 PEAKS = {
-    "H200": (989.0, 494.0), "H100": (989.0, 494.0), "GH200": (989.0, 494.0), "B200": (2250.0, 1100.0),
-    "A100": (312.0, 156.0), "A10G": (70.0, 35.0), "L40S": (362.0, 183.0), "L4": (121.0, 60.0),
-    "RTX 4090": (165.0, 82.6), "RTX 3090": (71.0, 35.6), "V100": (125.0, 15.7), "T4": (65.0, 8.1),
+    "H200": (989.0, 494.0),
+    "H100": (989.0, 494.0),
+    "GH200": (989.0, 494.0),
+    "B200": (2250.0, 1100.0),
+    "A100": (312.0, 156.0),
+    "A10G": (70.0, 35.0),
+    "L40S": (362.0, 183.0),
+    "L4": (121.0, 60.0),
+    "RTX 4090": (165.0, 82.6),
+    "RTX 3090": (71.0, 35.6),
+    "V100": (125.0, 15.7),
+    "T4": (65.0, 8.1),
 }
 
 
-def peak_tflops(device: torch.device, dtype: torch.dtype | None, override: float | None,
-                name: str | None = None) -> float | None:
+def peak_tflops(
+    device: torch.device, dtype: torch.dtype | None, override: float | None, name: str | None = None
+) -> float | None:
     """`trainer.peak_tflops` if set, else the datasheet figure for this GPU and precision; None when unknown."""
     if override:
         return override
@@ -88,8 +98,9 @@ class TrainWindow:
             if running:
                 self.start()
 
-    def add(self, loss: torch.Tensor, grad_norm: torch.Tensor, hits: torch.Tensor | None, images: int,
-            finite: torch.Tensor) -> None:
+    def add(
+        self, loss: torch.Tensor, grad_norm: torch.Tensor, hits: torch.Tensor | None, images: int, finite: torch.Tensor
+    ) -> None:
         """One step's mean loss, gradient norm and top-1 hits (None: the objective has no class
         predictions), counted without a host sync; a skipped (non-finite) step's values are left out,
         since its loss would make the window's mean NaN."""
@@ -98,8 +109,9 @@ class TrainWindow:
             self.has_top1 = True
         self.add_(loss, grad_norm, hits, images, finite)
 
-    def add_(self, loss: torch.Tensor, grad_norm: torch.Tensor, hits: torch.Tensor | None, images: int,
-             finite: torch.Tensor) -> None:
+    def add_(
+        self, loss: torch.Tensor, grad_norm: torch.Tensor, hits: torch.Tensor | None, images: int, finite: torch.Tensor
+    ) -> None:
         """`add`'s device sums alone, each updated in place (inside a compiled step: train/compiled_step.py, which
         counts the images and `has_top1` on the host)."""
         self.loss.add_(torch.where(finite, loss, 0.0))
@@ -122,12 +134,14 @@ class TrainWindow:
         """
         self.pause()
         steps, counted = int(self.finite_steps.item()), int(self.finite_images.item())
-        values = {"loss": self.loss.item() / steps if steps else math.nan,
-                  "top1": 100 * self.hits.item() / counted if counted else math.nan,
-                  "grad_norm": float(self.grad_norm) if self.has_grad_norm else math.nan,
-                  # none: the window's only steps compiled (their time is compile time, not training)
-                  "images_per_s": self.images / max(self.seconds, 1e-9) if self.images else math.nan,
-                  "data_wait": self.waited / max(self.seconds, 1e-9)}  # share of the step time spent waiting for data
+        values = {
+            "loss": self.loss.item() / steps if steps else math.nan,
+            "top1": 100 * self.hits.item() / counted if counted else math.nan,
+            "grad_norm": float(self.grad_norm) if self.has_grad_norm else math.nan,
+            # none: the window's only steps compiled (their time is compile time, not training)
+            "images_per_s": self.images / max(self.seconds, 1e-9) if self.images else math.nan,
+            "data_wait": self.waited / max(self.seconds, 1e-9),
+        }  # share of the step time spent waiting for data
         if not self.has_top1:
             del values["top1"]
         if self.flops_per_image:
@@ -153,12 +167,18 @@ class TrainWindow:
         waited in the window, whether the data-bound warning was given): images/s stays a rate over the
         window's training time, the interrupted attempt's included."""
         grad_norm = self.grad_norm if self.has_grad_norm else None
-        return {"loss": self.loss.item(), "hits": int(self.hits.item()), "finite_steps": int(self.finite_steps.item()),
-                "finite_images": int(self.finite_images.item()), "has_top1": self.has_top1,
-                "grad_norm": None if grad_norm is None else grad_norm.item(),
-                "grad_norm_dtype": None if grad_norm is None else str(grad_norm.dtype).removeprefix("torch."),
-                "images": self.images, "logs": self.logs,
-                "timing": {"seconds": self.seconds, "waited": self.waited, "warned": self.warned}}
+        return {
+            "loss": self.loss.item(),
+            "hits": int(self.hits.item()),
+            "finite_steps": int(self.finite_steps.item()),
+            "finite_images": int(self.finite_images.item()),
+            "has_top1": self.has_top1,
+            "grad_norm": None if grad_norm is None else grad_norm.item(),
+            "grad_norm_dtype": None if grad_norm is None else str(grad_norm.dtype).removeprefix("torch."),
+            "images": self.images,
+            "logs": self.logs,
+            "timing": {"seconds": self.seconds, "waited": self.waited, "warned": self.warned},
+        }
 
     def load_state_dict(self, saved: dict[str, Any] | None) -> None:
         """Continue the window a checkpoint's `state_dict` kept (None: a checkpoint written before windows were
@@ -179,8 +199,15 @@ class TrainWindow:
         self.warned = bool(timing.get("warned", False))
 
 
-def log_train(logger: RunLogger | NullLogger, bar, window: TrainWindow, state, lr: float,
-              scaler: torch.amp.GradScaler, terms: dict[str, float] | None = None) -> None:
+def log_train(
+    logger: RunLogger | NullLogger,
+    bar,
+    window: TrainWindow,
+    state,
+    lr: float,
+    scaler: torch.amp.GradScaler,
+    terms: dict[str, float] | None = None,
+) -> None:
     """The window's train metrics to the logs and the progress bar, with the objective's own `terms`
     (distill: its two loss terms and the teacher agreement); adds its images and seconds to `state` (a
     TrainState) for the run's images/s; warns once when the run waits on its data."""
@@ -192,10 +219,18 @@ def log_train(logger: RunLogger | NullLogger, bar, window: TrainWindow, state, l
     state.add_trained(images, seconds)
     logger.scalars("train", state.step, values)
     extra = {"mfu": f"{100 * values['mfu']:.1f}%"} if "mfu" in values else {}
-    bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{lr:.2e}", img_s=f"{values['images_per_s']:.0f}",
-                    wait=f"{100 * values['data_wait']:.0f}%", **extra)
+    bar.set_postfix(
+        loss=f"{values['loss']:.4f}",
+        lr=f"{lr:.2e}",
+        img_s=f"{values['images_per_s']:.0f}",
+        wait=f"{100 * values['data_wait']:.0f}%",
+        **extra,
+    )
     window.logs += 1
     if values["data_wait"] > DATA_BOUND and window.logs > 1 and not window.warned:  # the first window warms up
         window.warned = True
-        log.warning("the run is data-bound: %.0f%% of the step time waits for data; %s", 100 * values["data_wait"],
-                    window.advice)
+        log.warning(
+            "the run is data-bound: %.0f%% of the step time waits for data; %s",
+            100 * values["data_wait"],
+            window.advice,
+        )

@@ -58,8 +58,13 @@ def due(step: int, every: int | None) -> bool:
     return bool(every) and step % every == 0
 
 
-def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
-          resume_from: tuple[Path, dict] | None = None, lock: rundir.RunLock | None = None) -> dict[str, Any]:
+def train(
+    cfg: Config,
+    run_dir: str | Path,
+    overrides: Sequence[str] = (),
+    resume_from: tuple[Path, dict] | None = None,
+    lock: rundir.RunLock | None = None,
+) -> dict[str, Any]:
     """Train as `cfg` says, writing checkpoints and logs under `run_dir`; returns the results summary.
 
     `resume_from`: the (path, checkpoint) `cfg.resume` names, when the caller has found it already with
@@ -78,7 +83,7 @@ def train(cfg: Config, run_dir: str | Path, overrides: Sequence[str] = (),
     run_dir = Path(run_dir)
     own_lock = lock is None and os.environ.get("RANK", "0") == "0"  # under torchrun rank 0 holds it for all
     # EarlyRecords: what is logged before train.log exists (the lock, the checkpoint search, the build) goes there too
-    with EarlyRecords(), (rundir.locked(run_dir) if own_lock else contextlib.nullcontext()):
+    with EarlyRecords(), rundir.locked(run_dir) if own_lock else contextlib.nullcontext():
         started = time.time()
         ckpt_path, ckpt = resume_from or find_start(cfg.resume, run_dir) or (None, None)
         changes = check_compatible(ckpt, cfg, ckpt_path) if ckpt else []
@@ -130,8 +135,10 @@ def loop(run: Run) -> dict[str, Any]:
             lr = max(run.scheduler.get_last_lr())  # the rate this step trains with (the head's under layer decay)
             started = time.perf_counter()
             if compiling:
-                log.info("compiling the training step (torch.compile: a minute or more the first time, seconds from "
-                         "Inductor's cache)")
+                log.info(
+                    "compiling the training step (torch.compile: a minute or more the first time, seconds from "
+                    "Inductor's cache)"
+                )
             try:
                 with stop.interruptible("compiling the training step") if compiling else contextlib.nullcontext():
                     train_step(run, images, targets)
@@ -145,8 +152,7 @@ def loop(run: Run) -> dict[str, Any]:
             saving = evaluating or state.batch_in_epoch == 0 or due(state.step, t.ckpt_every)
             if due(state.step, t.log_every) or state.step == run.total_steps:
                 run.skips.settle(state)
-                log_train(run.logger, run.progress, run.window, state, lr, run.scaler,
-                          run.loss.terms())
+                log_train(run.logger, run.progress, run.window, state, lr, run.scaler, run.loss.terms())
             elif saving:  # counts kept on the device: read before a checkpoint, which must not keep a diverged run
                 run.skips.settle(state)
             if state.bad_in_a_row >= t.max_bad_steps:
@@ -157,14 +163,21 @@ def loop(run: Run) -> dict[str, Any]:
             elif saving:
                 save(run)
         if not run.latest and not stop:  # resumed a run that had already finished
-            log.info("the run already reached its last step (%d); %s", run.total_steps, how_to_train_longer(t, run.total_steps))
+            log.info(
+                "the run already reached its last step (%d); %s",
+                run.total_steps,
+                how_to_train_longer(t, run.total_steps),
+            )
             evaluate_and_save(run, stop)
         if stop:
             save(run)
             finish(run, "interrupted")
             command = "torchrun <the same options> -m vit_train" if run.ctx.enabled else "vit-train"
-            raise RunStopped(f"stopped by {stop.name} at step {state.step}; {run_dir / 'checkpoints' / 'last.pt'} "
-                             f"holds it; continue with: {command} resume={run_dir}", stop.exit_code)
+            raise RunStopped(
+                f"stopped by {stop.name} at step {state.step}; {run_dir / 'checkpoints' / 'last.pt'} "
+                f"holds it; continue with: {command} resume={run_dir}",
+                stop.exit_code,
+            )
     return finish(run, "completed")
 
 
@@ -200,10 +213,24 @@ def save(run: Run, best: bool = False) -> None:
     run.state.set_wall_seconds(run.earlier_seconds + time.time() - run.started)
     with run.window.paused():
         distributed.barrier()
-        gathered = sharding.full_states(run.model, run.optimizer, run.ema)  # FSDP: every process sends rank 0 its shards
+        gathered = sharding.full_states(
+            run.model, run.optimizer, run.ema
+        )  # FSDP: every process sends rank 0 its shards
         if run.ctx.is_main:
-            ckpt = checkpoint_state(run.model, run.optimizer, run.scheduler, run.scaler, run.ema, run.state, run.cfg,
-                                    run.overrides, run.data.class_names, run.loss, gathered, run.window)
+            ckpt = checkpoint_state(
+                run.model,
+                run.optimizer,
+                run.scheduler,
+                run.scaler,
+                run.ema,
+                run.state,
+                run.cfg,
+                run.overrides,
+                run.data.class_names,
+                run.loss,
+                gathered,
+                run.window,
+            )
             run.logger.sync()  # the rows up to this step reach the disk before the checkpoint that will not log them again
             save_run_checkpoint(ckpt, run.run_dir / "checkpoints", run.cfg.trainer.keep_last, best)
         distributed.barrier()
@@ -213,10 +240,18 @@ def results(run: Run, status: str, error: str | None = None) -> dict[str, Any]:
     """results.json's contents now: how the run ended, the objective's numbers, the times."""
     state, objective = run.state, run.cfg.objective
     seconds = time.time() - run.started
-    return results_summary(status, state, objective.name, objective.results_of(state.best_of(objective.metric),
-                                                                               run.latest),
-                           run.latest, seconds, run.run_dir, all_attempts=run.earlier_seconds + seconds, error=error,
-                           compile_seconds=sum(run.compile_seconds.values()) if run.compile_seconds else None)
+    return results_summary(
+        status,
+        state,
+        objective.name,
+        objective.results_of(state.best_of(objective.metric), run.latest),
+        run.latest,
+        seconds,
+        run.run_dir,
+        all_attempts=run.earlier_seconds + seconds,
+        error=error,
+        compile_seconds=sum(run.compile_seconds.values()) if run.compile_seconds else None,
+    )
 
 
 def finish(run: Run, status: str) -> dict[str, Any]:
@@ -228,13 +263,27 @@ def finish(run: Run, status: str) -> dict[str, Any]:
     summary = results(run, status)
     if run.ctx.is_main:
         write_results(run.run_dir, summary)
-    best = "not evaluated" if state.best_score is None else \
-        f"best {shown(state.best_metric, state.best_score)} (step {state.best_step})"
+    best = (
+        "not evaluated"
+        if state.best_score is None
+        else f"best {shown(state.best_metric, state.best_score)} (step {state.best_step})"
+    )
     if state.best_partial:  # the best score, not only the last evaluation, was a partial validation's
-        best += f" on a partial validation ({summary['val_images']} images, trainer.limit_val_batches)" \
-            if summary["val_images"] else " on a partial validation (trainer.limit_val_batches)"
-    log.info("%s: %s, %d steps (%d skipped), %.0f images/s, %.0f s; outputs in %s", status, best, state.step,
-             state.skipped_steps, summary["images_per_s"] or 0, summary["wall_seconds"], run.run_dir)
+        best += (
+            f" on a partial validation ({summary['val_images']} images, trainer.limit_val_batches)"
+            if summary["val_images"]
+            else " on a partial validation (trainer.limit_val_batches)"
+        )
+    log.info(
+        "%s: %s, %d steps (%d skipped), %.0f images/s, %.0f s; outputs in %s",
+        status,
+        best,
+        state.step,
+        state.skipped_steps,
+        summary["images_per_s"] or 0,
+        summary["wall_seconds"],
+        run.run_dir,
+    )
     return summary
 
 
@@ -246,8 +295,12 @@ def said_compiled(run: Run, what: str) -> None:
     if what == "step" and run.compiled is not None and not run.compiled.active:  # the line above it said why
         log.info("%.1f s went to compiling the training step, which failed; left out of images/s and MFU", seconds)
         return
-    log.info("compiled the %s in %.1f s (%s)", "training step" if what == "step" else "evaluation", seconds,
-             "left out of images/s and MFU" if what == "step" else "its first pass, compilation included")
+    log.info(
+        "compiled the %s in %.1f s (%s)",
+        "training step" if what == "step" else "evaluation",
+        seconds,
+        "left out of images/s and MFU" if what == "step" else "its first pass, compilation included",
+    )
 
 
 def stopped_compiling(run: Run, stop: StopRequest, before: TrainState) -> None:
@@ -261,8 +314,11 @@ def stopped_compiling(run: Run, stop: StopRequest, before: TrainState) -> None:
     kept = run_checkpoints(run.run_dir)
     command = "torchrun <the same options> -m vit_train" if run.ctx.enabled else "vit-train"
     again = "".join(f" {change}" for change in run.resumed_with)  # nothing saved them: the line repeats them
-    then = (f"{kept[0]} holds step {run.state.step}; continue with: {command} resume={run.run_dir}{again}" if kept else
-            "nothing was trained; start it again with the same command")
+    then = (
+        f"{kept[0]} holds step {run.state.step}; continue with: {command} resume={run.run_dir}{again}"
+        if kept
+        else "nothing was trained; start it again with the same command"
+    )
     raise RunStopped(f"stopped by {stop.name} while compiling the training step: {then}", stop.exit_code)
 
 

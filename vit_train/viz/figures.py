@@ -45,6 +45,7 @@ def upsample(maps: torch.Tensor, grid: int, size: int) -> torch.Tensor:
 
 # --- figures --------------------------------------------------------------------------------------
 
+
 def _new_figure(rows: int, cols: int, title: str = "", tile_lines: int = 1):
     """A figure of rows x cols image tiles (CELL inches each, axes off) with room, in inches (so it
     holds for any number of rows), for `title` above the tiles (wrapped to the figure's width) and
@@ -76,8 +77,9 @@ def _show(ax, image: torch.Tensor, title: str = "", heat: torch.Tensor | None = 
         ax.set_title(title, fontsize=TILE_TITLE_PT)
 
 
-def attention_figure(images: torch.Tensor, rollout: torch.Tensor, layers: torch.Tensor, labels: list[str],
-                     mean_pool: bool):
+def attention_figure(
+    images: torch.Tensor, rollout: torch.Tensor, layers: torch.Tensor, labels: list[str], mean_pool: bool
+):
     """One row per image: the image, its rollout, then each layer's head-averaged pooled attention.
 
     images (B, 3, S, S) in [0, 1]; rollout (B, N); layers (B, L, N).
@@ -87,8 +89,12 @@ def attention_figure(images: torch.Tensor, rollout: torch.Tensor, layers: torch.
         grid, size = math.isqrt(rollout.shape[-1]), images.shape[-1]
         who = "mean over tokens (mean pooling)" if mean_pool else "class token"
         lines = max((label.count("\n") + 1 for label in labels[:1]), default=1)  # the first row's titles
-        fig, axes = _new_figure(count, depth + 2, f"attention of the {who}: rollout over all layers, then each layer "
-                                f"(mean over heads)", tile_lines=lines)
+        fig, axes = _new_figure(
+            count,
+            depth + 2,
+            f"attention of the {who}: rollout over all layers, then each layer (mean over heads)",
+            tile_lines=lines,
+        )
         for i in range(count):
             _show(axes[i, 0], images[i], labels[i])
             _show(axes[i, 1], images[i], "rollout" if i == 0 else "", upsample(rollout[i], grid, size))
@@ -102,8 +108,9 @@ def heads_figure(image: torch.Tensor, attention: torch.Tensor, mean_pool: bool):
     """Layers x heads grid of one image's pooled attention; attention (L, H, N)."""
     depth, heads = attention.shape[:2]
     grid, size = math.isqrt(attention.shape[-1]), image.shape[-1]
-    fig, axes = _new_figure(depth, heads, f"{'mean-token' if mean_pool else 'class-token'} attention per layer (rows) "
-                            f"and head (columns)")
+    fig, axes = _new_figure(
+        depth, heads, f"{'mean-token' if mean_pool else 'class-token'} attention per layer (rows) and head (columns)"
+    )
     for layer in range(depth):
         for head in range(heads):
             _show(axes[layer, head], image, f"L{layer + 1} H{head + 1}", upsample(attention[layer, head], grid, size))
@@ -127,8 +134,15 @@ def confusion_figure(confusion: torch.Tensor, class_names: list[str]):
             for t in range(classes):
                 for p in range(classes):
                     if confusion[t, p]:
-                        ax.text(p, t, str(int(confusion[t, p])), ha="center", va="center", fontsize=6,
-                                color="white" if rates[t, p] > 0.5 else "black")
+                        ax.text(
+                            p,
+                            t,
+                            str(int(confusion[t, p])),
+                            ha="center",
+                            va="center",
+                            fontsize=6,
+                            color="white" if rates[t, p] > 0.5 else "black",
+                        )
         ax.set_xlabel("predicted")
         ax.set_ylabel("true")
         fig.subplots_adjust(left=0.2, right=0.98, bottom=0.2, top=0.92)
@@ -145,8 +159,9 @@ def position_figure(similarity: torch.Tensor):
     padded = F.pad(similarity.reshape(grid, grid, grid, grid), (0, 1, 0, 1), value=float("nan"))
     tiles = padded.permute(0, 2, 1, 3).reshape(grid * (grid + 1), grid * (grid + 1))
     axes[0, 0].imshow(tiles.numpy(), cmap="viridis")
-    axes[0, 0].set_title(f"position embedding cosine similarity, {similarity.min():.2f} (dark) to 1 (light)",
-                         fontsize=9)
+    axes[0, 0].set_title(
+        f"position embedding cosine similarity, {similarity.min():.2f} (dark) to 1 (light)", fontsize=9
+    )
     return fig
 
 
@@ -176,8 +191,9 @@ def images_figure(images: torch.Tensor, titles: list[str], columns: int = 8):
         return fig
 
 
-def reconstruction_figure(original: torch.Tensor, masked: torch.Tensor, reconstruction: torch.Tensor,
-                          mask_ratio: float):
+def reconstruction_figure(
+    original: torch.Tensor, masked: torch.Tensor, reconstruction: torch.Tensor, mask_ratio: float
+):
     """MAE: one row per image: the original, what the encoder sees, the reconstruction; all (B, 3, S, S) in [0, 1]."""
     fig, axes = _new_figure(len(original), 3, f"masked autoencoder, {100 * mask_ratio:.0f}% of the patches masked")
     for i in range(len(original)):
@@ -277,8 +293,14 @@ first_images = figure_images  # the name vit-eval imports (tools/report.py)
 
 
 @torch.no_grad()
-def model_figures(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, class_names: list[str],
-                  stats: tuple, confusion: torch.Tensor | None = None) -> dict[str, Any]:
+def model_figures(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    class_names: list[str],
+    stats: tuple,
+    confusion: torch.Tensor | None = None,
+) -> dict[str, Any]:
     """Figures of `model` on normalised `images`: attention and rollout, per-head attention of the
     first image, position-embedding similarity, patch-embedding filters, and the confusion matrix.
     A model without attention (a ResNet) gets the confusion matrix only."""
@@ -293,12 +315,15 @@ def model_figures(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
     prefix, mean_pool, readout = model.num_prefix_tokens, model.pool == "mean", model.readout_weights()
     attention = pooled_attention(maps, prefix, readout)  # (B, L, H, N)
     probs = logits.float().softmax(dim=1).cpu()
-    titles = [f"{class_names[t]}\npred {class_names[p]} {probs[i, p]:.2f}"
-              for i, (t, p) in enumerate(zip(labels.tolist(), probs.argmax(dim=1).tolist(), strict=True))]
+    titles = [
+        f"{class_names[t]}\npred {class_names[p]} {probs[i, p]:.2f}"
+        for i, (t, p) in enumerate(zip(labels.tolist(), probs.argmax(dim=1).tolist(), strict=True))
+    ]
     shown = denormalize(images.cpu(), stats)
     figures = {
-        "attention": attention_figure(shown, attention_rollout(maps, prefix, readout), attention.mean(dim=2), titles,
-                                      mean_pool),
+        "attention": attention_figure(
+            shown, attention_rollout(maps, prefix, readout), attention.mean(dim=2), titles, mean_pool
+        ),
         "attention_heads": heads_figure(shown[0], attention[0], mean_pool),
         "position_similarity": position_figure(position_similarity(model.pos_embed.detach().cpu(), prefix)),
         "patch_filters": filters_figure(model.patch_embed.proj.weight.detach().cpu()),

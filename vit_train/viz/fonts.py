@@ -20,11 +20,30 @@ from collections.abc import Iterable, Iterator
 
 log = logging.getLogger("vit_train")
 
-PREFERRED = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans CJK TC", "Noto Sans CJK KR", "Noto Sans SC",
-             "Source Han Sans SC", "Source Han Sans", "WenQuanYi Zen Hei", "WenQuanYi Micro Hei",
-             "Droid Sans Fallback", "Microsoft YaHei", "SimHei", "PingFang SC", "Hiragino Sans GB",
-             "Apple SD Gothic Neo", "Malgun Gothic", "Arial Unicode MS", "Noto Sans", "Noto Sans Arabic",
-             "Noto Sans Hebrew", "Noto Sans Devanagari", "Noto Sans Thai")
+PREFERRED = (
+    "Noto Sans CJK SC",
+    "Noto Sans CJK JP",
+    "Noto Sans CJK TC",
+    "Noto Sans CJK KR",
+    "Noto Sans SC",
+    "Source Han Sans SC",
+    "Source Han Sans",
+    "WenQuanYi Zen Hei",
+    "WenQuanYi Micro Hei",
+    "Droid Sans Fallback",
+    "Microsoft YaHei",
+    "SimHei",
+    "PingFang SC",
+    "Hiragino Sans GB",
+    "Apple SD Gothic Neo",
+    "Malgun Gothic",
+    "Arial Unicode MS",
+    "Noto Sans",
+    "Noto Sans Arabic",
+    "Noto Sans Hebrew",
+    "Noto Sans Devanagari",
+    "Noto Sans Thai",
+)
 NOT_TEXT = ("Last Resort",)  # matplotlib's own last resort draws a box for every character
 _said: set[str] = set()  # the missing characters the log has named already
 
@@ -51,8 +70,10 @@ def fallback_families(texts: Iterable[str]) -> tuple[list[str], str]:
     if not missing:
         return families, ""
     rank = {name: i for i, name in enumerate(PREFERRED)}
-    installed = sorted((f for f in font_manager.fontManager.ttflist if not f.name.startswith(NOT_TEXT)),
-                       key=lambda f: (rank.get(f.name, len(rank)), f.name, f.fname))
+    installed = sorted(
+        (f for f in font_manager.fontManager.ttflist if not f.name.startswith(NOT_TEXT)),
+        key=lambda f: (rank.get(f.name, len(rank)), f.name, f.fname),
+    )
     for font in installed:
         has = {c for c in missing if ord(c) in charmap(font.fname)}
         if has and font.name not in families:
@@ -74,10 +95,14 @@ def fonts_for(texts: Iterable[str]) -> Iterator[None]:
     families, missing = fallback_families(texts)
     if missing and missing not in _said:
         _said.add(missing)
-        log.warning("class names hold characters that no installed font has (%s): the figures draw them "
-                    "as boxes; install a font that has them (Chinese, Japanese, Korean: fonts-noto-cjk or "
-                    "fonts-wqy-zenhei; other scripts: the Noto Sans font of the script), then delete matplotlib's "
-                    "font cache (%s) so that it finds the new font", missing[:20], get_cachedir())
+        log.warning(
+            "class names hold characters that no installed font has (%s): the figures draw them "
+            "as boxes; install a font that has them (Chinese, Japanese, Korean: fonts-noto-cjk or "
+            "fonts-wqy-zenhei; other scripts: the Noto Sans font of the script), then delete matplotlib's "
+            "font cache (%s) so that it finds the new font",
+            missing[:20],
+            get_cachedir(),
+        )
     if families == list(rcParams["font.family"]):
         yield
         return

@@ -20,7 +20,9 @@ class AutoAug(Basic):
     on_device = True  # device_ops' AutoAugment, on the device pipeline too
 
     name: str = "autoaug"
-    autoaug_policy: Literal["cifar10", "imagenet", "svhn"] | None = None  # null: cifar10 for small images, else imagenet
+    autoaug_policy: Literal["cifar10", "imagenet", "svhn"] | None = (
+        None  # null: cifar10 for small images, else imagenet
+    )
 
     def policy_name(self, small_images: bool) -> str:
         return self.autoaug_policy or ("cifar10" if small_images else "imagenet")
@@ -30,8 +32,9 @@ class AutoAug(Basic):
 
         return [v2.AutoAugment(v2.AutoAugmentPolicy(self.policy_name(small_images)))]
 
-    def device_plan(self, batch_size: int, height: int, width: int, generator: torch.Generator,
-                    small_images: bool = True) -> device_ops.Plan:
+    def device_plan(
+        self, batch_size: int, height: int, width: int, generator: torch.Generator, small_images: bool = True
+    ) -> device_ops.Plan:
         from vit_train.data.device import ops as device_ops
 
         return device_ops.auto_augment_plan(batch_size, height, width, self.policy_name(small_images), generator)

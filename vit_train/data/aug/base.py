@@ -39,8 +39,9 @@ class Augmentation(AugConfig):
         """(crop padding in pixels, horizontal flip probability) on the device pipeline; None: neither."""
         return None
 
-    def device_plan(self, batch_size: int, height: int, width: int, generator: torch.Generator,
-                    small_images: bool = True) -> Plan | None:
+    def device_plan(
+        self, batch_size: int, height: int, width: int, generator: torch.Generator, small_images: bool = True
+    ) -> Plan | None:
         """The device pipeline's draws of the option's policy (the loader path's, after the crop and flip, on
         uint8 pixels) for a batch of (height, width) images, from `generator` (data/device/ops.py); None: no
         policy (nothing is drawn). `small_images`: the policy of small-image sets (CIFAR, shapes), else that of

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from vit_train.schema.sections import RunConfig
 
 
-
 @dataclass
 class Basic(Augmentation):
     default = True
@@ -36,8 +35,11 @@ class Basic(Augmentation):
 
     def ignored(self, cfg: RunConfig) -> list[tuple[str, str, str]]:
         key = "crop_padding" if cfg.data.encoded else "scale_min"  # padded crops of arrays, resized crops of files
-        users = [name for name, source in options("data").items()
-                 if issubclass(source, DataConfig) and source.encoded == (key == "scale_min")]
+        users = [
+            name
+            for name, source in options("data").items()
+            if issubclass(source, DataConfig) and source.encoded == (key == "scale_min")
+        ]
         return super().ignored(cfg) + [(key, f"aug={self.name}, data={cfg.data.name}", f"data={', '.join(users)}")]
 
     def padding(self, img_size: int) -> int:
@@ -54,10 +56,16 @@ class Basic(Augmentation):
 
         if native_size is not None:
             resize = [v2.Resize(img_size, antialias=True)] if native_size != img_size else []
-            crop = [*resize, v2.RandomCrop(img_size, padding=self.padding(img_size)), v2.RandomHorizontalFlip(self.hflip)]
+            crop = [
+                *resize,
+                v2.RandomCrop(img_size, padding=self.padding(img_size)),
+                v2.RandomHorizontalFlip(self.hflip),
+            ]
         else:
-            crop = [v2.RandomResizedCrop(img_size, scale=(self.scale_min, 1.0), antialias=True),
-                    v2.RandomHorizontalFlip(self.hflip)]
+            crop = [
+                v2.RandomResizedCrop(img_size, scale=(self.scale_min, 1.0), antialias=True),
+                v2.RandomHorizontalFlip(self.hflip),
+            ]
         return crop + [v2.ToImage()] + self.policy(native_size is not None) + finish(stats)
 
     def device_crop(self, img_size: int) -> tuple[int, float] | None:

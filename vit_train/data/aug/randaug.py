@@ -36,8 +36,9 @@ class RandAug(Basic):
 
         return [v2.RandAugment(num_ops=self.randaug_n, magnitude=self.randaug_m)]
 
-    def device_plan(self, batch_size: int, height: int, width: int, generator: torch.Generator,
-                    small_images: bool = True) -> device_ops.Plan:
+    def device_plan(
+        self, batch_size: int, height: int, width: int, generator: torch.Generator, small_images: bool = True
+    ) -> device_ops.Plan:
         from vit_train.data.device import ops as device_ops
 
         return device_ops.rand_augment_plan(batch_size, height, width, self.randaug_n, self.randaug_m, generator)

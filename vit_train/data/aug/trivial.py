@@ -26,8 +26,9 @@ class Trivial(Basic):
 
         return [v2.TrivialAugmentWide()]
 
-    def device_plan(self, batch_size: int, height: int, width: int, generator: torch.Generator,
-                    small_images: bool = True) -> device_ops.Plan:
+    def device_plan(
+        self, batch_size: int, height: int, width: int, generator: torch.Generator, small_images: bool = True
+    ) -> device_ops.Plan:
         from vit_train.data.device import ops as device_ops
 
         return device_ops.trivial_augment_wide_plan(batch_size, height, width, generator)

@@ -108,7 +108,7 @@ class EncodedBatch(NamedTuple):
 
     def image(self, k: int) -> torch.Tensor:
         start = int(self.ends[k - 1]) if k else 0
-        data = self.data[start:int(self.ends[k])]
+        data = self.data[start : int(self.ends[k])]
         h, w = self.shapes[k].tolist()
         return data.view(3, h, w) if h else data
 
@@ -117,11 +117,15 @@ def collate(items: list[tuple[Encoded, int, Any]]) -> tuple[EncodedBatch, torch.
     """(EncodedBatch, labels (B,) int64, the third items: a tensor of ints (unreadable indices), else a list)."""
     encoded = [item[0] for item in items]
     third = [item[2] for item in items]
-    batch = EncodedBatch(torch.cat([e.data.reshape(-1) for e in encoded]),
-                         torch.tensor([e.data.numel() for e in encoded]).cumsum(0),
-                         torch.tensor([list(e.data.shape[1:]) if e.data.ndim == 3 else [0, 0] for e in encoded]),
-                         torch.tensor([e.kind for e in encoded]), torch.tensor([e.orientation for e in encoded]),
-                         [e.name for e in encoded], [e.key for e in encoded])
+    batch = EncodedBatch(
+        torch.cat([e.data.reshape(-1) for e in encoded]),
+        torch.tensor([e.data.numel() for e in encoded]).cumsum(0),
+        torch.tensor([list(e.data.shape[1:]) if e.data.ndim == 3 else [0, 0] for e in encoded]),
+        torch.tensor([e.kind for e in encoded]),
+        torch.tensor([e.orientation for e in encoded]),
+        [e.name for e in encoded],
+        [e.key for e in encoded],
+    )
     labels = torch.tensor([item[1] for item in items], dtype=torch.int64)
     return batch, labels, torch.tensor(third) if all(isinstance(t, int) for t in third) else third
 
@@ -237,17 +241,29 @@ class BatchDecoder:
         fallbacks = [(KINDS[kind], name) for kind, name in zip(kinds, names, strict=True) if kind >= len(BATCHED)]
         if fallbacks and not self.said:
             self.said = True
-            log.info("data.decode=gpu: some %s images are decoded by the CPU decoder, not by the batched decoder on "
-                     "%s, which cannot decode them or not as the CPU decoder does; first %s (%s); counted by kind at "
-                     "each epoch's end. Said once", self.split, self.device, fallbacks[0][1], fallbacks[0][0])
+            log.info(
+                "data.decode=gpu: some %s images are decoded by the CPU decoder, not by the batched decoder on "
+                "%s, which cannot decode them or not as the CPU decoder does; first %s (%s); counted by kind at "
+                "each epoch's end. Said once",
+                self.split,
+                self.device,
+                fallbacks[0][1],
+                fallbacks[0][0],
+            )
 
     def report(self, epoch: int) -> None:
         """One log line with the epoch's fallbacks by kind (none: no line), then the counts start again."""
         fallbacks = {k: n for k, n in self.counts.items() if k not in BATCHED}
         if fallbacks:
-            log.info("epoch %d: %d %s images decoded by the CPU decoder, not the batched decoder on %s "
-                     "(data.decode=gpu): %s", epoch, sum(fallbacks.values()), self.split, self.device,
-                     ", ".join(f"{n} {kind}" for kind, n in sorted(fallbacks.items(), key=lambda x: -x[1])))
+            log.info(
+                "epoch %d: %d %s images decoded by the CPU decoder, not the batched decoder on %s "
+                "(data.decode=gpu): %s",
+                epoch,
+                sum(fallbacks.values()),
+                self.split,
+                self.device,
+                ", ".join(f"{n} {kind}" for kind, n in sorted(fallbacks.items(), key=lambda x: -x[1])),
+            )
         self.total.update(self.counts)
         self.counts.clear()
 
@@ -261,6 +277,11 @@ class BatchDecoder:
             worst = max(worst, (difference, batch.names[k]))
         self.first_difference = worst[0]
         if worst[0] > CHECK_MEAN_DIFF:
-            log.warning("data.decode=gpu: the batched decoder's pixels of %s differ from the CPU decoder's by %.1f "
-                        "levels on average (more than %.0f: wrong pixels, not rounding); use data.decode=cpu, and "
-                        "report the file", worst[1], worst[0], CHECK_MEAN_DIFF)
+            log.warning(
+                "data.decode=gpu: the batched decoder's pixels of %s differ from the CPU decoder's by %.1f "
+                "levels on average (more than %.0f: wrong pixels, not rounding); use data.decode=cpu, and "
+                "report the file",
+                worst[1],
+                worst[0],
+                CHECK_MEAN_DIFF,
+            )

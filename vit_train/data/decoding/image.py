@@ -65,6 +65,7 @@ def describe_unreadable(path: str) -> str:
         return f"{type(e).__name__}: {e}"
     return "it could not be read"
 
+
 log = logging.getLogger("vit_train")
 _said_transparency = False  # this process has named an image with transparency (one line per process)
 _resize_side: int | None = None  # the shorter side this process's preprocessing resizes images to (check_resizes)
@@ -94,9 +95,11 @@ def _check_resize(width: int, height: int) -> None:
         return
     new_width, new_height = resized_size(width, height, _resize_side)
     if new_width * new_height > limit:
-        raise ResizeBombError(f"{width}x{height} pixels, resized to the model's input (shorter side {_resize_side}), "
-                              f"would be {new_width}x{new_height} = {new_width * new_height} pixels, over the limit of "
-                              f"{limit} (an image bomb); crop it to a less extreme aspect ratio, or remove it")
+        raise ResizeBombError(
+            f"{width}x{height} pixels, resized to the model's input (shorter side {_resize_side}), "
+            f"would be {new_width}x{new_height} = {new_width * new_height} pixels, over the limit of "
+            f"{limit} (an image bomb); crop it to a less extreme aspect ratio, or remove it"
+        )
 
 
 def open_rgb(path: str | Path) -> Image.Image:
@@ -196,13 +199,20 @@ def say_transparency(path: str | Path, image: Image.Image) -> None:
     _said_transparency = True
     rgba = np.asarray(image.convert("RGBA"))  # (H, W, 4)
     hidden = rgba[rgba[..., 3] == 0][:, :3]  # (pixels, 3)
-    under = (f"{100 * len(hidden) / (rgba.shape[0] * rgba.shape[1]):.0f}% of it is fully transparent and holds "
-             f"RGB {tuple(int(v) for v in np.rint(hidden.mean(axis=0)))} on average"
-             if len(hidden) else "it has no fully transparent pixel")
-    log.info("transparency: %s (mode %s) is read without its alpha channel, as torchvision and timm read it: the "
-             "model sees the colours stored under transparent pixels (%s), not a background; composite such images "
-             "over the background you mean before training or predicting (docs/data.md). Said once per process",
-             path, image.mode, under)
+    under = (
+        f"{100 * len(hidden) / (rgba.shape[0] * rgba.shape[1]):.0f}% of it is fully transparent and holds "
+        f"RGB {tuple(int(v) for v in np.rint(hidden.mean(axis=0)))} on average"
+        if len(hidden)
+        else "it has no fully transparent pixel"
+    )
+    log.info(
+        "transparency: %s (mode %s) is read without its alpha channel, as torchvision and timm read it: the "
+        "model sees the colours stored under transparent pixels (%s), not a background; composite such images "
+        "over the background you mean before training or predicting (docs/data.md). Said once per process",
+        path,
+        image.mode,
+        under,
+    )
 
 
 def _to_uint8(values: np.ndarray, mode: str) -> np.ndarray:

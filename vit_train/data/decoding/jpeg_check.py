@@ -26,9 +26,19 @@ from dataclasses import dataclass
 from vit_train.data.decoding import image as decode
 
 BATCHED = ("JPEG", "progressive JPEG")  # kinds the batched decoder takes (progressive: nvJPEG decodes it alone)
-FALLBACKS = ("PNG", "WebP", "GIF", "another format", "CMYK/YCCK JPEG", "RGB-coded JPEG",
-             "chroma subsampling nvJPEG lacks", "12-bit, arithmetic, lossless or extended JPEG",
-             "no end-of-image marker (truncated)", "markers out of order", "unreadable EXIF")
+FALLBACKS = (
+    "PNG",
+    "WebP",
+    "GIF",
+    "another format",
+    "CMYK/YCCK JPEG",
+    "RGB-coded JPEG",
+    "chroma subsampling nvJPEG lacks",
+    "12-bit, arithmetic, lossless or extended JPEG",
+    "no end-of-image marker (truncated)",
+    "markers out of order",
+    "unreadable EXIF",
+)
 DECODER_ERROR = "refused by the batched decoder"  # found in the training process (decoding/batched.py), not here
 KINDS = BATCHED + FALLBACKS + (DECODER_ERROR,)  # a kind's number is its place here
 FORMATS = {"PNG": "PNG", "WEBP": "WebP", "GIF": "GIF"}
@@ -113,14 +123,17 @@ def _markers(data: bytes) -> tuple[tuple | None, int | None, int | None]:
         if marker == SOI or 0xD0 <= marker <= 0xD7 or marker == 0x01:  # markers without a length
             i += 2
             continue
-        length = int.from_bytes(data[i + 2:i + 4], "big")
-        segment = data[i + 4:i + 2 + length]
+        length = int.from_bytes(data[i + 2 : i + 4], "big")
+        segment = data[i + 4 : i + 2 + length]
         if marker == SOS:
             return frame, i, adobe
         if marker in FRAMES and frame is None and len(segment) >= 6:
             count = segment[5]
-            components = [(segment[6 + 3 * c], segment[7 + 3 * c] >> 4, segment[7 + 3 * c] & 15)
-                          for c in range(count) if 7 + 3 * c < len(segment)]
+            components = [
+                (segment[6 + 3 * c], segment[7 + 3 * c] >> 4, segment[7 + 3 * c] & 15)
+                for c in range(count)
+                if 7 + 3 * c < len(segment)
+            ]
             frame = (marker, segment[0], components)
         if marker == APP14 and segment[:5] == b"Adobe" and len(segment) >= 12:
             adobe = segment[11]

@@ -39,8 +39,13 @@ def path_is_image(path: str | Path) -> bool:
 
 def file_kind(mode: int) -> str:
     """What a non-regular file is, in a few words (from its st_mode)."""
-    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"))
+    kinds = (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a folder"),
+    )
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
@@ -96,9 +101,15 @@ def say_skipped(folder: str | Path, skipped: list[str]) -> None:
     """One warning line naming what `list_images` skipped in `folder` (nothing when nothing was)."""
     if skipped:
         more = f" and {len(skipped) - SHOWN} more" if len(skipped) > SHOWN else ""
-        log.warning("%s: skipped %d entr%s that cannot be read as image files: %s%s (only regular files are read; "
-                    "folders once)", folder, len(skipped), "y" if len(skipped) == 1 else "ies",
-                    ", ".join(skipped[:SHOWN]), more)
+        log.warning(
+            "%s: skipped %d entr%s that cannot be read as image files: %s%s (only regular files are read; "
+            "folders once)",
+            folder,
+            len(skipped),
+            "y" if len(skipped) == 1 else "ies",
+            ", ".join(skipped[:SHOWN]),
+            more,
+        )
 
 
 def _unstatable(entry: os.DirEntry, error: OSError) -> str:

@@ -29,19 +29,25 @@ class UnreadableImages:
         for index in unreadable[unreadable >= 0].tolist():
             path = self.base.samples[index][0]
             if self.split == "val":  # a replaced val image would be counted twice and its class less
-                raise DataError(f"val image {path} cannot be read ({self.why(index)}); every val image "
-                                f"is evaluated, so fix or remove it (data.bad_images applies to training images)")
+                raise DataError(
+                    f"val image {path} cannot be read ({self.why(index)}); every val image "
+                    f"is evaluated, so fix or remove it (data.bad_images applies to training images)"
+                )
             if self.mode == "error":
-                raise DataError(f"{path} cannot be read ({self.why(index)}); fix or remove "
-                                f"it, or set data.bad_images=skip to replace unreadable images")
+                raise DataError(
+                    f"{path} cannot be read ({self.why(index)}); fix or remove "
+                    f"it, or set data.bad_images=skip to replace unreadable images"
+                )
             if index not in self.seen:
                 self.seen.add(index)
                 log.warning("unreadable %s image replaced: %s (%s)", self.split, path, self.why(index))
             self.replaced += 1
         if len(self.seen) > self.max_fraction * len(self.base):
-            raise DataError(f"{len(self.seen)} of {len(self.base)} {self.split} images are unreadable, more than "
-                            f"data.max_bad_fraction={self.max_fraction}; first: {self.base.samples[min(self.seen)][0]}"
-                            f" (fix or remove them, or raise data.max_bad_fraction to train without them)")
+            raise DataError(
+                f"{len(self.seen)} of {len(self.base)} {self.split} images are unreadable, more than "
+                f"data.max_bad_fraction={self.max_fraction}; first: {self.base.samples[min(self.seen)][0]}"
+                f" (fix or remove them, or raise data.max_bad_fraction to train without them)"
+            )
 
     def why(self, index: int) -> str:
         """Why image `index` cannot be read: the base's own words (a dataset cell, a tar member), else the file's."""
@@ -50,8 +56,14 @@ class UnreadableImages:
 
     def report(self, epoch: int) -> None:
         if self.replaced:
-            log.warning("epoch %d: %d unreadable %s image%s replaced (%d distinct so far)", epoch, self.replaced,
-                        self.split, "" if self.replaced == 1 else "s", len(self.seen))
+            log.warning(
+                "epoch %d: %d unreadable %s image%s replaced (%d distinct so far)",
+                epoch,
+                self.replaced,
+                self.split,
+                "" if self.replaced == 1 else "s",
+                len(self.seen),
+            )
             self.replaced = 0
 
 

@@ -42,13 +42,21 @@ class Geometry:
         first, second = (transforms + [None, None])[:2]
         if isinstance(first, v2.RandomResizedCrop) and first.size[0] == first.size[1]:
             flip = second.p if isinstance(second, v2.RandomHorizontalFlip) else 0.0
-            return cls(first.size[0], tuple(first.scale), tuple(first.ratio), InterpolationMode(first.interpolation),
-                       bool(first.antialias), flip)
+            return cls(
+                first.size[0],
+                tuple(first.scale),
+                tuple(first.ratio),
+                InterpolationMode(first.interpolation),
+                bool(first.antialias),
+                flip,
+            )
         if isinstance(first, v2.Resize) and isinstance(second, v2.CenterCrop) and len(first.size) == 1:
             return cls(second.size[0], resize=first.size[0])
-        raise ConfigError(f"data.decode=gpu crops on the device what starts with a square RandomResizedCrop (and a "
-                          f"flip) or a Resize and CenterCrop; aug={aug}'s transform starts with "
-                          f"{type(first).__name__}; use data.decode=cpu")
+        raise ConfigError(
+            f"data.decode=gpu crops on the device what starts with a square RandomResizedCrop (and a "
+            f"flip) or a Resize and CenterCrop; aug={aug}'s transform starts with "
+            f"{type(first).__name__}; use data.decode=cpu"
+        )
 
     @property
     def random(self) -> bool:
@@ -60,13 +68,16 @@ def crop_uniforms(n: int, generator: torch.Generator) -> tuple[torch.Tensor, tor
     """RandomResizedCrop's draws for n images, on the generator's device, in this order: the area fractions'
     uniforms (n, ATTEMPTS), the log aspect ratios' (n, ATTEMPTS), the window positions' (n, 2); float32 in [0, 1)."""
     device = generator.device
-    return (torch.rand(n, ATTEMPTS, generator=generator, device=device),
-            torch.rand(n, ATTEMPTS, generator=generator, device=device),
-            torch.rand(n, 2, generator=generator, device=device))
+    return (
+        torch.rand(n, ATTEMPTS, generator=generator, device=device),
+        torch.rand(n, ATTEMPTS, generator=generator, device=device),
+        torch.rand(n, 2, generator=generator, device=device),
+    )
 
 
-def crop_windows(sizes: torch.Tensor, uniforms: tuple, scale: tuple[float, float],
-                 ratio: tuple[float, float]) -> torch.Tensor:
+def crop_windows(
+    sizes: torch.Tensor, uniforms: tuple, scale: tuple[float, float], ratio: tuple[float, float]
+) -> torch.Tensor:
     """(n, 4) int64 windows (top, left, height, width) of images of `sizes` (n, 2) (height, width), by
     torchvision's RandomResizedCrop rule from `uniforms` (`crop_uniforms`, any device; computed on the CPU):
     attempt t takes the area fraction scale[0] + u * (scale[1] - scale[0]) and the aspect ratio
@@ -104,8 +115,9 @@ def central_window(height: int, width: int, ratio: tuple[float, float]) -> tuple
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-def resized_crops(images: list[torch.Tensor], windows: torch.Tensor, geometry: Geometry,
-                  native_uint8: bool | None = None) -> torch.Tensor:
+def resized_crops(
+    images: list[torch.Tensor], windows: torch.Tensor, geometry: Geometry, native_uint8: bool | None = None
+) -> torch.Tensor:
     """(n, 3, size, size) uint8: each (3, H, W) uint8 image's window (top, left, height, width) resized to
     geometry.size, per image (the images differ in size), as torchvision's resized_crop resizes it on their
     device: on the CPU by its native uint8 kernel; elsewhere (a GPU) torchvision resizes uint8 as float32 and
@@ -115,14 +127,18 @@ def resized_crops(images: list[torch.Tensor], windows: torch.Tensor, geometry: G
     bilinear = geometry.interpolation == InterpolationMode.BILINEAR
     native = images[0].device.type == "cpu" if native_uint8 is None else native_uint8
     if native or not bilinear:  # torchvision's own call (another interpolation: its own handling)
-        return torch.stack([TF.resized_crop(image, *window, size, interpolation=geometry.interpolation,
-                                            antialias=geometry.antialias)
-                            for image, window in zip(images, windows.tolist(), strict=True)])
+        return torch.stack(
+            [
+                TF.resized_crop(
+                    image, *window, size, interpolation=geometry.interpolation, antialias=geometry.antialias
+                )
+                for image, window in zip(images, windows.tolist(), strict=True)
+            ]
+        )
     out = torch.empty(len(images), 3, *size, device=images[0].device)
     for k, (image, (top, left, height, width)) in enumerate(zip(images, windows.tolist(), strict=True)):
-        window = image[None, :, top:top + height, left:left + width].float()  # (1, 3, h, w)
-        out[k] = F.interpolate(window, size=size, mode="bilinear", align_corners=False,
-                               antialias=geometry.antialias)[0]
+        window = image[None, :, top : top + height, left : left + width].float()  # (1, 3, h, w)
+        out[k] = F.interpolate(window, size=size, mode="bilinear", align_corners=False, antialias=geometry.antialias)[0]
     return out.round_().to(torch.uint8)  # values in [0, 255]: bilinear weights are non-negative
 
 

@@ -54,8 +54,10 @@ def device_decoding(cfg: Config, device: torch.device, rank: int = 0) -> DeviceD
     """data.decode resolved for a run on `device`: a DeviceDecoding for `gpu`, None (the loader path) for `cpu` and
     for `auto`, which picks `cpu` until a measurement shows the device faster (docs/data.md)."""
     if cfg.data.decode == "auto" and rank == 0:
-        log.info("data.decode=auto: JPEGs are decoded by the loader workers on the CPU (data.decode=gpu decodes them on "
-                 "the device: not yet measured faster, docs/data.md)")
+        log.info(
+            "data.decode=auto: JPEGs are decoded by the loader workers on the CPU (data.decode=gpu decodes them on "
+            "the device: not yet measured faster, docs/data.md)"
+        )
     return DeviceDecoding(cfg, device, rank) if cfg.data.decode == "gpu" else None
 
 
@@ -72,9 +74,12 @@ class DeviceDecoding:
         self.resize = self.eval_tf.resize  # the resize-bomb check's side, in every loader worker
         probe(device)
         if device.type != "cuda" and rank == 0:
-            log.warning("data.decode=gpu on %s: each batch is decoded in this process by torchvision's CPU decoder, "
-                        "one image after another, not in parallel by loader workers; without a GPU data.decode=cpu (or "
-                        "auto) is faster", device)
+            log.warning(
+                "data.decode=gpu on %s: each batch is decoded in this process by torchvision's CPU decoder, "
+                "one image after another, not in parallel by loader workers; without a GPU data.decode=cpu (or "
+                "auto) is faster",
+                device,
+            )
 
     def raw(self, base: Any, bad_images: str = "skip") -> TransformedDataset:
         """A random-access split as a data set of (Encoded, label, unreadable) items (replacements as the loader
@@ -104,8 +109,10 @@ def check_decode(cfg: RunConfig) -> Geometry | None:
         return None
     why = device_augmentation(cfg.aug)
     if why is not None:
-        raise ConfigError(f"data.decode=gpu does on the device the augmentation of every aug option that has a "
-                          f"device version; {why}; use data.decode=cpu")
+        raise ConfigError(
+            f"data.decode=gpu does on the device the augmentation of every aug option that has a "
+            f"device version; {why}; use data.decode=cpu"
+        )
     return Geometry.of(cfg.aug.train_transform(cfg.model.img_size, cfg.data.stats, None), cfg.aug.name)
 
 
@@ -132,9 +139,11 @@ def probe(device: torch.device) -> None:
     try:
         batched_decode([torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)], device)
     except RuntimeError as e:
-        raise ConfigError(f"data.decode=gpu: torchvision {torchvision.__version__} cannot decode JPEGs on {device} "
-                          f"({str(e).strip().splitlines()[0][:200]}); install a torchvision built with nvJPEG (its "
-                          f"CUDA wheels are) or use data.decode=cpu") from None
+        raise ConfigError(
+            f"data.decode=gpu: torchvision {torchvision.__version__} cannot decode JPEGs on {device} "
+            f"({str(e).strip().splitlines()[0][:200]}); install a torchvision built with nvJPEG (its "
+            f"CUDA wheels are) or use data.decode=cpu"
+        ) from None
 
 
 def settle(unreadable: Any, split: str, keys: list, names: list[str]) -> None:
@@ -145,8 +154,10 @@ def settle(unreadable: Any, split: str, keys: list, names: list[str]) -> None:
     elif unreadable is not None and split == "train":
         unreadable.check([f"{name} (neither the batched nor the CPU decoder reads it)" for name in names])
     else:
-        raise DataError(f"{split} image {names[0]} cannot be read by the batched decoder nor by the CPU decoder; every "
-                        f"{split} image is evaluated, so fix or remove it (data.bad_images applies to training images)")
+        raise DataError(
+            f"{split} image {names[0]} cannot be read by the batched decoder nor by the CPU decoder; every "
+            f"{split} image is evaluated, so fix or remove it (data.bad_images applies to training images)"
+        )
 
 
 class _Decoded:
@@ -181,15 +192,19 @@ class _Decoded:
         and a decoder read; DataError for a stream (no index to go on from) or MAX_REPLACEMENTS unreadable in a row."""
         dataset, key = self.loader.dataset, batch.keys[0]
         if not isinstance(key, int) or not hasattr(dataset, "__getitem__"):
-            raise DataError(f"no image of a {self.split} batch can be read (first: {batch.names[0]}); check that the "
-                            f"data is in place and readable")
+            raise DataError(
+                f"no image of a {self.split} batch can be read (first: {batch.names[0]}); check that the "
+                f"data is in place and readable"
+            )
         for offset in range(1, MAX_REPLACEMENTS + 1):
             encoded, label, _ = dataset[(key + offset) % len(dataset)]
             image = self.decoder(collate([(encoded, label, -1)])[0])[0]
             if image is not None:
                 return image, int(label)
-        raise DataError(f"{MAX_REPLACEMENTS} unreadable {self.split} images in a row from {batch.names[0]}; check that "
-                        f"the data is in place and readable, then resume")
+        raise DataError(
+            f"{MAX_REPLACEMENTS} unreadable {self.split} images in a row from {batch.names[0]}; check that "
+            f"the data is in place and readable, then resume"
+        )
 
 
 @dataclass
@@ -204,10 +219,12 @@ class FileDraws:
 
     def part(self, rows: slice) -> FileDraws:
         """The draws of positions `rows` of the batch (a process's share)."""
-        return FileDraws(None if self.uniforms is None else tuple(u[rows] for u in self.uniforms),
-                         None if self.flips is None else self.flips[rows],
-                         None if self.plan is None else plan_part(self.plan, rows),
-                         None if self.erasing is None else self.erasing.part(rows))
+        return FileDraws(
+            None if self.uniforms is None else tuple(u[rows] for u in self.uniforms),
+            None if self.flips is None else self.flips[rows],
+            None if self.plan is None else plan_part(self.plan, rows),
+            None if self.erasing is None else self.erasing.part(rows),
+        )
 
 
 class DecodedTrain(_Decoded):

@@ -62,8 +62,12 @@ def _per_image(values: torch.Tensor) -> torch.Tensor:
     return values.view(-1, 1, 1, 1)
 
 
-def _inverse_affine_matrix(angle: torch.Tensor, translate: tuple[torch.Tensor, torch.Tensor],
-                           shear: tuple[torch.Tensor, torch.Tensor], center: tuple[float, float]) -> torch.Tensor:
+def _inverse_affine_matrix(
+    angle: torch.Tensor,
+    translate: tuple[torch.Tensor, torch.Tensor],
+    shear: tuple[torch.Tensor, torch.Tensor],
+    center: tuple[float, float],
+) -> torch.Tensor:
     """torchvision's `_get_inverse_affine_matrix` (scale 1) for (B,) float64 angles, translations and shears
     in degrees and pixels, operation for operation; (B, 2, 3) float64."""
     rot, sx, sy = angle * DEG_TO_RAD, shear[0] * DEG_TO_RAD, shear[1] * DEG_TO_RAD
@@ -192,7 +196,7 @@ def sharpness(images: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
         return images
     x = images.int()
     centre = x[..., 1:-1, 1:-1]  # (B, 3, H-2, W-2)
-    window = sum(x[..., i:i + h - 2, j:j + w - 2] for i in range(3) for j in range(3))
+    window = sum(x[..., i : i + h - 2, j : j + w - 2] for i in range(3) for j in range(3))
     blurred = torch.div(2 * (window + 4 * centre) + 13, 26, rounding_mode="floor")  # round(k / 13), never a tie
     alpha = _per_image((1.0 - (1.0 + magnitude.double())).float()).double()
     inner = (centre.double() + (blurred - centre).double() * alpha).float()  # torchvision's fused add_
@@ -231,9 +235,21 @@ def invert(images: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
 
 Op = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 OPS: dict[str, Op] = {
-    "Identity": identity, "ShearX": shear_x, "ShearY": shear_y, "TranslateX": translate_x, "TranslateY": translate_y,
-    "Rotate": rotate, "Brightness": brightness, "Color": color, "Contrast": contrast, "Sharpness": sharpness,
-    "Posterize": posterize, "Solarize": solarize, "AutoContrast": autocontrast, "Equalize": equalize, "Invert": invert,
+    "Identity": identity,
+    "ShearX": shear_x,
+    "ShearY": shear_y,
+    "TranslateX": translate_x,
+    "TranslateY": translate_y,
+    "Rotate": rotate,
+    "Brightness": brightness,
+    "Color": color,
+    "Contrast": contrast,
+    "Sharpness": sharpness,
+    "Posterize": posterize,
+    "Solarize": solarize,
+    "AutoContrast": autocontrast,
+    "Equalize": equalize,
+    "Invert": invert,
 }
 OP_NAMES = tuple(OPS)  # a plan's op numbers index this
 
@@ -318,13 +334,16 @@ def magnitude_table(space: Space, num_bins: int, height: int, width: int, device
     for _name, (magnitudes, _) in space.items():
         values = magnitudes(num_bins, height, width)  # on the CPU, float32 (Posterize int32), as torchvision's
         rows.append(torch.zeros(num_bins, dtype=torch.float64) if values is None else values.double())
-    return MagnitudeTable(ops=torch.tensor([OP_NAMES.index(name) for name in space], device=device),
-                          magnitudes=torch.stack(rows).to(device),
-                          signed=torch.tensor([signed for _, signed in space.values()], device=device))
+    return MagnitudeTable(
+        ops=torch.tensor([OP_NAMES.index(name) for name in space], device=device),
+        magnitudes=torch.stack(rows).to(device),
+        signed=torch.tensor([signed for _, signed in space.values()], device=device),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
 # Plans: what a policy drew for a batch; applying one.
+
 
 @dataclass
 class Plan:
@@ -361,12 +380,23 @@ def auto_augment_plan(batch_size: int, height: int, width: int, policy: str, gen
     runs = torch.rand(batch_size, 2, generator=generator, device=device) <= probability[chosen]
     negative = torch.rand(batch_size, 2, generator=generator, device=device) <= 0.5
     row = rows_t[chosen]  # (B, 2)
-    return Plan(ops=table.ops[row], magnitudes=table.magnitudes[row, bins_t[chosen]],
-                signs=_signs(negative, table.signed[row]), applied=runs)
+    return Plan(
+        ops=table.ops[row],
+        magnitudes=table.magnitudes[row, bins_t[chosen]],
+        signs=_signs(negative, table.signed[row]),
+        applied=runs,
+    )
 
 
-def rand_augment_plan(batch_size: int, height: int, width: int, num_ops: int, magnitude: int,
-                      generator: torch.Generator, num_magnitude_bins: int = 31) -> Plan:
+def rand_augment_plan(
+    batch_size: int,
+    height: int,
+    width: int,
+    num_ops: int,
+    magnitude: int,
+    generator: torch.Generator,
+    num_magnitude_bins: int = 31,
+) -> Plan:
     """RandAugment's draws for a batch. In this order: the operations, randint(14, (B, num_ops)), uniform with
     replacement over RAND_AUGMENT_SPACE; the sign draws, rand(B, num_ops), negative where <= 0.5 and the op has
     a sign. Every op runs at bin `magnitude` of `num_magnitude_bins`."""
@@ -376,12 +406,17 @@ def rand_augment_plan(batch_size: int, height: int, width: int, num_ops: int, ma
     table = magnitude_table(RAND_AUGMENT_SPACE, num_magnitude_bins, height, width, device)
     row = torch.randint(len(RAND_AUGMENT_SPACE), (batch_size, num_ops), generator=generator, device=device)
     negative = torch.rand(batch_size, num_ops, generator=generator, device=device) <= 0.5
-    return Plan(ops=table.ops[row], magnitudes=table.magnitudes[row, magnitude],
-                signs=_signs(negative, table.signed[row]), applied=torch.ones_like(row, dtype=torch.bool))
+    return Plan(
+        ops=table.ops[row],
+        magnitudes=table.magnitudes[row, magnitude],
+        signs=_signs(negative, table.signed[row]),
+        applied=torch.ones_like(row, dtype=torch.bool),
+    )
 
 
-def trivial_augment_wide_plan(batch_size: int, height: int, width: int, generator: torch.Generator,
-                              num_magnitude_bins: int = 31) -> Plan:
+def trivial_augment_wide_plan(
+    batch_size: int, height: int, width: int, generator: torch.Generator, num_magnitude_bins: int = 31
+) -> Plan:
     """TrivialAugmentWide's draws for a batch. In this order: the operation, randint(14, (B, 1)), over
     TRIVIAL_AUGMENT_WIDE_SPACE; its magnitude bin, randint(num_magnitude_bins, (B, 1)); the sign draw,
     rand(B, 1), negative where <= 0.5 and the op has a sign."""
@@ -390,8 +425,12 @@ def trivial_augment_wide_plan(batch_size: int, height: int, width: int, generato
     row = torch.randint(len(TRIVIAL_AUGMENT_WIDE_SPACE), (batch_size, 1), generator=generator, device=device)
     level = torch.randint(num_magnitude_bins, (batch_size, 1), generator=generator, device=device)
     negative = torch.rand(batch_size, 1, generator=generator, device=device) <= 0.5
-    return Plan(ops=table.ops[row], magnitudes=table.magnitudes[row, level], signs=_signs(negative, table.signed[row]),
-                applied=torch.ones_like(row, dtype=torch.bool))
+    return Plan(
+        ops=table.ops[row],
+        magnitudes=table.magnitudes[row, level],
+        signs=_signs(negative, table.signed[row]),
+        applied=torch.ones_like(row, dtype=torch.bool),
+    )
 
 
 def apply_plan(images: torch.Tensor, plan: Plan) -> torch.Tensor:
@@ -416,15 +455,17 @@ def auto_augment(images: torch.Tensor, policy: str, generator: torch.Generator) 
     return apply_plan(images, auto_augment_plan(len(images), *images.shape[-2:], policy, generator))
 
 
-def rand_augment(images: torch.Tensor, num_ops: int, magnitude: int, generator: torch.Generator,
-                 num_magnitude_bins: int = 31) -> torch.Tensor:
+def rand_augment(
+    images: torch.Tensor, num_ops: int, magnitude: int, generator: torch.Generator, num_magnitude_bins: int = 31
+) -> torch.Tensor:
     """RandAugment(num_ops, magnitude) of each image of a (B, 3, H, W) uint8 batch."""
     plan = rand_augment_plan(len(images), *images.shape[-2:], num_ops, magnitude, generator, num_magnitude_bins)
     return apply_plan(images, plan)
 
 
-def trivial_augment_wide(images: torch.Tensor, generator: torch.Generator,
-                         num_magnitude_bins: int = 31) -> torch.Tensor:
+def trivial_augment_wide(
+    images: torch.Tensor, generator: torch.Generator, num_magnitude_bins: int = 31
+) -> torch.Tensor:
     """TrivialAugmentWide of each image of a (B, 3, H, W) uint8 batch."""
     plan = trivial_augment_wide_plan(len(images), *images.shape[-2:], generator, num_magnitude_bins)
     return apply_plan(images, plan)

@@ -55,13 +55,20 @@ class Erasing:
     def part(self, rows: slice) -> Erasing:
         """The draws of images `rows` (a slice of the batch)."""
         first, last = int(self.start[rows.start]), int(self.start[rows.stop])
-        return Erasing(self.applied[rows], self.top[rows], self.left[rows], self.height[rows], self.width[rows],
-                       self.noise[first:last], self.start[rows.start:rows.stop + 1] - first)
+        return Erasing(
+            self.applied[rows],
+            self.top[rows],
+            self.left[rows],
+            self.height[rows],
+            self.width[rows],
+            self.noise[first:last],
+            self.start[rows.start : rows.stop + 1] - first,
+        )
 
     def values(self, i: int) -> torch.Tensor:
         """Image i's noise, (3, height, width)."""
         h, w = int(self.height[i]), int(self.width[i])
-        return self.noise[int(self.start[i]):int(self.start[i + 1])].view(3, h, w)
+        return self.noise[int(self.start[i]) : int(self.start[i + 1])].view(3, h, w)
 
 
 def batch_generator(seed: int, epoch: int, batch: int, device: torch.device) -> torch.Generator:
@@ -134,17 +141,27 @@ class Draws:
 
     def part(self, rows: slice) -> Draws:
         """The draws of images `rows` of the batch (a process's share)."""
-        return Draws(None if self.offsets is None else self.offsets[rows],
-                     None if self.flips is None else self.flips[rows],
-                     None if self.plan is None else plan_part(self.plan, rows),
-                     None if self.erasing is None else self.erasing.part(rows))
+        return Draws(
+            None if self.offsets is None else self.offsets[rows],
+            None if self.flips is None else self.flips[rows],
+            None if self.plan is None else plan_part(self.plan, rows),
+            None if self.erasing is None else self.erasing.part(rows),
+        )
 
 
 class DeviceTrainPipeline:
     """Training batches of this process's share, augmented on `device`."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, sampler: EpochSampler, aug: Augmentation,
-                 img_size: int, stats: tuple, device: torch.device):
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        sampler: EpochSampler,
+        aug: Augmentation,
+        img_size: int,
+        stats: tuple,
+        device: torch.device,
+    ):
         self.images = images.to(device)  # (N, 3, H, W) uint8
         self.labels = labels.to(device)
         self.sampler, self.aug, self.size, self.device = sampler, aug, img_size, device
@@ -162,7 +179,7 @@ class DeviceTrainPipeline:
         for b in range(len(self)):  # the last one is shorter after a batch-size change mid-epoch
             after = self.sampler.advance(position)
             share = (after - position) // self.sampler.world_size
-            index = keys[taken:taken + share]
+            index = keys[taken : taken + share]
             yield self.augment(self.images[index], first + b), self.labels[index]
             taken, position = taken + share, after
 
@@ -244,8 +261,16 @@ class DeviceEvalPipeline:
     """Validation batches, in order (with several processes rank r takes r, r + W, ...), through the
     one evaluation preprocessing (preprocess.py), a whole batch at a time on the device."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, transform: Callable,
-                 device: torch.device, rank: int = 0, world_size: int = 1):
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        batch_size: int,
+        transform: Callable,
+        device: torch.device,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         index = torch.arange(rank, len(labels), world_size)
         self.images, self.labels = images[index].to(device), labels[index].to(device)
         self.batch_size, self.transform = batch_size, transform

@@ -65,23 +65,28 @@ def load_index(root: str, train_shards: str | None = None, val_shards: str | Non
     path = Path(root).expanduser() / INDEX
     kind = not_regular(path)
     if kind == "missing":
-        raise DataError(f"{path} does not exist; data=webdataset reads the shards' index there (vit-shards writes "
-                        f"it with the shards: vit-shards data=<a data set> out={Path(root).expanduser()})")
+        raise DataError(
+            f"{path} does not exist; data=webdataset reads the shards' index there (vit-shards writes "
+            f"it with the shards: vit-shards data=<a data set> out={Path(root).expanduser()})"
+        )
     if kind is not None:  # a FIFO would block the run, a device never end
-        raise DataError(f"{path} is {kind}, not a regular file; data=webdataset reads the shards' index there: "
-                        f"replace it with the index.json vit-shards wrote")
+        raise DataError(
+            f"{path} is {kind}, not a regular file; data=webdataset reads the shards' index there: "
+            f"replace it with the index.json vit-shards wrote"
+        )
     try:
         with open_regular(path) as f:
             index = json.loads(f.read().decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"{path} is not a readable JSON index ({type(e).__name__}: {e}); write it again with "
-                        f"vit-shards") from None
+        raise DataError(
+            f"{path} is not a readable JSON index ({type(e).__name__}: {e}); write it again with vit-shards"
+        ) from None
     what = f"{path} is not a vit-train shard index"
     if not isinstance(index, dict) or index.get("format") != FORMAT or index.get("version") != VERSION:
-        raise DataError(f"{what} (it needs \"format\": \"{FORMAT}\", \"version\": {VERSION}); write it with vit-shards")
+        raise DataError(f'{what} (it needs "format": "{FORMAT}", "version": {VERSION}); write it with vit-shards')
     classes = index.get("classes")
     if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
-        raise DataError(f"{what}: \"classes\" must be a non-empty list of class names; write it with vit-shards")
+        raise DataError(f'{what}: "classes" must be a non-empty list of class names; write it with vit-shards')
     blank = [i for i, c in enumerate(classes) if not c.strip()]
     twice = sorted({c for c in classes if classes.count(c) > 1})
     if blank or twice:
@@ -89,8 +94,7 @@ def load_index(root: str, train_shards: str | None = None, val_shards: str | Non
         raise DataError(f"{what}: {which}; every class needs its own name (write the index again with vit-shards)")
     size = index.get("image_size")
     splits = index.get("splits") if isinstance(index.get("splits"), dict) else {}
-    train, val = (_split(path, splits, name, root, url) for name, url in (("train", train_shards),
-                                                                           ("val", val_shards)))
+    train, val = (_split(path, splits, name, root, url) for name, url in (("train", train_shards), ("val", val_shards)))
     return ShardIndex(list(classes), tuple(size) if isinstance(size, list) and len(size) == 2 else None, train, val)
 
 
@@ -100,30 +104,39 @@ def _split(path: Path, splits: dict, name: str, root: str, pattern: str | None) 
     bad = f"{path} lists no valid {name} split"
     if entry is None:
         there = ", ".join(sorted(map(str, splits))) or "none"
-        raise DataError(f"{path} has no {name} split (its splits: {there}); add it beside them: vit-shards "
-                        f"<the source's data=... data.root=...> splits={name} out={path.parent}")
+        raise DataError(
+            f"{path} has no {name} split (its splits: {there}); add it beside them: vit-shards "
+            f"<the source's data=... data.root=...> splits={name} out={path.parent}"
+        )
     if not isinstance(shards, list) or not shards:
-        raise DataError(f"{bad} (splits.{name}.shards: a list of {{\"name\", \"samples\"}}); write it with vit-shards")
+        raise DataError(f'{bad} (splits.{name}.shards: a list of {{"name", "samples"}}); write it with vit-shards')
     names, counts = [], []
     for shard in shards:
         ok = isinstance(shard, dict) and isinstance(shard.get("name"), str) and "/" not in shard["name"]
         if not ok or not _count(shard.get("samples")):
-            raise DataError(f"{bad}: shard entry {shard!r} needs a plain file \"name\" and a \"samples\" count "
-                            f"(an integer >= 0)")
+            raise DataError(
+                f'{bad}: shard entry {shard!r} needs a plain file "name" and a "samples" count (an integer >= 0)'
+            )
         if shard["name"] in names:
-            raise DataError(f"{bad}: the shard {shard['name']} is listed twice; list each shard once (write the index "
-                            f"again with vit-shards)")
+            raise DataError(
+                f"{bad}: the shard {shard['name']} is listed twice; list each shard once (write the index "
+                f"again with vit-shards)"
+            )
         names.append(shard["name"])
         counts.append(shard["samples"])
     if not _count(entry.get("samples", 0)) or entry.get("samples", sum(counts)) != sum(counts):
-        raise DataError(f"{bad}: splits.{name}.samples is {entry['samples']} but its shards hold {sum(counts)}; "
-                        f"write the index again with vit-shards")
+        raise DataError(
+            f"{bad}: splits.{name}.samples is {entry['samples']} but its shards hold {sum(counts)}; "
+            f"write the index again with vit-shards"
+        )
     if not sum(counts):
         raise DataError(f"{bad}: its shards hold no samples")
     side = entry.get("short_side")
     if side is not None and not (_count(side) and side > 0):
-        raise DataError(f"{bad}: splits.{name}.short_side is {side!r}, not a number of pixels (an integer >= 1, or "
-                        f"null for images stored at their size); write the index again with vit-shards")
+        raise DataError(
+            f"{bad}: splits.{name}.short_side is {side!r}, not a number of pixels (an integer >= 1, or "
+            f"null for images stored at their size); write the index again with vit-shards"
+        )
     return Split(name, names, counts, _urls(path, name, names, root, pattern), side)
 
 
@@ -139,27 +152,35 @@ def _urls(path: Path, split: str, names: list[str], root: str, pattern: str | No
         _refuse_special(split, {str(folder / n): k for n, k in kinds.items()})
         missing = [n for n, kind in kinds.items() if kind is not None]
         if missing:
-            raise DataError(f"{len(missing)} {split} shard(s) listed in {path} are not in {folder}: "
-                            f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; copy them there, or "
-                            f"give data.{split}_shards=<their brace URL or pipe: command>")
+            raise DataError(
+                f"{len(missing)} {split} shard(s) listed in {path} are not in {folder}: "
+                f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; copy them there, or "
+                f"give data.{split}_shards=<their brace URL or pipe: command>"
+            )
         return [str(folder / n) for n in names]
     from braceexpand import braceexpand  # webdataset's dependency
 
     urls = list(braceexpand(pattern))
     key = f"data.{split}_shards"
     if len(urls) != len(names):
-        raise DataError(f"{key}={pattern} expands to {len(urls)} shard(s), but {path} lists {len(names)} {split} "
-                        f"shards; give a pattern with one URL per listed shard (e.g. {{000000..{len(names) - 1:06d}}})")
+        raise DataError(
+            f"{key}={pattern} expands to {len(urls)} shard(s), but {path} lists {len(names)} {split} "
+            f"shards; give a pattern with one URL per listed shard (e.g. {{000000..{len(names) - 1:06d}}})"
+        )
     for url, name in zip(urls, names, strict=True):
         if name not in url:
-            raise DataError(f"{key}={pattern}: the URL {url} does not name {name}, which {path} lists in its place; "
-                            f"the pattern must list the index's shards in the index's order")
+            raise DataError(
+                f"{key}={pattern}: the URL {url} does not name {name}, which {path} lists in its place; "
+                f"the pattern must list the index's shards in the index's order"
+            )
     kinds = {local: not_regular(local) for local in map(local_path, urls) if local is not None}
     _refuse_special(split, kinds)
     missing = [local for local, kind in kinds.items() if kind in ("missing", "a broken link")]
     if missing:
-        raise DataError(f"{len(missing)} {split} shard(s) that {key}={pattern} names do not exist: "
-                        f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; copy them there, or fix {key}")
+        raise DataError(
+            f"{len(missing)} {split} shard(s) that {key}={pattern} names do not exist: "
+            f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; copy them there, or fix {key}"
+        )
     return urls
 
 
@@ -178,8 +199,10 @@ def _refuse_special(split: str, kinds: dict[str, str | None]) -> None:
     if special:
         path, kind = next(iter(special.items()))
         more = f" ({len(special)} such {split} shards)" if len(special) > 1 else ""
-        raise DataError(f"the {split} shard {path} is {kind}, not a regular file{more}; replace it with the shard "
-                        f"file the index lists")
+        raise DataError(
+            f"the {split} shard {path} is {kind}, not a regular file{more}; replace it with the shard "
+            f"file the index lists"
+        )
 
 
 def train_fingerprint(root: str) -> str | None:
@@ -205,8 +228,9 @@ class Missing:
     reason: str
 
 
-def read_samples(url: str, shard: str, first: int, stop: int, count: int | None = None,
-                 labels: bool = True) -> Iterator[tuple[int, dict | Missing]]:
+def read_samples(
+    url: str, shard: str, first: int, stop: int, count: int | None = None, labels: bool = True
+) -> Iterator[tuple[int, dict | Missing]]:
     """(offset, {ext: bytes, "__key__": key} or Missing) of the samples at offsets first..stop-1 of the
     shard at `url`, in order; samples before `first` are passed over (read, never kept or decoded).
 
@@ -240,8 +264,10 @@ def read_samples(url: str, shard: str, first: int, stop: int, count: int | None 
             if offset >= first and not extra:
                 group[ext.lower()] = member["data"]
         if extra:
-            raise DataError(f"{shard} holds {offset + 1} samples but index.json says {count}; rewrite the index "
-                            f"with vit-shards (or write the shards and index again) so that every sample is read")
+            raise DataError(
+                f"{shard} holds {offset + 1} samples but index.json says {count}; rewrite the index "
+                f"with vit-shards (or write the shards and index again) so that every sample is read"
+            )
         if key is not None:
             cut = offset + 1 < stop and (image_of(group)[0] is None or (labels and "cls" not in group))
             if offset >= first and not cut:
@@ -252,8 +278,10 @@ def read_samples(url: str, shard: str, first: int, stop: int, count: int | None 
     except READ_ERRORS as e:
         _check_pipe(url, stream)
         if extra:
-            raise DataError(f"{shard} holds more than the {count} samples index.json says; rewrite the index with "
-                            f"vit-shards (or write the shards and index again) so that every sample is read") from None
+            raise DataError(
+                f"{shard} holds more than the {count} samples index.json says; rewrite the index with "
+                f"vit-shards (or write the shards and index again) so that every sample is read"
+            ) from None
         why = re.sub(r" @ <[^>]*>", "", str(e).splitlines()[0] if str(e) else "")[:120]  # webdataset adds the stream
         reason = f"{shard} cannot be read past sample {offset} ({type(e).__name__}: {why})"
     finally:
@@ -268,12 +296,16 @@ def _check_pipe(url: str, stream) -> None:
         return
     status = proc.wait()
     if status < 0 and _run_stopping(-status):  # the signal reached the run's process group: not the command's fault
-        raise DataError(f"reading the shard command {url[5:]!r} ended because this run received "
-                        f"{signal.Signals(-status).name} and is stopping; resume the run to continue from its last "
-                        f"checkpoint")
+        raise DataError(
+            f"reading the shard command {url[5:]!r} ended because this run received "
+            f"{signal.Signals(-status).name} and is stopping; resume the run to continue from its last "
+            f"checkpoint"
+        )
     if status != 0:
-        raise DataError(f"the shard command {url[5:]!r} failed (exit status {status}); run it in a shell to see why, "
-                        f"and fix data.train_shards/val_shards")
+        raise DataError(
+            f"the shard command {url[5:]!r} failed (exit status {status}); run it in a shell to see why, "
+            f"and fix data.train_shards/val_shards"
+        )
 
 
 def _run_stopping(signum: int) -> bool:
@@ -304,15 +336,20 @@ def label_of(sample: dict, classes: int, where: str) -> int:
     """The sample's class index from its .cls member; DataError (one line) when absent or out of range."""
     raw = sample.get("cls")
     if raw is None:
-        raise DataError(f"{where} has no .cls member (its class index); every training and val sample needs one "
-                        f"(write the shards with vit-shards)")
+        raise DataError(
+            f"{where} has no .cls member (its class index); every training and val sample needs one "
+            f"(write the shards with vit-shards)"
+        )
     if not re.fullmatch(rb"\s*[0-9]+\s*", raw):  # int() would also take "+2", "0_1", non-ASCII digits
-        raise DataError(f"{where}.cls holds {raw[:20]!r}, not a class index (ASCII decimal digits); write the shards "
-                        f"again")
+        raise DataError(
+            f"{where}.cls holds {raw[:20]!r}, not a class index (ASCII decimal digits); write the shards again"
+        )
     label = int(raw)
     if not 0 <= label < classes:
-        raise DataError(f"{where}.cls is {label}, outside the index's {classes} classes (0..{classes - 1}); the shards "
-                        f"and index.json do not belong together")
+        raise DataError(
+            f"{where}.cls is {label}, outside the index's {classes} classes (0..{classes - 1}); the shards "
+            f"and index.json do not belong together"
+        )
     return label
 
 

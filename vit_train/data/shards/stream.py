@@ -50,8 +50,20 @@ class ShardStream(IterableDataset):
 
     Train: shuffled (shard order, buffered shuffle), from `start_step` of `epoch`; val: index order."""
 
-    def __init__(self, split: Split, classes: int, transform: Callable, train: bool, seed: int, batch: int,
-                 rank: int, world_size: int, workers: int, buffer: int, labels: bool = True):
+    def __init__(
+        self,
+        split: Split,
+        classes: int,
+        transform: Callable,
+        train: bool,
+        seed: int,
+        batch: int,
+        rank: int,
+        world_size: int,
+        workers: int,
+        buffer: int,
+        labels: bool = True,
+    ):
         self.split, self.classes, self.transform, self.train, self.seed = split, classes, transform, train, seed
         self.batch, self.rank, self.world_size, self.workers, self.buffer = batch, rank, world_size, workers, buffer
         self.labels = labels
@@ -63,8 +75,11 @@ class ShardStream(IterableDataset):
         return val_slots(self.split.samples, self.world_size, self.workers)
 
     def shard_order(self) -> list[int]:
-        return shard_order(len(self.split.counts), self.seed, self.epoch) if self.train else list(
-            range(len(self.split.counts)))
+        return (
+            shard_order(len(self.split.counts), self.seed, self.epoch)
+            if self.train
+            else list(range(len(self.split.counts)))
+        )
 
     def __len__(self) -> int:
         """Samples this process gives in a whole pass."""
@@ -81,7 +96,7 @@ class ShardStream(IterableDataset):
         slot = slots[which]
         seed = slot_seed(self.seed, self.epoch, self.rank, which)
         order = buffered_order(len(slot), self.buffer, seed)
-        yield from self._read(slot, order[done * self.batch // self.world_size:], sample_seeds(len(slot), seed))
+        yield from self._read(slot, order[done * self.batch // self.world_size :], sample_seeds(len(slot), seed))
 
     def _read(self, slot: Slot, order: list[int], seeds: list[int] | None) -> Iterator[tuple[torch.Tensor, int, str]]:
         """The slot's samples at local positions `order`, in that order, each opened once; an unreadable one
@@ -102,8 +117,10 @@ class ShardStream(IterableDataset):
             if opened[0] is None:
                 problem = opened[2]
                 if not self.train:
-                    raise DataError(f"val sample {problem} cannot be read; every val image is evaluated, so fix or "
-                                    f"replace its shard (data.bad_images applies to training images)")
+                    raise DataError(
+                        f"val sample {problem} cannot be read; every val image is evaluated, so fix or "
+                        f"replace its shard (data.bad_images applies to training images)"
+                    )
                 opened = self._replacement(slot, order, samples, ahead, problem)
             image, label, _ = opened
             yield self._transform(image, None if seeds is None else seeds[position]), label, problem
@@ -120,15 +137,19 @@ class ShardStream(IterableDataset):
             if ahead[-1][1][0] is not None:
                 return ahead[-1][1]
         if len(ahead) >= MAX_REPLACEMENTS:
-            raise DataError(f"{MAX_REPLACEMENTS} unreadable samples in a row from {problem} (a damaged or cut shard?); "
-                            f"check the shards, then resume")
+            raise DataError(
+                f"{MAX_REPLACEMENTS} unreadable samples in a row from {problem} (a damaged or cut shard?); "
+                f"check the shards, then resume"
+            )
         # nothing readable after it: the slot's first readable sample (read again from the slot's start)
         for _position, raw in self._raw(slot, list(range(len(slot)))):
             opened = self._open(raw)
             if opened[0] is not None:
                 return opened
-        raise DataError(f"no sample of {problem.split(':')[0].split('#')[0]} and the shards after it can be read "
-                        f"(first: {problem}); check the shards")
+        raise DataError(
+            f"no sample of {problem.split(':')[0].split('#')[0]} and the shards after it can be read "
+            f"(first: {problem}); check the shards"
+        )
 
     def _raw(self, slot: Slot, order: list[int]) -> Iterator[tuple[int, dict | Missing]]:
         """(local position, raw sample) in `order`: shards read in stream order from the first position
@@ -140,8 +161,9 @@ class ShardStream(IterableDataset):
         while position < slot.start + max(order) + 1:
             shard, offset = locate(position, shards, starts)
             stop = min(counts[shard], offset + slot.start + max(order) + 1 - position)
-            for at, raw in read_samples(self.split.urls[shard], self.split.shards[shard], offset, stop,
-                                            counts[shard], self.labels):
+            for at, raw in read_samples(
+                self.split.urls[shard], self.split.shards[shard], offset, stop, counts[shard], self.labels
+            ):
                 local = position + at - offset - slot.start
                 if local in wanted:
                     kept[local] = raw if isinstance(raw, Missing) else {**raw, "__shard__": self.split.shards[shard]}
@@ -192,8 +214,10 @@ class StreamPlan(EpochSampler):
         data.batch_size in the middle of a webdataset epoch); `end` (0: the fresh epoch's) likewise."""
         super().set_epoch(epoch, start, end)
         if start % self.batch_size or self.end != self.full_end():
-            raise DataError(f"data=webdataset cannot continue epoch {epoch + 1} from image {start} with "
-                            f"data.batch_size={self.batch_size}; resume with the batch size the epoch began with")
+            raise DataError(
+                f"data=webdataset cannot continue epoch {epoch + 1} from image {start} with "
+                f"data.batch_size={self.batch_size}; resume with the batch size the epoch began with"
+            )
         self.stream.epoch, self.stream.start_step = epoch, start // self.batch_size
 
     def __iter__(self):
@@ -217,21 +241,31 @@ class StreamUnreadable:
             if not problem:
                 continue
             if self.mode == "error":
-                raise DataError(f"{self.split} sample {problem} cannot be read; fix or replace its shard, or set "
-                                f"data.bad_images=skip to replace unreadable samples")
+                raise DataError(
+                    f"{self.split} sample {problem} cannot be read; fix or replace its shard, or set "
+                    f"data.bad_images=skip to replace unreadable samples"
+                )
             if problem not in self.seen:
                 self.seen[problem] = None
                 log.warning("unreadable %s sample replaced: %s", self.split, problem)
             self.replaced += 1
         if len(self.seen) > self.max_fraction * self.samples:
-            raise DataError(f"{len(self.seen)} of {self.samples} {self.split} samples are unreadable, more than "
-                            f"data.max_bad_fraction={self.max_fraction}; first: {next(iter(self.seen))} (fix the "
-                            f"shards, or raise data.max_bad_fraction to train without them)")
+            raise DataError(
+                f"{len(self.seen)} of {self.samples} {self.split} samples are unreadable, more than "
+                f"data.max_bad_fraction={self.max_fraction}; first: {next(iter(self.seen))} (fix the "
+                f"shards, or raise data.max_bad_fraction to train without them)"
+            )
 
     def report(self, epoch: int) -> None:
         if self.replaced:
-            log.warning("epoch %d: %d unreadable %s sample%s replaced (%d distinct so far)", epoch, self.replaced,
-                        self.split, "" if self.replaced == 1 else "s", len(self.seen))
+            log.warning(
+                "epoch %d: %d unreadable %s sample%s replaced (%d distinct so far)",
+                epoch,
+                self.replaced,
+                self.split,
+                "" if self.replaced == 1 else "s",
+                len(self.seen),
+            )
             self.replaced = 0
 
 
@@ -253,8 +287,18 @@ class StreamLoader:
             yield images, labels
 
 
-def build_stream_loaders(index: ShardIndex, cfg: Config, train_tf: Callable, eval_tf: Callable, device: torch.device,
-                         rank: int, world_size: int, labels: bool, loader_options: dict, decoding=None):
+def build_stream_loaders(
+    index: ShardIndex,
+    cfg: Config,
+    train_tf: Callable,
+    eval_tf: Callable,
+    device: torch.device,
+    rank: int,
+    world_size: int,
+    labels: bool,
+    loader_options: dict,
+    decoding=None,
+):
     """(train loader, val loader, train plan, train StreamUnreadable) for this process of `world_size`.
 
     `loader_options`: the DataLoader keywords the other data sets use (worker_init_fn, context, pinning);
@@ -263,19 +307,32 @@ def build_stream_loaders(index: ShardIndex, cfg: Config, train_tf: Callable, eva
     data.batch_size exceeds the training samples."""
     d = cfg.data
     if index.train.samples < d.batch_size:
-        raise DataError(f"data.batch_size ({d.batch_size}) is larger than the training shards ({index.train.samples} "
-                        f"samples); lower data.batch_size")
+        raise DataError(
+            f"data.batch_size ({d.batch_size}) is larger than the training shards ({index.train.samples} "
+            f"samples); lower data.batch_size"
+        )
     count = loader_options["num_workers"]
     slots = max(1, count)
-    common = dict(classes=len(index.classes), seed=cfg.seed, rank=rank, world_size=world_size, workers=slots,
-                  buffer=d.shuffle_buffer, labels=labels)
+    common = dict(
+        classes=len(index.classes),
+        seed=cfg.seed,
+        rank=rank,
+        world_size=world_size,
+        workers=slots,
+        buffer=d.shuffle_buffer,
+        labels=labels,
+    )
     stream = ShardStream if decoding is None else decoding.stream
     train = stream(index.train, transform=train_tf, train=True, batch=d.batch_size, **common)
     val = stream(index.val, transform=eval_tf, train=False, batch=1, **common)
     # Each DataLoader draws its base seed from its own generator, not the global RNG, which drop path, dropout
     # and MixUp draw from: an iterator started by a resume must leave their draws as the uninterrupted run's.
-    options = {**loader_options, "persistent_workers": False, "prefetch_factor": 4 if count else None,
-               **({} if decoding is None else {"collate_fn": decoding.collate})}
+    options = {
+        **loader_options,
+        "persistent_workers": False,
+        "prefetch_factor": 4 if count else None,
+        **({} if decoding is None else {"collate_fn": decoding.collate}),
+    }
     share, eval_batch = d.batch_size // world_size, max(1, (d.eval_batch_size or d.batch_size) // world_size)
     train_loader = DataLoader(train, batch_size=share, generator=torch.Generator(), **options)
     val_loader = DataLoader(val, batch_size=eval_batch, generator=torch.Generator(), **options)

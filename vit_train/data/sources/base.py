@@ -34,8 +34,13 @@ class DataSource(DataConfig):
     read, not which images (vit-eval names no folder after them)."""
 
     stats: ClassVar[tuple] = ((0.0,) * 3, (1.0,) * 3)
-    loading_keys: ClassVar[tuple[str, ...]] = ("batch_size", "eval_batch_size", "num_workers", "pipeline",
-                                               "repeated_aug")
+    loading_keys: ClassVar[tuple[str, ...]] = (
+        "batch_size",
+        "eval_batch_size",
+        "num_workers",
+        "pipeline",
+        "repeated_aug",
+    )
 
     @classmethod
     def unimplemented(cls) -> list[str]:
@@ -63,7 +68,9 @@ class DataSource(DataConfig):
     def data_bound_advice(self, device: torch.device) -> str:
         """What the warning of a data-bound run (train/throughput.py) tells a user of this data set to do."""
         if self.pipeline != "loader" or device.type != "cuda":
-            return "raise data.num_workers" + (", or on a GPU use data.pipeline=device" if device.type != "cuda" else "")
+            return "raise data.num_workers" + (
+                ", or on a GPU use data.pipeline=device" if device.type != "cuda" else ""
+            )
         return "use data.pipeline=device (the images augmented on the GPU), or raise data.num_workers"
 
     def location(self) -> str | None:
@@ -131,10 +138,15 @@ class EncodedImages(DataSource):
     def data_bound_advice(self, device: torch.device) -> str:
         """Image files: the loader workers decode them, or with data.decode=gpu the training process does."""
         if self.decode == "gpu" and device.type != "cuda":
-            return ("data.decode=gpu on the CPU decodes in the training process itself: data.decode=cpu decodes in "
-                    "data.num_workers loader workers")
-        return "raise data.num_workers" + (", or try data.decode=gpu (docs/data.md)" if self.decode != "gpu" else "") + \
-            ", or pre-resize the images (vit-shards short_side=N)"
+            return (
+                "data.decode=gpu on the CPU decodes in the training process itself: data.decode=cpu decodes in "
+                "data.num_workers loader workers"
+            )
+        return (
+            "raise data.num_workers"
+            + (", or try data.decode=gpu (docs/data.md)" if self.decode != "gpu" else "")
+            + ", or pre-resize the images (vit-shards short_side=N)"
+        )
 
     def check(self, cfg: RunConfig) -> None:
         super().check(cfg)

@@ -41,13 +41,26 @@ class CifarFormat:
 
 FORMATS = {
     "cifar10": CifarFormat(
-        "CIFAR-10", "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a",
-        "cifar-10-batches-py", tuple(f"data_batch_{i}" for i in range(1, 6)), ("test_batch",), "batches.meta",
-        "labels", "label_names",
+        "CIFAR-10",
+        "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+        "c58f30108f718f92721af3b95e74349a",
+        "cifar-10-batches-py",
+        tuple(f"data_batch_{i}" for i in range(1, 6)),
+        ("test_batch",),
+        "batches.meta",
+        "labels",
+        "label_names",
     ),
     "cifar100": CifarFormat(
-        "CIFAR-100", "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz", "eb9058c3a382ffc7106e4002c42a8d85",
-        "cifar-100-python", ("train",), ("test",), "meta", "fine_labels", "fine_label_names",
+        "CIFAR-100",
+        "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
+        "eb9058c3a382ffc7106e4002c42a8d85",
+        "cifar-100-python",
+        ("train",),
+        ("test",),
+        "meta",
+        "fine_labels",
+        "fine_label_names",
     ),
 }
 
@@ -93,9 +106,15 @@ class Cifar100(Cifar10):
 class _ArrayUnpickler(pickle.Unpickler):
     """Admits the numpy globals an array needs and nothing else, so a batch file cannot run code."""
 
-    ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
-               ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-               ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar")}
+    ALLOWED = {
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+    }
 
     def find_class(self, module: str, name: str):
         if (module, name) not in self.ALLOWED:
@@ -110,8 +129,9 @@ def _read(path: Path) -> dict:
     except NotRegularFile as e:  # replaced since find_folder looked
         raise DataError(f"{e}; put the CIFAR batch file there") from None
     except OSError as e:  # no permission, a link loop
-        raise DataError(f"{path} cannot be read ({e.strerror or e}); make it readable, or delete the folder to "
-                        f"download it again") from None
+        raise DataError(
+            f"{path} cannot be read ({e.strerror or e}); make it readable, or delete the folder to download it again"
+        ) from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
         raise DataError(f"{path} is not a readable CIFAR batch ({e}); delete the folder to download it again") from None
     if not isinstance(entry, dict):
@@ -127,16 +147,22 @@ def find_folder(name: str, root: Path, download: bool) -> Path:
             kinds = {f: not_regular(folder / f) for f in fmt.files}  # never opened unless regular: a FIFO blocks
             special = [f"{f} is {kind}" for f, kind in kinds.items() if kind not in (None, "missing")]
             if special:
-                raise DataError(f"{fmt.title} folder {folder}: {', '.join(special)}, not a regular file; put the "
-                                f"batch files there (delete the folder and rerun with data.download=true to fetch them)")
+                raise DataError(
+                    f"{fmt.title} folder {folder}: {', '.join(special)}, not a regular file; put the "
+                    f"batch files there (delete the folder and rerun with data.download=true to fetch them)"
+                )
             missing = [f for f, kind in kinds.items() if kind == "missing"]
             if missing:
-                raise DataError(f"{fmt.title} folder {folder} is missing {', '.join(missing)}; delete it and rerun "
-                                f"with data.download=true to fetch a complete copy")
+                raise DataError(
+                    f"{fmt.title} folder {folder} is missing {', '.join(missing)}; delete it and rerun "
+                    f"with data.download=true to fetch a complete copy"
+                )
             return folder
     if not download:
-        raise DataError(f"no {fmt.title} batches under {root} (expected {root / fmt.folder}); set data.root to the "
-                        f"folder that holds {fmt.folder}/, or data.download=true to download it")
+        raise DataError(
+            f"no {fmt.title} batches under {root} (expected {root / fmt.folder}); set data.root to the "
+            f"folder that holds {fmt.folder}/, or data.download=true to download it"
+        )
     _download(fmt, root)
     return root / fmt.folder
 
@@ -151,22 +177,30 @@ def _download(fmt: CifarFormat, root: Path) -> None:
     if os.path.lexists(archive):
         kind = not_regular(archive)
         if kind is not None:
-            raise DataError(f"{archive} is {kind if kind != 'missing' else 'a broken link'}, not the {fmt.title} "
-                            f"archive; move it away to download the archive, or put the archive there")
+            raise DataError(
+                f"{archive} is {kind if kind != 'missing' else 'a broken link'}, not the {fmt.title} "
+                f"archive; move it away to download the archive, or put the archive there"
+            )
         if not check_integrity(str(archive), fmt.md5):
-            raise DataError(f"{archive} is not the {fmt.title} archive (its MD5 is not {fmt.md5}: incomplete, or "
-                            f"another file); replace it with a complete copy, or move it away to download one")
+            raise DataError(
+                f"{archive} is not the {fmt.title} archive (its MD5 is not {fmt.md5}: incomplete, or "
+                f"another file); replace it with a complete copy, or move it away to download one"
+            )
         extract_archive(str(archive), str(root))
         return
     try:
         download_and_extract_archive(fmt.url, download_root=str(root), md5=fmt.md5)
     except RuntimeError as e:  # torchvision's checksum failure
         archive.unlink(missing_ok=True)
-        raise DataError(f"the download of {fmt.url} failed its MD5 check ({e}); it was deleted, rerun to try again") from None
+        raise DataError(
+            f"the download of {fmt.url} failed its MD5 check ({e}); it was deleted, rerun to try again"
+        ) from None
     except (urllib.error.URLError, OSError) as e:
         archive.unlink(missing_ok=True)
-        raise DataError(f"could not download {fmt.url} ({e}); download and unpack it under {root} by hand, "
-                        f"or point data.root at a folder that holds {fmt.folder}/") from None
+        raise DataError(
+            f"could not download {fmt.url} ({e}); download and unpack it under {root} by hand, "
+            f"or point data.root at a folder that holds {fmt.folder}/"
+        ) from None
 
 
 def load_cifar(name: str, root: str | Path, download: bool = True):
@@ -183,8 +217,9 @@ def load_cifar(name: str, root: str | Path, download: bool = True):
             images = np.concatenate([np.asarray(b["data"], dtype=np.uint8).reshape(-1, 3, 32, 32) for b in batches])
             labels = np.concatenate([np.asarray(b[fmt.label_key], dtype=np.int64) for b in batches])
         except (KeyError, ValueError) as e:
-            raise DataError(f"{fmt.title} batches in {folder} are malformed ({e}); delete the folder to download "
-                            f"it again") from None
+            raise DataError(
+                f"{fmt.title} batches in {folder} are malformed ({e}); delete the folder to download it again"
+            ) from None
         if len(images) != len(labels):
             raise DataError(f"{fmt.title} batches in {folder} hold {len(images)} images but {len(labels)} labels")
         return torch.from_numpy(images), torch.from_numpy(labels)

@@ -42,8 +42,10 @@ class HuggingFace(EncodedImages):
     """data=hf: a Hugging Face dataset on local disk, with an image column (data.image_key) and a label column
     (data.label_key; a ClassLabel names the classes). Needs the data extra: pip install 'vit-train[data]'."""
 
-    root_hint = ("a Hugging Face dataset on disk (a save_to_disk folder or a folder of parquet files); add "
-                 "data.root=/path/to/dataset")
+    root_hint = (
+        "a Hugging Face dataset on disk (a save_to_disk folder or a folder of parquet files); add "
+        "data.root=/path/to/dataset"
+    )
 
     name: str = "hf"
     image_key: str = "image"  # the image column
@@ -52,8 +54,10 @@ class HuggingFace(EncodedImages):
     val_split: str | None = None  # the validation split; null = validation, else val, else test
 
     def splits(self, img_size: int, labels: bool = True) -> tuple:
-        return (*load_hf_splits(self.root, self.image_key, self.label_key, self.train_split, self.val_split, labels),
-                None)
+        return (
+            *load_hf_splits(self.root, self.image_key, self.label_key, self.train_split, self.val_split, labels),
+            None,
+        )
 
     def read_folders(self) -> list[Path]:
         return [Path(os.path.realpath(Path(self.root).expanduser()))]
@@ -112,7 +116,7 @@ class HFImages:
 
 
 def describe_error(error: Exception) -> str:
-    """"Type: message" of an image error (decoding/image.py's messages name the image, never a BytesIO object)."""
+    """ "Type: message" of an image error (decoding/image.py's messages name the image, never a BytesIO object)."""
     return f"{type(error).__name__}: {error}"
 
 
@@ -127,8 +131,9 @@ class _Samples:
         return f"{self.images.where}[{index}]", int(self.images.labels[index])
 
 
-def load_hf_splits(root: str | Path, image_key: str, label_key: str, train_split: str, val_split: str | None,
-                   labels: bool = True) -> tuple[HFImages, HFImages, list[str]]:
+def load_hf_splits(
+    root: str | Path, image_key: str, label_key: str, train_split: str, val_split: str | None, labels: bool = True
+) -> tuple[HFImages, HFImages, list[str]]:
     """Train and val splits of the dataset at `root` and the class names (label i is names[i]).
 
     `root`: a save_to_disk folder (a DatasetDict, or a folder of per-split Dataset folders) or a folder
@@ -141,28 +146,37 @@ def load_hf_splits(root: str | Path, image_key: str, label_key: str, train_split
     reclaim_copies()  # the Arrow copies that killed runs left in the temp dir (one line when there were some)
     root = Path(root).expanduser()
     if not root.is_dir():
-        raise DataError(f"data.root {root} does not exist; point it at a save_to_disk folder or a folder of "
-                        f"parquet files")
+        raise DataError(
+            f"data.root {root} does not exist; point it at a save_to_disk folder or a folder of parquet files"
+        )
     splits = _open(root)
     val_split = val_split or next((s for s in VAL_SPLITS if s in splits), None)
     for key, name in (("train_split", train_split), ("val_split", val_split)):
         if name not in splits:
-            raise DataError(f"{root} has no split {name!r} (data.{key}); its splits: {', '.join(sorted(splits)) or 'none'}"
-                            + ("" if name else f" (data.val_split=null looks for {', '.join(VAL_SPLITS)})"))
+            raise DataError(
+                f"{root} has no split {name!r} (data.{key}); its splits: {', '.join(sorted(splits)) or 'none'}"
+                + ("" if name else f" (data.val_split=null looks for {', '.join(VAL_SPLITS)})")
+            )
     train, val = splits[train_split], splits[val_split]
     for name, ds in ((train_split, train), (val_split, val)):
         if len(ds) == 0:
-            raise DataError(f"split {name!r} of {root} is empty (no rows); give a split with images or choose "
-                            f"another with data.{'train' if name == train_split else 'val'}_split")
+            raise DataError(
+                f"split {name!r} of {root} is empty (no rows); give a split with images or choose "
+                f"another with data.{'train' if name == train_split else 'val'}_split"
+            )
     wanted = {"image_key": image_key, **({"label_key": label_key} if labels else {})}
     for name, ds in ((train_split, train), (val_split, val)):
         for key, column in wanted.items():
             if column not in ds.column_names:
-                raise DataError(f"split {name!r} of {root} has no column {column!r} (data.{key}); its columns: "
-                                f"{', '.join(ds.column_names)}")
+                raise DataError(
+                    f"split {name!r} of {root} has no column {column!r} (data.{key}); its columns: "
+                    f"{', '.join(ds.column_names)}"
+                )
     names = _class_names(train, val, label_key, train_split, val_split, root) if labels else [UNLABELLED_CLASS]
-    made = [_images(ds, image_key, label_key if labels else None, len(names), f"{root} {split}", root)
-            for ds, split in ((train, train_split), (val, val_split))]
+    made = [
+        _images(ds, image_key, label_key if labels else None, len(names), f"{root} {split}", root)
+        for ds, split in ((train, train_split), (val, val_split))
+    ]
     return made[0], made[1], names
 
 
@@ -176,27 +190,34 @@ def _open(root: Path) -> dict[str, Any]:
     if os.path.lexists(root / "dataset_dict.json") or os.path.lexists(root / "state.json"):
         loaded = load_from_disk(datasets, root)
         if isinstance(loaded, datasets.Dataset):
-            raise DataError(f"{root} holds one Dataset with no splits; save a DatasetDict (e.g. "
-                            f"DatasetDict(train=..., validation=...).save_to_disk(...)) or give a folder of per-split "
-                            f"Dataset folders")
+            raise DataError(
+                f"{root} holds one Dataset with no splits; save a DatasetDict (e.g. "
+                f"DatasetDict(train=..., validation=...).save_to_disk(...)) or give a folder of per-split "
+                f"Dataset folders"
+            )
         return dict(loaded)
     folders = {p.name: p for p in sorted(root.iterdir()) if os.path.lexists(p / "state.json")}
     if folders:
         return {name: load_from_disk(datasets, path) for name, path in folders.items()}
     files = parquet_files(root)
     if not files:
-        raise DataError(f"{root} is neither a save_to_disk folder (dataset_dict.json) nor a folder of parquet "
-                        f"files (train-*.parquet, data/train-*.parquet); point data.root at one")
+        raise DataError(
+            f"{root} is neither a save_to_disk folder (dataset_dict.json) nor a folder of parquet "
+            f"files (train-*.parquet, data/train-*.parquet); point data.root at one"
+        )
     for split_files in files.values():
         for f in split_files:
             check_regular(f, "a parquet file")
     cache = process_copy_folder()  # removed at exit; a killed run's by the next data=hf run
     try:
-        loaded = datasets.load_dataset("parquet", data_files={k: [str(f) for f in v] for k, v in files.items()},
-                                       cache_dir=str(cache))
+        loaded = datasets.load_dataset(
+            "parquet", data_files={k: [str(f) for f in v] for k, v in files.items()}, cache_dir=str(cache)
+        )
     except Exception as e:  # pyarrow's and datasets' many errors for a damaged file
-        raise DataError(f"the parquet files of {root} cannot be read ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''}); check or rewrite them") from None
+        raise DataError(
+            f"the parquet files of {root} cannot be read ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); check or rewrite them"
+        ) from None
     return dict(loaded)
 
 
@@ -212,27 +233,45 @@ def _class_names(train, val, label_key: str, train_split: str, val_split: str, r
 
     features = [ds.features[label_key] for ds in (train, val)]
     if all(isinstance(f, ClassLabel) for f in features) and features[0].names != features[1].names:
-        raise DataError(f"the label column {label_key!r} of {root} names other classes in split {val_split!r} "
-                        f"than in {train_split!r} ({_short(features[1].names)} vs {_short(features[0].names)}); "
-                        f"both splits need one ClassLabel")
+        raise DataError(
+            f"the label column {label_key!r} of {root} names other classes in split {val_split!r} "
+            f"than in {train_split!r} ({_short(features[1].names)} vs {_short(features[0].names)}); "
+            f"both splits need one ClassLabel"
+        )
     named = [f for f in features if isinstance(f, ClassLabel)]
     for f, split in zip(features, (train_split, val_split), strict=True):
         dtype = getattr(f, "dtype", "")
         if isinstance(f, ClassLabel) or dtype.startswith("int") or dtype.startswith("uint"):
             continue
         kind = "strings (class names?)" if dtype in ("string", "large_string") else f"{f}"
-        how = (f"the other split has a ClassLabel ({_short(named[0].names)}): cast this one to it, "
-               f"ds.cast_column({label_key!r}, ClassLabel(names=[...]))") if named else (
-               f"cast it with ds.cast_column({label_key!r}, ClassLabel(names=[...])) (the same names in every "
-               f"split) or to integers 0..K-1, or set data.label_key")
-        raise DataError(f"the label column {label_key!r} of split {split!r} of {root} holds {kind}, not class "
-                        f"indices; {how}")
+        how = (
+            (
+                f"the other split has a ClassLabel ({_short(named[0].names)}): cast this one to it, "
+                f"ds.cast_column({label_key!r}, ClassLabel(names=[...]))"
+            )
+            if named
+            else (
+                f"cast it with ds.cast_column({label_key!r}, ClassLabel(names=[...])) (the same names in every "
+                f"split) or to integers 0..K-1, or set data.label_key"
+            )
+        )
+        raise DataError(
+            f"the label column {label_key!r} of split {split!r} of {root} holds {kind}, not class indices; {how}"
+        )
     if named:  # one split's integers are read with the other's names (their range is checked)
         return list(named[0].names)
-    count = int(max(_column(train, label_key, f"{root} {train_split}").max(),
-                    _column(val, label_key, f"{root} {val_split}").max())) + 1
-    log.info("data=hf: the label column %r has no class names (no ClassLabel): classes are named 0..%d",
-             label_key, count - 1)
+    count = (
+        int(
+            max(
+                _column(train, label_key, f"{root} {train_split}").max(),
+                _column(val, label_key, f"{root} {val_split}").max(),
+            )
+        )
+        + 1
+    )
+    log.info(
+        "data=hf: the label column %r has no class names (no ClassLabel): classes are named 0..%d", label_key, count - 1
+    )
     return [str(i) for i in range(count)]
 
 
@@ -250,8 +289,10 @@ def _column(ds, key: str, where: str) -> torch.Tensor:
     column = ds.with_format("arrow", columns=[key])[:].column(key)
     if column.null_count:
         row = pc.index(pc.is_null(column), True).as_py()
-        raise DataError(f"{where} row {row} has no label (an empty cell in column {key!r}; {column.null_count} "
-                        f"such rows); fill in or drop those rows (ds.filter), or set data.label_key")
+        raise DataError(
+            f"{where} row {row} has no label (an empty cell in column {key!r}; {column.null_count} "
+            f"such rows); fill in or drop those rows (ds.filter), or set data.label_key"
+        )
     return torch.from_numpy(np.array(column.to_numpy(), dtype=np.int64).reshape(-1))
 
 
@@ -262,12 +303,16 @@ def _images(ds, image_key: str, label_key: str | None, classes: int, where: str,
     labels = _column(ds, label_key, where) if label_key else torch.zeros(len(ds), dtype=torch.int64)
     bad = ((labels < 0) | (labels >= classes)).nonzero().flatten()
     if len(bad):
-        raise DataError(f"{where} row {int(bad[0])} has label {int(labels[bad[0]])}, outside 0..{classes - 1} "
-                        f"({len(bad)} such rows; an unlabelled split has -1); use a labelled split")
+        raise DataError(
+            f"{where} row {int(bad[0])} has label {int(labels[bad[0]])}, outside 0..{classes - 1} "
+            f"({len(bad)} such rows; an unlabelled split has -1); use a labelled split"
+        )
     ds = ds.select_columns([image_key])
     if isinstance(ds.features[image_key], Image):
         ds = ds.cast_column(image_key, Image(decode=False))  # the bytes, decoded by decoding/image.py
     elif getattr(ds.features[image_key], "dtype", "") not in ("string", "large_string"):
-        raise DataError(f"the image column {image_key!r} of {where} holds {ds.features[image_key]}, not images or "
-                        f"file paths; set data.image_key to the image column")
+        raise DataError(
+            f"the image column {image_key!r} of {where} holds {ds.features[image_key]}, not images or "
+            f"file paths; set data.image_key to the image column"
+        )
     return HFImages(ds, image_key, labels, where, root)

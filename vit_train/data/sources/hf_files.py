@@ -52,15 +52,19 @@ def load_from_disk(datasets, path: Path):
     (one line naming the folder) for an empty split, a FIFO or other non-regular file, or a malformed folder."""
     empty = empty_split(path)
     if empty is not None:
-        raise DataError(f"split folder {empty} of the save_to_disk folder {path} holds no Arrow file (an empty "
-                        f"split); save the split with its rows, or remove it and choose another data.val_split")
+        raise DataError(
+            f"split folder {empty} of the save_to_disk folder {path} holds no Arrow file (an empty "
+            f"split); save the split with its rows, or remove it and choose another data.val_split"
+        )
     check_saved(path)
     try:
         return datasets.load_from_disk(str(path))
     except SAVED_ERRORS as e:
-        raise DataError(f"{path} is not a readable save_to_disk folder ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''}); save it again or point data.root at "
-                        f"another") from None
+        raise DataError(
+            f"{path} is not a readable save_to_disk folder ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); save it again or point data.root at "
+            f"another"
+        ) from None
 
 
 def empty_split(path: Path) -> Path | None:
@@ -81,8 +85,9 @@ def check_regular(path: Path, what: str) -> None:
     folder or link loop: opening a FIFO blocks until a writer comes, a device never ends."""
     kind = not_regular(path)
     if kind is not None and kind != "missing":
-        raise DataError(f"{path} is {kind}, not {what} (a regular file); replace it with the file it stands for "
-                        f"or remove it")
+        raise DataError(
+            f"{path} is {kind}, not {what} (a regular file); replace it with the file it stands for or remove it"
+        )
 
 
 def check_saved(path: Path) -> None:
@@ -126,8 +131,10 @@ def parquet_files(root: Path) -> dict[str, list[Path]]:
                 found.setdefault(sub.name, {})[f"{sub}/*.parquet"] = parts
     for split, layouts in found.items():
         if len(layouts) > 1:
-            raise DataError(f"split {split!r} of {root} has parquet files in two layouts ({' and '.join(layouts)}), "
-                            f"so every row would be read twice; keep one layout and move the other out of data.root")
+            raise DataError(
+                f"split {split!r} of {root} has parquet files in two layouts ({' and '.join(layouts)}), "
+                f"so every row would be read twice; keep one layout and move the other out of data.root"
+            )
     return {split: files for split, layouts in found.items() for files in layouts.values()}
 
 
@@ -139,8 +146,12 @@ def process_copy_folder() -> Path:
     jobs of a sweep run one after another in one process and share it, and `datasets`' cache in it converts
     each set of parquet files once (keyed by their paths and modification times), not once a job."""
     global _process_copy
-    if _process_copy is None or _process_copy[0] != os.getpid() or not _process_copy[1].is_dir() \
-            or _process_copy[1].parent != Path(tempfile.gettempdir()):  # $TMPDIR changed: a copy there
+    if (
+        _process_copy is None
+        or _process_copy[0] != os.getpid()
+        or not _process_copy[1].is_dir()
+        or _process_copy[1].parent != Path(tempfile.gettempdir())
+    ):  # $TMPDIR changed: a copy there
         _process_copy = (os.getpid(), make_copy_folder())
     return _process_copy[1]
 
@@ -161,8 +172,18 @@ def make_copy_folder() -> Path:
         argv0 = Path(sys.argv[0])
         program = "vit-train" if argv0.parent.name == "vit_train" and argv0.name == "__main__.py" else argv0.name
         try:  # who owns it, for people; the lock itself needs no bytes (a full disk)
-            os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime(
-                "%Y-%m-%d %H:%M:%S"), "command": " ".join([program, *sys.argv[1:]])[:500]}).encode(), 0)
+            os.pwrite(
+                fd,
+                json.dumps(
+                    {
+                        "host": socket.gethostname(),
+                        "pid": os.getpid(),
+                        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+                        "command": " ".join([program, *sys.argv[1:]])[:500],
+                    }
+                ).encode(),
+                0,
+            )
         except OSError:
             pass
         os.rename(folder / _NEW_LOCK, folder / OWNER_LOCK)  # visible only once locked
@@ -216,11 +237,13 @@ def reclaim_copies() -> list[tuple[Path, int]]:
             if not os.path.lexists(folder):
                 freed.append((folder, size))
     if freed:
-        log.info("data=hf: removed %s left by %s, %s freed: %s",
-                 "1 Arrow copy" if len(freed) == 1 else f"{len(freed)} Arrow copies",
-                 "a killed data=hf run" if len(freed) == 1 else "killed data=hf runs",
-                 size_text(sum(size for _, size in freed)),
-                 ", ".join(f"{folder} ({size_text(size)})" for folder, size in freed))
+        log.info(
+            "data=hf: removed %s left by %s, %s freed: %s",
+            "1 Arrow copy" if len(freed) == 1 else f"{len(freed)} Arrow copies",
+            "a killed data=hf run" if len(freed) == 1 else "killed data=hf runs",
+            size_text(sum(size for _, size in freed)),
+            ", ".join(f"{folder} ({size_text(size)})" for folder, size in freed),
+        )
     return freed
 
 

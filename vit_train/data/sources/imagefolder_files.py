@@ -30,8 +30,14 @@ class _FixedClassFolder(ImageFolder):
     def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
         return self._given
 
-    def make_dataset(self, directory: str, class_to_idx: dict[str, int], extensions=None, is_valid_file=None,
-                     allow_empty: bool = False) -> list[tuple[str, int]]:
+    def make_dataset(
+        self,
+        directory: str,
+        class_to_idx: dict[str, int],
+        extensions=None,
+        is_valid_file=None,
+        allow_empty: bool = False,
+    ) -> list[tuple[str, int]]:
         """(path, class index) of every image of every class folder, in torchvision's order; raises
         FileNotFoundError (as torchvision does) when a class folder has none and not `allow_empty`."""
         samples, empty, skipped = [], [], []
@@ -69,14 +75,20 @@ def class_folders(split: Path) -> dict[str, str]:
             continue
         name, identity = unicodedata.normalize("NFC", entry.name), _identity(entry)
         if name in folders:
-            raise DataError(f"{split} has two class folders named {name!r} (one with decomposed accents); "
-                            f"merge them into one folder")
+            raise DataError(
+                f"{split} has two class folders named {name!r} (one with decomposed accents); "
+                f"merge them into one folder"
+            )
         if identity in above:
-            raise DataError(f"the class folder {entry} is a link to {split} or a folder above it, so every other "
-                            f"class's images would be read as {entry.name!r}; remove the link")
+            raise DataError(
+                f"the class folder {entry} is a link to {split} or a folder above it, so every other "
+                f"class's images would be read as {entry.name!r}; remove the link"
+            )
         if identity in seen:
-            raise DataError(f"the class folders {seen[identity]!r} and {entry.name!r} of {split} are one folder "
-                            f"(a link), so each image would have two labels; remove the link or copy the images")
+            raise DataError(
+                f"the class folders {seen[identity]!r} and {entry.name!r} of {split} are one folder "
+                f"(a link), so each image would have two labels; remove the link or copy the images"
+            )
         folders[name], seen[identity] = entry.name, entry.name
     return folders
 
@@ -94,31 +106,42 @@ def load_image_folders(root: str | Path) -> tuple[ImageFolder, ImageFolder, list
     splits = {name: root / name for name in ("train", "val")}
     missing = [name + "/" for name, path in splits.items() if not path.is_dir()]
     if missing:
-        raise DataError(f"data.root {root} has no {' or '.join(missing)}; the layout is "
-                        f"root/train/<class>/*.jpg and root/val/<class>/*.jpg")
+        raise DataError(
+            f"data.root {root} has no {' or '.join(missing)}; the layout is "
+            f"root/train/<class>/*.jpg and root/val/<class>/*.jpg"
+        )
     train_folders, val_folders = class_folders(splits["train"]), class_folders(splits["val"])
     classes = sorted(train_folders)
     if not classes:
         raise DataError(f"{splits['train']} has no class folders; put each class's images in train/<class>/")
     lacking, extra = sorted(set(classes) - set(val_folders)), sorted(set(val_folders) - set(classes))
     if lacking or extra:  # ImageFolder would silently give val a different label numbering
-        both = [f"val/ lacks {', '.join(map(repr, lacking))}" if lacking else "",
-                f"val/ has {', '.join(map(repr, extra))} that train/ lacks" if extra else ""]
-        raise DataError(f"the class folders of {splits['train']} and {splits['val']} differ: "
-                        f"{'; '.join(b for b in both if b)}; train/ and val/ need the same classes")
+        both = [
+            f"val/ lacks {', '.join(map(repr, lacking))}" if lacking else "",
+            f"val/ has {', '.join(map(repr, extra))} that train/ lacks" if extra else "",
+        ]
+        raise DataError(
+            f"the class folders of {splits['train']} and {splits['val']} differ: "
+            f"{'; '.join(b for b in both if b)}; train/ and val/ need the same classes"
+        )
     try:
         train = _FixedClassFolder(splits["train"], classes, train_folders, allow_empty=False)
     except FileNotFoundError as e:
-        raise DataError(f"class folder(s) with no images in {splits['train']}: {e.args[0]} "
-                        f"(image types: {' '.join(IMG_EXTENSIONS)}; names starting with '.' are skipped, and "
-                        f"files that are not regular files); add images or remove the folder") from None
+        raise DataError(
+            f"class folder(s) with no images in {splits['train']}: {e.args[0]} "
+            f"(image types: {' '.join(IMG_EXTENSIONS)}; names starting with '.' are skipped, and "
+            f"files that are not regular files); add images or remove the folder"
+        ) from None
     val = _FixedClassFolder(splits["val"], classes, val_folders, allow_empty=True)
     if len(val) == 0:
         raise DataError(f"{splits['val']} holds no images; put validation images in val/<class>/")
     unseen = sorted(set(classes) - {classes[target] for _, target in val.samples})
     if unseen:  # allowed (a rare class may have no val image yet), but its accuracy cannot be measured
-        log.warning("val class folder(s) with no images in %s: %s; the val top-1 leaves these classes out",
-                    splits["val"], ", ".join(unseen))
+        log.warning(
+            "val class folder(s) with no images in %s: %s; the val top-1 leaves these classes out",
+            splits["val"],
+            ", ".join(unseen),
+        )
     return train, val, classes
 
 
@@ -147,20 +170,25 @@ def load_unlabelled_folders(root: str | Path) -> tuple[UnlabelledImages, Unlabel
     root with each HOLDOUT_EVERY-th (in path order) held out for val."""
     root = Path(root).expanduser()
     if not root.is_dir():
-        raise DataError(f"data.root {root} does not exist; point it at a folder of images (or one holding train/ "
-                        f"and val/)")
+        raise DataError(
+            f"data.root {root} does not exist; point it at a folder of images (or one holding train/ and val/)"
+        )
     if (root / "train").is_dir():
         train, val = _images_under(root / "train"), _images_under(root / "val") if (root / "val").is_dir() else []
         if not val:
-            raise DataError(f"{root / 'val'} holds no images; put some validation images there (any layout), or "
-                            f"give data.root a plain folder of images and every {HOLDOUT_EVERY}th is held out")
+            raise DataError(
+                f"{root / 'val'} holds no images; put some validation images there (any layout), or "
+                f"give data.root a plain folder of images and every {HOLDOUT_EVERY}th is held out"
+            )
     else:
         everything = _images_under(root)
         train = [p for i, p in enumerate(everything) if i % HOLDOUT_EVERY != HOLDOUT_EVERY - 1]
         val = [p for i, p in enumerate(everything) if i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1]
         if not val:
-            raise DataError(f"{root} holds {len(everything)} images (types: {' '.join(IMG_EXTENSIONS)}); it needs at "
-                            f"least {HOLDOUT_EVERY}, one of which is held out for validation")
+            raise DataError(
+                f"{root} holds {len(everything)} images (types: {' '.join(IMG_EXTENSIONS)}); it needs at "
+                f"least {HOLDOUT_EVERY}, one of which is held out for validation"
+            )
     if not train:
         raise DataError(f"no training images under {root} (types: {' '.join(IMG_EXTENSIONS)})")
     return UnlabelledImages(train), UnlabelledImages(val), [UNLABELLED_CLASS]

@@ -54,16 +54,16 @@ def _masks(u: torch.Tensor, v: torch.Tensor, label: int) -> torch.Tensor:
     box = au.maximum(av)
     r = (u**2 + v**2).sqrt()
     return [
-        r < 1.0,                                                   # circle
-        box < 0.85,                                                # square
-        au + av < 1.1,                                             # diamond
-        (r > 0.55) & (r < 1.0),                                    # ring
-        ((au < 0.3) & (av < 1.0)) | ((av < 0.3) & (au < 1.0)),     # plus
+        r < 1.0,  # circle
+        box < 0.85,  # square
+        au + av < 1.1,  # diamond
+        (r > 0.55) & (r < 1.0),  # ring
+        ((au < 0.3) & (av < 1.0)) | ((av < 0.3) & (au < 1.0)),  # plus
         (((u - v).abs() < 0.4) | ((u + v).abs() < 0.4)) & (box < 0.9),  # cross (x)
-        (v > -1.0) & (v < 0.8) & (au < (v + 1.0) * 0.5),           # triangle, apex up
-        (av < 0.3) & (au < 1.0),                                   # horizontal bar
-        (au < 0.3) & (av < 1.0),                                   # vertical bar
-        (box < 0.9) & (box > 0.55),                                # hollow square
+        (v > -1.0) & (v < 0.8) & (au < (v + 1.0) * 0.5),  # triangle, apex up
+        (av < 0.3) & (au < 1.0),  # horizontal bar
+        (au < 0.3) & (av < 1.0),  # vertical bar
+        (box < 0.9) & (box > 0.55),  # hollow square
     ][label]
 
 

@@ -27,8 +27,10 @@ class WebDataset(EncodedImages):
     data.root/index.json; the shards are in data.root unless data.train_shards / data.val_shards give brace
     URLs or pipe: commands. Needs the data extra: pip install 'vit-train[data]'."""
 
-    root_hint = ("the folder holding index.json (vit-shards writes it) and, unless data.train_shards/val_shards say "
-                 "where they are, the shards; add data.root=/path/to/shards")
+    root_hint = (
+        "the folder holding index.json (vit-shards writes it) and, unless data.train_shards/val_shards say "
+        "where they are, the shards; add data.root=/path/to/shards"
+    )
 
     name: str = "webdataset"
     train_shards: str | None = None  # brace URL or pipe: command of the train shards; null = data.root
@@ -37,8 +39,10 @@ class WebDataset(EncodedImages):
 
     def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
-        require(self.shuffle_buffer >= 1, f"data.shuffle_buffer must be >= 1 (1 = no shuffle buffer), got "
-                                          f"{self.shuffle_buffer}")
+        require(
+            self.shuffle_buffer >= 1,
+            f"data.shuffle_buffer must be >= 1 (1 = no shuffle buffer), got {self.shuffle_buffer}",
+        )
 
     def build(self, cfg: Config, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
         """Shards read as streams in a planned order: each (process, worker) its slot of the epoch's plan."""
@@ -50,29 +54,47 @@ class WebDataset(EncodedImages):
 
         pipeline(cfg, device)  # refuses data.pipeline=device
         if self.repeated_aug > 1:  # its copies must land in one global batch: a stream cannot place them
-            raise ConfigError(f"data.repeated_aug={self.repeated_aug} works with random-access data sets only, not "
-                              f"data=webdataset (a stream cannot repeat a sample inside one batch); use "
-                              f"data.repeated_aug=1")
+            raise ConfigError(
+                f"data.repeated_aug={self.repeated_aug} works with random-access data sets only, not "
+                f"data=webdataset (a stream cannot repeat a sample inside one batch); use "
+                f"data.repeated_aug=1"
+            )
         index = load_index(self.root, self.train_shards, self.val_shards)
         train_tf, eval_tf = build_transforms(cfg.aug, cfg.model.img_size, self.stats, None)
         options = loader_options(self.num_workers, device)
         decoding = device_decoding(cfg, device, rank)  # data.decode=gpu: decoded on the device (device/files.py)
-        train, val, plan, unreadable = build_stream_loaders(index, cfg, train_tf, eval_tf, device, rank, world_size,
-                                                            labels, options, decoding)
+        train, val, plan, unreadable = build_stream_loaders(
+            index, cfg, train_tf, eval_tf, device, rank, world_size, labels, options, decoding
+        )
         sizes = [tuple(index.image_size[::-1])] if index.image_size else []  # [H, W] when every image has one size
         small = small_images(sizes, cfg.model.img_size, cfg.model.patch_size, "every image, as index.json records")
-        stored = stored_too_small(index, train_side(train_tf, cfg.model.img_size, cfg.aug.name),
-                                  (eval_tf.resize, f"evaluation's resize to {eval_tf.resize} (then the centre crop to "
-                                                   f"{cfg.model.img_size})"))
+        stored = stored_too_small(
+            index,
+            train_side(train_tf, cfg.model.img_size, cfg.aug.name),
+            (eval_tf.resize, f"evaluation's resize to {eval_tf.resize} (then the centre crop to {cfg.model.img_size})"),
+        )
         left = index.train.samples % self.batch_size
-        tail = (f"data=webdataset: the train split is one shard ({index.train.shards[0]}), so the {left} samples past "
+        tail = (
+            (
+                f"data=webdataset: the train split is one shard ({index.train.shards[0]}), so the {left} samples past "
                 f"its last whole batch of {self.batch_size}, its last {left}, are left out every epoch and never "
                 f"trained on; write it in several shards (vit-shards shard_size=N: the epoch's last shard, whose tail "
-                f"is left out, changes every epoch) or use a data.batch_size that divides {index.train.samples}") \
-            if left and len(index.train.shards) == 1 else None
-        return Data(train, val, plan, list(index.classes), index.train.samples // self.batch_size, self.stats,
-                    unreadable, tuple(line for line in (small, stored, tail) if line),
-                    None if decoding is None else train.decoder)
+                f"is left out, changes every epoch) or use a data.batch_size that divides {index.train.samples}"
+            )
+            if left and len(index.train.shards) == 1
+            else None
+        )
+        return Data(
+            train,
+            val,
+            plan,
+            list(index.classes),
+            index.train.samples // self.batch_size,
+            self.stats,
+            unreadable,
+            tuple(line for line in (small, stored, tail) if line),
+            None if decoding is None else train.decoder,
+        )
 
     def stream_layout(self, world_size: int) -> dict[str, Any]:
         """The world size and loader worker count (data.num_workers resolved) the epoch's stream plan is cut for
@@ -93,22 +115,31 @@ class WebDataset(EncodedImages):
         if saved.get("name") != self.name:
             return []
         was, now = layout or {}, self.stream_layout(world_size)
-        changed = [f"{what} is {now[key]}, not {was[key]}" for key, what in (
-            ("world_size", "the number of processes"), ("loader_workers", "the loader worker count (data.num_workers, "
-                                                         "0 counting as 1)")) if key in was and now[key] != was[key]]
+        changed = [
+            f"{what} is {now[key]}, not {was[key]}"
+            for key, what in (
+                ("world_size", "the number of processes"),
+                ("loader_workers", "the loader worker count (data.num_workers, 0 counting as 1)"),
+            )
+            if key in was and now[key] != was[key]
+        ]
         for key in ("batch_size", "shuffle_buffer"):
             before, after = saved.get(key), getattr(self, key)
             if before is not None and before != after:
                 changed.append(f"data.{key} is {after}, not {before}")
         if "train_index" in was and now.get("train_index") != was["train_index"]:
-            changed.append(f"the training shards of {self.root} are not those the epoch began with (index.json lists "
-                           f"other shard names, sample counts or classes: fingerprint {now.get('train_index')}, not "
-                           f"{was['train_index']}; put those shards back)")
+            changed.append(
+                f"the training shards of {self.root} are not those the epoch began with (index.json lists "
+                f"other shard names, sample counts or classes: fingerprint {now.get('train_index')}, not "
+                f"{was['train_index']}; put those shards back)"
+            )
         return changed
 
     def check_shardable(self) -> None:
-        raise ConfigError("data=webdataset is shards already; vit-shards writes them from the other data sets (to "
-                          "re-shard, write from the data set they came from)")
+        raise ConfigError(
+            "data=webdataset is shards already; vit-shards writes them from the other data sets (to "
+            "re-shard, write from the data set they came from)"
+        )
 
 
 def train_side(train_tf: Any, img_size: int, aug: str) -> tuple[int, str]:
@@ -117,8 +148,13 @@ def train_side(train_tf: Any, img_size: int, aug: str) -> tuple[int, str]:
     model.img_size (RandomResizedCrop: the largest crop is the whole image resized to it)."""
     from torchvision.transforms import v2
 
-    sides = [s if isinstance(s, int) else s[0] for t in train_tf.transforms if isinstance(t, v2.Resize)
-             for s in [t.size] if s]
+    sides = [
+        s if isinstance(s, int) else s[0]
+        for t in train_tf.transforms
+        if isinstance(t, v2.Resize)
+        for s in [t.size]
+        if s
+    ]
     if sides and max(sides) > img_size:
         return max(sides), f"training's resize to {max(sides)} (aug={aug}, then the centre crop to {img_size})"
     return img_size, f"a training crop of model.img_size={img_size}"
@@ -129,11 +165,18 @@ def stored_too_small(index: Any, train: tuple[int, str], val: tuple[int, str]) -
     pixels than the run reads them at: `train` and `val` are (the shorter side each split's transform reads an
     image at, what that is): training's crop or resize, evaluation's resize (then the centre crop). None when the
     stored sides suffice or the images are stored at their size."""
-    needs = [(split, side, need, what) for split, (need, what) in ((index.train, train), (index.val, val))
-             if (side := split.short_side) is not None and side < need]
+    needs = [
+        (split, side, need, what)
+        for split, (need, what) in ((index.train, train), (index.val, val))
+        if (side := split.short_side) is not None and side < need
+    ]
     if not needs:
         return None
-    said = "; ".join(f"the {split.name} shards hold images of a shorter side of at most {side} px, less than {what}"
-                     for split, side, need, what in needs)
-    return (f"data=webdataset: {said}, so those images are upscaled from fewer pixels than the source had; write "
-            f"the shards again with vit-shards short_side={max(need for _, _, need, _ in needs)} or more (or none)")
+    said = "; ".join(
+        f"the {split.name} shards hold images of a shorter side of at most {side} px, less than {what}"
+        for split, side, need, what in needs
+    )
+    return (
+        f"data=webdataset: {said}, so those images are upscaled from fewer pixels than the source had; write "
+        f"the shards again with vit-shards short_side={max(need for _, _, need, _ in needs)} or more (or none)"
+    )

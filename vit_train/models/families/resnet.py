@@ -25,8 +25,13 @@ if TYPE_CHECKING:
     from torch import nn
 
 RESNET_BLOCK = re.compile(r"^layer(\d)\.(\d+)\.")
-RESNETS = {(2, 2, 2, 2, False): "resnet18", (3, 4, 6, 3, False): "resnet34", (3, 4, 6, 3, True): "resnet50",
-           (3, 4, 23, 3, True): "resnet101", (3, 8, 36, 3, True): "resnet152"}
+RESNETS = {
+    (2, 2, 2, 2, False): "resnet18",
+    (3, 4, 6, 3, False): "resnet34",
+    (3, 4, 6, 3, True): "resnet50",
+    (3, 4, 23, 3, True): "resnet101",
+    (3, 8, 36, 3, True): "resnet152",
+}
 SMALL_IMAGE_MAX = 64  # image side up to which the 3x3 stem is used (`build_resnet`)
 
 
@@ -35,8 +40,10 @@ class ResNet(ModelConfig):
     """A torchvision ResNet; a subclass per depth registers its model.arch."""
 
     ARCHITECTURE = ("model.stem",)
-    refused_on_resume = {**ModelConfig.refused_on_resume,
-                         "img_size": "the stem was chosen for another image size (3x3 up to 64 pixels, else 7x7)"}
+    refused_on_resume = {
+        **ModelConfig.refused_on_resume,
+        "img_size": "the stem was chosen for another image size (3x3 up to 64 pixels, else 7x7)",
+    }
 
     def build(self, num_classes: int) -> nn.Module:
         assert self.img_size is not None  # Config.validate fills it from the data set
@@ -51,19 +58,27 @@ class ResNet(ModelConfig):
     @classmethod
     def architecture(cls, saved: dict[str, Any]) -> dict[str, Any]:
         small = (saved.get("img_size") or 224) <= SMALL_IMAGE_MAX
-        return {"model.arch": saved.get("arch", cls.arch), "model.stem": "3x3 (small images)" if small else "7x7 (ImageNet)"}
+        return {
+            "model.arch": saved.get("arch", cls.arch),
+            "model.stem": "3x3 (small images)" if small else "7x7 (ImageNet)",
+        }
 
     @classmethod
     def reveals(cls, weights: dict[str, torch.Tensor]) -> dict[str, Any] | None:
         """Its block counts (a torchvision depth's name, else "a ResNet with blocks [...]") and its stem."""
         if not any(RESNET_BLOCK.match(k) for k in weights):
             return None
-        blocks = [len({m.group(2) for k in weights if (m := RESNET_BLOCK.match(k)) and m.group(1) == str(i)})
-                  for i in range(1, 5)]
+        blocks = [
+            len({m.group(2) for k in weights if (m := RESNET_BLOCK.match(k)) and m.group(1) == str(i)})
+            for i in range(1, 5)
+        ]
         bottleneck = any(k.endswith(".conv3.weight") for k in weights)
         conv1 = weights.get("conv1.weight")
-        found = {"model.arch": RESNETS.get((blocks[0], blocks[1], blocks[2], blocks[3], bottleneck),
-                                           f"a ResNet with blocks {blocks}")}
+        found = {
+            "model.arch": RESNETS.get(
+                (blocks[0], blocks[1], blocks[2], blocks[3], bottleneck), f"a ResNet with blocks {blocks}"
+            )
+        }
         if conv1 is not None:
             found["model.stem"] = "3x3 (small images)" if conv1.shape[-1] == 3 else "7x7 (ImageNet)"
         return found

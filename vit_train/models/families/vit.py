@@ -34,14 +34,33 @@ class ViT(ModelConfig):
     default = True
     reads_patches = True
     has_layers = True
-    ARCHITECTURE = ("model.patch_size", "model.embed_dim", "model.depth", "model.num_heads", "model.mlp_ratio",
-                    "model.qkv_bias", "model.pool", "model.pos_embed", "model.reg_tokens", "model.init_values",
-                    "model.qk_norm", "model.distilled")
+    ARCHITECTURE = (
+        "model.patch_size",
+        "model.embed_dim",
+        "model.depth",
+        "model.num_heads",
+        "model.mlp_ratio",
+        "model.qkv_bias",
+        "model.pool",
+        "model.pos_embed",
+        "model.reg_tokens",
+        "model.init_values",
+        "model.qk_norm",
+        "model.distilled",
+    )
     refused_on_resume = {
         **ModelConfig.refused_on_resume,
         "img_size": "the position embeddings are for another image size",
-        "patch_size": SHAPE, "embed_dim": SHAPE, "depth": SHAPE, "num_heads": SHAPE, "mlp_ratio": SHAPE,
-        "qkv_bias": SHAPE, "reg_tokens": SHAPE, "init_values": SHAPE, "qk_norm": SHAPE, "distilled": SHAPE,
+        "patch_size": SHAPE,
+        "embed_dim": SHAPE,
+        "depth": SHAPE,
+        "num_heads": SHAPE,
+        "mlp_ratio": SHAPE,
+        "qkv_bias": SHAPE,
+        "reg_tokens": SHAPE,
+        "init_values": SHAPE,
+        "qk_norm": SHAPE,
+        "distilled": SHAPE,
         "pool": "the head was trained on another pooled feature",
         "pos_embed": "the position embeddings are learned in one and fixed in the other",
         "trainable": "the optimiser's state holds other parameters",
@@ -50,8 +69,20 @@ class ViT(ModelConfig):
     # weights (objectives/weights_in.py) refuses every architecture field that changes the function, and
     # models/pretrained.py LayerScale, QK-norm or registers that differ; img_size (positions are resized) and
     # model.distilled (head-like) load
-    NO_FIT = ("arch", "embed_dim", "patch_size", "depth", "num_heads", "mlp_ratio", "qkv_bias", "pool", "pos_embed",
-              "init_values", "qk_norm", "reg_tokens")
+    NO_FIT = (
+        "arch",
+        "embed_dim",
+        "patch_size",
+        "depth",
+        "num_heads",
+        "mlp_ratio",
+        "qkv_bias",
+        "pool",
+        "pos_embed",
+        "init_values",
+        "qk_norm",
+        "reg_tokens",
+    )
 
     arch: str = "vit"
     embed_dim: int = 64  # token width
@@ -69,22 +100,39 @@ class ViT(ModelConfig):
     qk_norm: bool = False  # LayerNorm on each head's queries and keys (timm's attn.q_norm/k_norm)
     distilled: bool = False  # DeiT's distillation token and head (dist_token, head_dist); eval averages the heads
     trainable: Literal["all", "head"] = "all"  # head: linear probe (the rest frozen, its dropout off)
-    grad_checkpointing: bool = False  # recompute each block's activations in backward (timm's name): less memory, ~1/3 more compute
+    grad_checkpointing: bool = (
+        False  # recompute each block's activations in backward (timm's name): less memory, ~1/3 more compute
+    )
 
     def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
-        positive(("model.embed_dim", self.embed_dim), ("model.depth", self.depth),
-                 ("model.num_heads", self.num_heads), ("model.mlp_ratio", self.mlp_ratio))
-        assert self.img_size is not None and self.patch_size is not None  # Config.validate fills them from the data set before the checks
-        require(self.img_size % self.patch_size == 0, f"model.img_size ({self.img_size}) must be divisible by "
-                f"model.patch_size ({self.patch_size})")
-        require(self.embed_dim % self.num_heads == 0, f"model.embed_dim ({self.embed_dim}) must be divisible by "
-                f"model.num_heads ({self.num_heads})")
+        positive(
+            ("model.embed_dim", self.embed_dim),
+            ("model.depth", self.depth),
+            ("model.num_heads", self.num_heads),
+            ("model.mlp_ratio", self.mlp_ratio),
+        )
+        assert (
+            self.img_size is not None and self.patch_size is not None
+        )  # Config.validate fills them from the data set before the checks
+        require(
+            self.img_size % self.patch_size == 0,
+            f"model.img_size ({self.img_size}) must be divisible by model.patch_size ({self.patch_size})",
+        )
+        require(
+            self.embed_dim % self.num_heads == 0,
+            f"model.embed_dim ({self.embed_dim}) must be divisible by model.num_heads ({self.num_heads})",
+        )
         require(self.reg_tokens >= 0, f"model.reg_tokens must be >= 0, got {self.reg_tokens}")
-        require(self.init_values is None or self.init_values > 0, f"model.init_values must be > 0 (LayerScale's "
-                f"initial scale, e.g. 1e-5) or null for none, got {self.init_values}")
-        require(self.pos_embed != "sincos2d" or self.embed_dim % 4 == 0,
-                f"model.pos_embed=sincos2d needs model.embed_dim divisible by 4, got {self.embed_dim}")
+        require(
+            self.init_values is None or self.init_values > 0,
+            f"model.init_values must be > 0 (LayerScale's "
+            f"initial scale, e.g. 1e-5) or null for none, got {self.init_values}",
+        )
+        require(
+            self.pos_embed != "sincos2d" or self.embed_dim % 4 == 0,
+            f"model.pos_embed=sincos2d needs model.embed_dim divisible by 4, got {self.embed_dim}",
+        )
         for key in ("dropout", "attn_dropout", "drop_path"):
             fraction(f"model.{key}", getattr(self, key), closed=False)
 
@@ -95,11 +143,24 @@ class ViT(ModelConfig):
 
         assert self.img_size is not None and self.patch_size is not None  # Config.validate fills them from the data set
         model = VisionTransformer(
-            img_size=self.img_size, patch_size=self.patch_size, num_classes=num_classes,
-            embed_dim=self.embed_dim, depth=self.depth, num_heads=self.num_heads, mlp_ratio=self.mlp_ratio,
-            qkv_bias=self.qkv_bias, pool=self.pool, pos_embed=self.pos_embed, drop_rate=self.dropout,
-            attn_drop_rate=self.attn_dropout, drop_path_rate=self.drop_path, reg_tokens=self.reg_tokens,
-            init_values=self.init_values, qk_norm=self.qk_norm, distilled=self.distilled)
+            img_size=self.img_size,
+            patch_size=self.patch_size,
+            num_classes=num_classes,
+            embed_dim=self.embed_dim,
+            depth=self.depth,
+            num_heads=self.num_heads,
+            mlp_ratio=self.mlp_ratio,
+            qkv_bias=self.qkv_bias,
+            pool=self.pool,
+            pos_embed=self.pos_embed,
+            drop_rate=self.dropout,
+            attn_drop_rate=self.attn_dropout,
+            drop_path_rate=self.drop_path,
+            reg_tokens=self.reg_tokens,
+            init_values=self.init_values,
+            qk_norm=self.qk_norm,
+            distilled=self.distilled,
+        )
         set_trainable(model, self.trainable)
         set_grad_checkpointing(model, self.grad_checkpointing)
         return model
@@ -126,13 +187,21 @@ class ViT(ModelConfig):
     def architecture(cls, saved: dict[str, Any]) -> dict[str, Any]:
         """Patch size, width, depth, heads, MLP ratio, qkv bias, pooling (and so the class token), positions,
         registers, LayerScale (on or off: the loaded gammas replace model.init_values), QK-norm, distillation token."""
-        return {"model.arch": "vit", "model.patch_size": saved.get("patch_size"), "model.embed_dim": saved.get("embed_dim"),
-                "model.depth": saved.get("depth"), "model.num_heads": saved.get("num_heads"),
-                "model.mlp_ratio": float(saved.get("mlp_ratio", 4.0)), "model.qkv_bias": bool(saved.get("qkv_bias", True)),
-                "model.pool": saved.get("pool", "cls"), "model.pos_embed": saved.get("pos_embed", "learned"),
-                "model.reg_tokens": int(saved.get("reg_tokens") or 0),
-                "model.init_values": saved.get("init_values") not in (None, 0),
-                "model.qk_norm": bool(saved.get("qk_norm", False)), "model.distilled": bool(saved.get("distilled", False))}
+        return {
+            "model.arch": "vit",
+            "model.patch_size": saved.get("patch_size"),
+            "model.embed_dim": saved.get("embed_dim"),
+            "model.depth": saved.get("depth"),
+            "model.num_heads": saved.get("num_heads"),
+            "model.mlp_ratio": float(saved.get("mlp_ratio", 4.0)),
+            "model.qkv_bias": bool(saved.get("qkv_bias", True)),
+            "model.pool": saved.get("pool", "cls"),
+            "model.pos_embed": saved.get("pos_embed", "learned"),
+            "model.reg_tokens": int(saved.get("reg_tokens") or 0),
+            "model.init_values": saved.get("init_values") not in (None, 0),
+            "model.qk_norm": bool(saved.get("qk_norm", False)),
+            "model.distilled": bool(saved.get("distilled", False)),
+        }
 
     @classmethod
     def reveals(cls, weights: dict[str, torch.Tensor]) -> dict[str, Any] | None:
@@ -147,16 +216,20 @@ class ViT(ModelConfig):
         dim = proj.shape[0]
         fc1 = weights.get("blocks.0.mlp.fc1.weight")
         reg = weights.get("reg_token")
-        return {"model.arch": "vit", "model.patch_size": proj.shape[-1], "model.embed_dim": dim,
-                "model.depth": len({int(m.group(1)) for k in weights if (m := BLOCK.match(k))}),
-                **({"model.mlp_ratio": fc1.shape[0] / dim} if fc1 is not None else {}),
-                "model.qkv_bias": "blocks.0.attn.qkv.bias" in weights if "blocks.0.attn.qkv.weight" in weights else None,
-                "model.pool": "cls" if "cls_token" in weights else "mean",
-                "model.reg_tokens": reg.shape[1] if reg is not None else 0,
-                **({"model.pos_embed": position_kind(weights)} if "pos_embed" in weights else {}),
-                "model.init_values": any(k.endswith((".ls1.gamma", ".ls2.gamma")) for k in weights),
-                "model.qk_norm": any(".attn.q_norm." in k for k in weights),
-                "model.distilled": "dist_token" in weights}
+        return {
+            "model.arch": "vit",
+            "model.patch_size": proj.shape[-1],
+            "model.embed_dim": dim,
+            "model.depth": len({int(m.group(1)) for k in weights if (m := BLOCK.match(k))}),
+            **({"model.mlp_ratio": fc1.shape[0] / dim} if fc1 is not None else {}),
+            "model.qkv_bias": "blocks.0.attn.qkv.bias" in weights if "blocks.0.attn.qkv.weight" in weights else None,
+            "model.pool": "cls" if "cls_token" in weights else "mean",
+            "model.reg_tokens": reg.shape[1] if reg is not None else 0,
+            **({"model.pos_embed": position_kind(weights)} if "pos_embed" in weights else {}),
+            "model.init_values": any(k.endswith((".ls1.gamma", ".ls2.gamma")) for k in weights),
+            "model.qk_norm": any(".attn.q_norm." in k for k in weights),
+            "model.distilled": "dist_token" in weights,
+        }
 
     def shard_units(self, model: nn.Module) -> list[nn.Module]:
         """Each transformer block (an MAE's decoder blocks too), as torchtitan and OpenCLIP shard ViTs."""
