@@ -225,7 +225,9 @@ def image_sizes(base: Any, count: int = SIZE_SAMPLE) -> list[tuple[int, int]]:
     return sizes
 
 
-def small_images(sizes: list[tuple[int, int]], img_size: int, patch_size: int, where: str | None = None) -> str | None:
+def small_images(
+    sizes: list[tuple[int, int]], img_size: int, patch_size: int | None, where: str | None = None
+) -> str | None:
     """One line when the images (`sizes`, (width, height) of a sample) are far smaller than the model's input:
     a median shorter side below half of model.img_size, so each image is blown up more than twice (a 28x28
     image at the image-folder default of 224 is one 8x8-pixel blob per 16-pixel patch); None otherwise. The

@@ -148,9 +148,15 @@ class EncodedImages(DataSource):
             + ", or pre-resize the images (vit-shards short_side=N)"
         )
 
+    def given_root(self) -> str:
+        """data.root; ConfigError (one line) when it is not given (`check` refuses such a run before any work)."""
+        require(bool(self.root), f"data={self.name} needs data.root, {self.root_hint}")
+        assert self.root is not None  # require refused None
+        return self.root
+
     def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
-        require(bool(self.root), f"data={self.name} needs data.root, {self.root_hint}")
+        self.given_root()  # refuses a run without data.root
         fraction("data.max_bad_fraction", self.max_bad_fraction)
         if self.decode == "gpu":  # the aug option's transforms read (torchvision): the one check that imports torch
             from vit_train.data.device.files import check_decode

@@ -55,12 +55,14 @@ class HuggingFace(EncodedImages):
 
     def splits(self, img_size: int, labels: bool = True) -> tuple:
         return (
-            *load_hf_splits(self.root, self.image_key, self.label_key, self.train_split, self.val_split, labels),
+            *load_hf_splits(
+                self.given_root(), self.image_key, self.label_key, self.train_split, self.val_split, labels
+            ),
             None,
         )
 
     def read_folders(self) -> list[Path]:
-        return [Path(os.path.realpath(Path(self.root).expanduser()))]
+        return [Path(os.path.realpath(Path(self.given_root()).expanduser()))]
 
 
 class HFImages:
@@ -157,6 +159,7 @@ def load_hf_splits(
                 f"{root} has no split {name!r} (data.{key}); its splits: {', '.join(sorted(splits)) or 'none'}"
                 + ("" if name else f" (data.val_split=null looks for {', '.join(VAL_SPLITS)})")
             )
+    assert val_split is not None  # None is no split: refused above
     train, val = splits[train_split], splits[val_split]
     for name, ds in ((train_split, train), (val_split, val)):
         if len(ds) == 0:
