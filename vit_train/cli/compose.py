@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import difflib
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from vit_train.schema.config import (
     run_dir_of,
 )
 from vit_train.schema.legacy import rename_old_keys
+from vit_train.schema.sections import ObjectiveConfig
 from vit_train.schema.typed import (
     ALIASES,
     chooser,
@@ -130,6 +132,7 @@ def read(argv: list[str]) -> CommandLine:
         check_sweep_objective(cfgs)
     elif runs:
         config, warnings = checked[0]
+        assert isinstance(config, Config)  # typed: one run's
         command.run = Run(
             config,
             task_overrides(overrides),
@@ -187,7 +190,7 @@ def sweep_points(overrides: list[str], places: list[str]) -> list[list[str]]:
     return points
 
 
-def composed(overrides: list[str], places: list[str] = (), config_name: str | None = None) -> Any:
+def composed(overrides: list[str], places: Sequence[str] = (), config_name: str | None = None) -> DictConfig:
     """Hydra's composition of train.yaml (or --config-name's) with `overrides` and the search path `places`, its hydra
     node included, in this process (an outer Hydra app set aside and back). ConfigError (one line) for what Hydra
     refuses (nodes.py `refusal`; a key deleted with '~' that the chosen option lacks: as a key given)."""
@@ -230,9 +233,13 @@ def typed_config(
     if choices is None:
         choices = cfg.hydra.runtime.choices if "hydra" in cfg else {}
     try:
-        plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+        container = OmegaConf.to_container(
+            OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"]), resolve=True
+        )
     except OmegaConfBaseException as e:  # ${oops}: an interpolation of a key that does not exist
         raise ConfigError(f"the config does not resolve: {' '.join(str(e).splitlines()[0].split())}") from None
+    assert isinstance(container, dict)  # a DictConfig's
+    plain = {str(k): v for k, v in container.items()}
     recipe, warnings, valid = choices.get("experiment"), [], known_keys()
     for key in given:  # a key no section has (one with '+', or Hydra's would have said it)
         group = key.split(".")[0]
@@ -303,10 +310,13 @@ def run_config(overrides: list[str], cfg: DictConfig | None = None, choices: Any
     if not is_resume_path(resume):
         cfg = composed(overrides) if cfg is None else cfg
         config, warnings = typed_config(cfg, override_keys(overrides), choices=choices)
+        assert isinstance(config, Config)  # typed
         return Run(config, mine, None, warnings + ignored_keys(config, override_keys(mine)))
     from vit_train.train.resume import find_start  # whose checkpoint: said before any other check of the config
 
-    path, ckpt = find_start(str(resume), run_dir_of(str(resume)))
+    start = find_start(str(resume), run_dir_of(str(resume)))
+    assert start is not None  # resume=PATH: its checkpoint, or find_start refused it
+    path, ckpt = start
     Config.from_saved({**ckpt["config"], "resume": None}, source=path)  # its own config first: a cause of its own
     config = Config.from_dict({**apply_overrides(ckpt["config"], mine), "resume": str(resume)})
     return Run(config, list(ckpt.get("overrides", [])) + mine, (path, ckpt), ignored_keys(config, override_keys(mine)))
@@ -316,9 +326,11 @@ def check_sweep_objective(points: list[Any]) -> None:
     """Refuse a sweep whose jobs (`points`: one composition per swept value) would not report its objective
     (sweep.objective, a results.json key of each job's objective), or would score different numbers."""
     objective = str(points[0].sweep.objective)
-    classes = {
-        name: option_class("objective", name) for name in dict.fromkeys(str(cfg.objective.name) for cfg in points)
-    }
+    classes: dict[str, type[ObjectiveConfig]] = {}
+    for name in dict.fromkeys(str(cfg.objective.name) for cfg in points):
+        cls = option_class("objective", name)
+        assert issubclass(cls, ObjectiveConfig)  # the objective group's options subclass its base
+        classes[name] = cls
     metrics = {cls.metric for cls in classes.values()}  # one score in common: theirs; else none compares
     for name, cls in classes.items():
         if objective in cls.results:
@@ -344,6 +356,7 @@ def check_sweep_objective(points: list[Any]) -> None:
 def show(command: CommandLine) -> str:
     """What `--cfg job` (or all) prints for a resumed run: its checkpoint's config with the overrides, as Hydra
     prints a config (--package picks a part of it)."""
+    assert command.run is not None  # a resumed run's command line
     cfg = OmegaConf.create(command.run.config.to_dict())
     if command.flags.cfg == "all":
         places = search_places(command.flags, command.overrides)
