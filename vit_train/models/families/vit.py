@@ -239,6 +239,8 @@ class ViT(ModelConfig):
 
     def layers(self, model: nn.Module) -> int:
         """The embeddings, each block, the final norm and heads: depth + 2."""
+        from torch import nn
+
         blocks = model.blocks
         assert isinstance(blocks, nn.Sequential)  # build's VisionTransformer
         return len(blocks) + 2
