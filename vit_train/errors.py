@@ -1,9 +1,8 @@
 """Errors caused by the user's input: the commands print their message on one line and exit 2."""
 
+import re
 import sys
 from typing import NoReturn
-
-import re
 
 
 class UserError(Exception):

@@ -112,3 +112,20 @@ def test_a_wrongly_typed_value_is_one_line_exit_2(args, line, tmp_path):
     done = vit_train(*args, cwd=tmp_path)
     assert (done.returncode, done.stderr) == (2, f"vit-train: error: {line}\n")
     assert "Traceback" not in done.stdout and not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize("args, refused", [
+    (["--package", "model"], r"^--package model picks the part of the config --cfg shows: give it with --cfg job$"),
+    (["-p", "model", "trainer.epochs=2"], r"^--package model picks the part"),  # Hydra ignored it and trained
+    (["-m", "resume=runs/a", "trainer.max_steps=5"], r"^resume=runs/a continues one run in its own directory, not a "
+                                                     r"sweep: drop -m \(a sweep's unfinished jobs resume when"),
+    (["hparams_search=optuna", "resume=runs/a"], r"^resume=runs/a continues one run .* drop hparams_search"),
+])
+def test_a_flag_that_would_train_otherwise_than_it_says_is_one_line(args, refused):
+    """`--package` without --cfg (Hydra ignores it: the command trained the default run), `-m resume=RUN` (a job
+    trained the run again in the sweep's folder, without its best.pt, then the sweep exited 2)."""
+    from vit_train.cli.compose import read
+    from vit_train.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=refused):
+        read(args)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import platform
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torchvision
@@ -180,7 +181,7 @@ def restore(ckpt: dict, model: nn.Module, optimizer, scaler, weights: bool = Tru
             f"the file is damaged or another model's; resume from another checkpoint of the run, or "
             f"start a new run from its weights with model.pretrained=<the checkpoint>"
         ) from None
-    for group, hyper in zip(optimizer.param_groups, configured):
+    for group, hyper in zip(optimizer.param_groups, configured, strict=True):
         group.update(hyper)
     if ckpt.get("scaler"):
         scaler.load_state_dict(ckpt["scaler"])

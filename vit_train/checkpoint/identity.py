@@ -29,7 +29,7 @@ def class_difference(theirs: list[str], ours: list[str], there: str = "there", h
     theirs, ours = [str(c) for c in theirs], [str(c) for c in ours]
     if theirs == ours:
         return None
-    for index, (a, b) in enumerate(zip(theirs, ours)):
+    for index, (a, b) in enumerate(zip(theirs, ours, strict=False)):
         if a != b:
             moved = (
                 f"; '{b}' is class {theirs.index(b)} {there}" if b in theirs else f"; '{b}' is not among those {there}"

@@ -28,17 +28,18 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, sav
     # keys the scheduler added to the saved groups (initial_lr) are not this optimiser's yet: set them after,
     # as torch's load_state_dict would have (pytorch #126948, #140900)
     extra = [
-        {k: v for k, v in g.items() if k not in now} for g, now in zip(saved["param_groups"], optimizer.param_groups)
+        {k: v for k, v in g.items() if k not in now}
+        for g, now in zip(saved["param_groups"], optimizer.param_groups, strict=True)
     ]
     keyed = {
         "state": {names[i]: s for i, s in saved["state"].items()},
         "param_groups": [
             {k: v for k, v in g.items() if k not in more} | {"params": [names[i] for i in g["params"]]}
-            for g, more in zip(saved["param_groups"], extra)
+            for g, more in zip(saved["param_groups"], extra, strict=True)
         ],
     }
     set_optimizer_state_dict(model, optimizer, keyed, options=StateDictOptions(full_state_dict=True, strict=False))
-    for group, more in zip(optimizer.param_groups, extra):
+    for group, more in zip(optimizer.param_groups, extra, strict=True):
         group.update(more)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     for index, param in enumerate(params):  # set_optimizer_state_dict made state for all by a step of zeros:

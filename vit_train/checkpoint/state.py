@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,12 +25,12 @@ class TrainState:
     sample_in_epoch: int = 0  # positions of the epoch's permutation already trained on (images, all processes)
     epoch_end: int = 0  # the position where the current epoch ends (data/sampler.py); 0 before it begins
     train_images: int = 0  # the size of the training set the current epoch permutes; 0 before the first
-    best_score: Optional[float] = None  # the objective's best val score so far (best.pt's); None before the first eval
+    best_score: float | None = None  # the objective's best val score so far (best.pt's); None before the first eval
     best_metric: str = ""  # what best_score is: the objective's METRIC, "top1" (%, higher is better) or "loss" (lower)
     best_step: int = 0
     best_source: str = "model"  # which weights scored best_score: "model" or "ema"
     best_partial: bool = False  # best_score came from a partial validation (trainer.limit_val_batches)
-    last_eval: Optional[dict] = None  # the latest evaluation: {"step", "metric": "top1"|"loss", "model", "ema"}
+    last_eval: dict | None = None  # the latest evaluation: {"step", "metric": "top1"|"loss", "model", "ema"}
     skipped_steps: int = 0  # steps whose update was skipped for a non-finite loss or gradient norm
     bad_in_a_row: int = 0
     images_seen: int = 0  # training images processed, and the seconds they took: for images/s

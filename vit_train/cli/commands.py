@@ -18,14 +18,16 @@ import logging
 import logging.handlers
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import OmegaConf
 
 from vit_train.errors import ConfigError, UserError, exit_with
 from vit_train.schema.config import config_dir, known_keys, run_dir_of
-from vit_train.schema.typed import option_class, options as registered, unknown_key_message
+from vit_train.schema.typed import option_class, unknown_key_message
+from vit_train.schema.typed import options as registered
 
 CONFIG_SECTIONS = ("data", "trainer")  # what vit-eval may change in a checkpoint's config
 CONFIG_KEYS = ("model.img_size",)  # and these keys: another resolution, positions interpolated
@@ -38,8 +40,8 @@ def parse_args(argv: list[str], options: dict[str, Any], config: bool = False) -
     data group file and `data.KEY=VALUE` / `trainer.KEY=VALUE` override single keys.
     """
     from vit_train.cli.arguments import (
-        parse_override,
-    )  # values are read as vit-train reads its overrides (Hydra's grammar)
+        parse_override,  # values are read as vit-train reads its overrides (Hydra's grammar)
+    )
 
     values, overrides = dict(options), {}
     valid = known_keys()
@@ -156,8 +158,8 @@ def _eval(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
         argv, {"ckpt": ..., "weights": "auto", "attention.images": 8, "out": None, "progress": True}, config=True
     )
     from vit_train.tools.report import (
-        evaluate_checkpoint,
-    )  # torch is imported only once the arguments are known to be valid
+        evaluate_checkpoint,  # torch is imported only once the arguments are known to be valid
+    )
 
     def unwritten(results: dict) -> None:  # its files could not be written: the numbers still reach stdout
         from vit_train.outputs.places import print_output

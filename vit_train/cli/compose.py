@@ -12,10 +12,11 @@ import argparse
 import dataclasses
 import difflib
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from vit_train.cli.arguments import (
     GROUPS,
@@ -29,8 +30,17 @@ from vit_train.cli.arguments import (
 from vit_train.cli.flags import read_flags
 from vit_train.cli.nodes import refusal  # the schema's nodes in ConfigStore (every option registered)
 from vit_train.errors import ConfigError
-from vit_train.schema.config import OPTION_GROUPS, config_dir, ignored_keys, known_keys, override_keys, run_dir_of
+from vit_train.schema.config import (
+    OPTION_GROUPS,
+    Config,
+    config_dir,
+    ignored_keys,
+    known_keys,
+    override_keys,
+    run_dir_of,
+)
 from vit_train.schema.legacy import rename_old_keys
+from vit_train.schema.sections import ObjectiveConfig
 from vit_train.schema.typed import (
     ALIASES,
     chooser,
@@ -48,7 +58,7 @@ class Run:
     """What one run trains with: its typed config, the overrides that made it (a resumed run's checkpoint's
     first), the checkpoint it resumes (resume=PATH: (path, checkpoint), found once) and its warning lines."""
 
-    config: Any
+    config: Config
     overrides: list[str]
     start: tuple[Path, dict] | None
     warnings: list[str]
@@ -105,6 +115,12 @@ def read(argv: list[str]) -> CommandLine:
     resume = resume_of(overrides)
     check_arguments(overrides, multirun, is_resume_path(resume), search_dirs(places))
     runs = not (flags.help or flags.hydra_help or flags.info)
+    if is_resume_path(resume) and multirun and runs:  # a job would train the run again in the sweep's folder
+        raise ConfigError(
+            f"resume={resume} continues one run in its own directory, not a sweep: drop "
+            f"{'-m' if flags.multirun else 'hparams_search'} (a sweep's unfinished jobs resume when the same sweep "
+            f"command runs again with its hydra.sweep.dir)"
+        )
     if is_resume_path(resume) and not multirun:
         command.run = run_config(overrides) if runs else None  # its config is its checkpoint's
         return command
@@ -112,9 +128,9 @@ def read(argv: list[str]) -> CommandLine:
     cfgs = [composed(point, places, flags.config_name) for point in points]
     checked = [
         typed_config(cfg, override_keys(point), typed=not multirun and runs, shown=flags.cfg is not None)
-        for cfg, point in zip(cfgs, points)
+        for cfg, point in zip(cfgs, points, strict=True)
     ]
-    for cfg, point in zip(checked, points):
+    for cfg, point in zip(checked, points, strict=True):
         check_deletions(point, cfg[0])
     if flags.help and not flags.hydra_help:
         from vit_train.cli.help import help_text
@@ -124,6 +140,7 @@ def read(argv: list[str]) -> CommandLine:
         check_sweep_objective(cfgs)
     elif runs:
         config, warnings = checked[0]
+        assert isinstance(config, Config)  # typed: one run's
         command.run = Run(
             config,
             task_overrides(overrides),
@@ -204,7 +221,7 @@ def sweep_points(overrides: list[str], places: list[str]) -> list[list[str]]:
     return points
 
 
-def composed(overrides: list[str], places: list[str] = (), config_name: str | None = None) -> Any:
+def composed(overrides: list[str], places: Sequence[str] = (), config_name: str | None = None) -> DictConfig:
     """Hydra's composition of train.yaml (or --config-name's) with `overrides` and the search path `places`, its hydra
     node included, in this process (an outer Hydra app set aside and back). ConfigError (one line) for what Hydra
     refuses (nodes.py `refusal`; a key deleted with '~' that the chosen option lacks: as a key given)."""
@@ -239,8 +256,8 @@ def composed(overrides: list[str], places: list[str] = (), config_name: str | No
 
 
 def typed_config(
-    cfg: Any, given: list[str], typed: bool = True, shown: bool = False, choices: Any = None
-) -> tuple[Any, list[str]]:
+    cfg: DictConfig, given: list[str], typed: bool = True, shown: bool = False, choices: Any = None
+) -> tuple[Config | dict[str, Any], list[str]]:
     """(the typed Config of Hydra's composition `cfg`, its warning lines) for a command line that set the dotted keys
     `given`; with `typed` False (a sweep, --help) its plain data, checked but not validated. Each option section
     must be its chosen option's: ConfigError (one line) for an option YAML that does not make its option (no
@@ -253,9 +270,13 @@ def typed_config(
     if choices is None:
         choices = cfg.hydra.runtime.choices if "hydra" in cfg else {}
     try:
-        plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+        container = OmegaConf.to_container(
+            OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"]), resolve=True
+        )
     except OmegaConfBaseException as e:  # ${oops}: an interpolation of a key that does not exist
         raise ConfigError(f"the config does not resolve: {' '.join(str(e).splitlines()[0].split())}") from None
+    assert isinstance(container, dict)  # a DictConfig's
+    plain = {str(k): v for k, v in container.items()}
     recipe, warnings, valid = choices.get("experiment"), [], known_keys()
     for key in given:  # a key no section has (one with '+', or Hydra's would have said it)
         group = key.split(".")[0]
@@ -290,8 +311,6 @@ def typed_config(
             )
     if not typed:
         return plain, warnings
-    from vit_train.config import Config
-
     if shown and isinstance(plain.get("data"), dict) and plain["data"].get("root", "") is None:
         plain["data"]["root"] = "data.root"  # the config may be shown before its data.root is given: a run asks for it
     return Config.from_dict(plain), warnings
@@ -320,20 +339,21 @@ def option_key_message(key: str, name: str) -> str:
     return f"unknown config key '{key}'; did you mean '{group}.{near[0]}', a key of {group}={which}? ({keys})"
 
 
-def run_config(overrides: list[str], cfg: Any = None, choices: Any = None) -> Run:
+def run_config(overrides: list[str], cfg: DictConfig | None = None, choices: Any = None) -> Run:
     """The run `overrides` make: for `resume=PATH` its checkpoint's config with the key overrides on top (the
     checkpoint found here, once, and handed to the trainer); otherwise the typed config of `cfg`, Hydra's
     composition of `overrides` (composed here when not given; `choices`: its group choices, for a sweep job's)."""
-    from vit_train.config import Config
-
     resume, mine = resume_of(overrides), task_overrides(overrides)
     if not is_resume_path(resume):
         cfg = composed(overrides) if cfg is None else cfg
         config, warnings = typed_config(cfg, override_keys(overrides), choices=choices)
+        assert isinstance(config, Config)  # typed
         return Run(config, mine, None, warnings + ignored_keys(config, override_keys(mine)))
     from vit_train.train.resume import find_start  # whose checkpoint: said before any other check of the config
 
-    path, ckpt = find_start(str(resume), run_dir_of(str(resume)))
+    start = find_start(str(resume), run_dir_of(str(resume)))
+    assert start is not None  # resume=PATH: its checkpoint, or find_start refused it
+    path, ckpt = start
     Config.from_saved({**ckpt["config"], "resume": None}, source=path)  # its own config first: a cause of its own
     config = Config.from_dict({**apply_overrides(ckpt["config"], mine), "resume": str(resume)})
     return Run(config, list(ckpt.get("overrides", [])) + mine, (path, ckpt), ignored_keys(config, override_keys(mine)))
@@ -343,9 +363,11 @@ def check_sweep_objective(points: list[Any]) -> None:
     """Refuse a sweep whose jobs (`points`: one composition per swept value) would not report its objective
     (sweep.objective, a results.json key of each job's objective), or would score different numbers."""
     objective = str(points[0].sweep.objective)
-    classes = {
-        name: option_class("objective", name) for name in dict.fromkeys(str(cfg.objective.name) for cfg in points)
-    }
+    classes: dict[str, type[ObjectiveConfig]] = {}
+    for name in dict.fromkeys(str(cfg.objective.name) for cfg in points):
+        cls = option_class("objective", name)
+        assert issubclass(cls, ObjectiveConfig)  # the objective group's options subclass its base
+        classes[name] = cls
     metrics = {cls.metric for cls in classes.values()}  # one score in common: theirs; else none compares
     for name, cls in classes.items():
         if objective in cls.results:
@@ -371,6 +393,7 @@ def check_sweep_objective(points: list[Any]) -> None:
 def show(command: CommandLine) -> str:
     """What `--cfg job` (or all) prints for a resumed run: its checkpoint's config with the overrides, as Hydra
     prints a config (--package picks a part of it)."""
+    assert command.run is not None  # a resumed run's command line
     cfg = OmegaConf.create(command.run.config.to_dict())
     if command.flags.cfg == "all":
         places = search_places(command.flags, command.overrides)

@@ -73,6 +73,8 @@ def read_flags(argv: list[str]) -> argparse.Namespace:
         )
     if flags.resolve and not (flags.cfg or flags.help):
         raise ConfigError("--resolve resolves the config --cfg (or --help) shows: give it with --cfg job")
+    if flags.package is not None and not flags.cfg:  # Hydra ignores it, and the command trained
+        raise ConfigError(f"--package {flags.package} picks the part of the config --cfg shows: give it with --cfg job")
     return flags
 
 

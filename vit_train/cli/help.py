@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import string
 from pathlib import Path
-from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 
 def config_groups(dirs: list[Path]) -> dict[str, list[str]]:
@@ -31,11 +30,11 @@ def config_groups(dirs: list[Path]) -> dict[str, list[str]]:
     return {group: sorted(found[group]) for group in sorted(found)}
 
 
-def help_text(cfg: Any, dirs: list[Path], resolve: bool = False) -> str:
+def help_text(cfg: DictConfig, dirs: list[Path], resolve: bool = False) -> str:
     """The help of Hydra's composition `cfg` (its hydra node included), the groups listed from `dirs`; as Hydra
     prints it (its print's newline included)."""
     groups = "".join(f"{group}: {', '.join(options)}\n" for group, options in config_groups(dirs).items())
-    job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])  # the config without Hydra's node
+    job = OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"])  # the config without Hydra's node
     template = string.Template(cfg.hydra.help.template)
     return (
         template.substitute(

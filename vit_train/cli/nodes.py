@@ -18,7 +18,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Union
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -52,7 +52,7 @@ def node_type(tp: Any) -> Any:
     if origin in (Union, types.UnionType):
         inner = [node_type(a) for a in args if a is not type(None)]
         kind = inner[0] if len(inner) == 1 else Any
-        return Optional[kind] if type(None) in args else kind
+        return kind | None if type(None) in args else kind
     return node_class(tp) if dataclasses.is_dataclass(tp) else tp
 
 
@@ -70,7 +70,7 @@ def node_class(cls: type, defaults: dict[str, Any] | None = None) -> type:
         if defaults is not None:
             value = defaults.get(f.name, MISSING)
         elif option_base(cls) and f.name == chooser(cls.group):
-            tp, value = Optional[str], None  # no option yet: a YAML without its /schema/<group>/<name> line is refused
+            tp, value = str | None, None  # no option yet: a YAML without its /schema/<group>/<name> line is refused
         elif f.default is not dataclasses.MISSING:
             value = f.default
         else:

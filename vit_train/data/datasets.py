@@ -3,14 +3,14 @@ with its per-sample transform, seeded per sample by the sampler's key (sampler.p
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
 
-from vit_train.errors import DataError
 from vit_train.data.decoding.image import UnreadableImage, describe_unreadable
-
+from vit_train.errors import DataError
 
 MAX_REPLACEMENTS = 16  # unreadable images in a row before loading gives up
 

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterator, Sized
+from collections.abc import Iterator, Sized
+from typing import Any
 
 
 class FirstBatches:

@@ -10,21 +10,25 @@ import logging
 import os
 import signal
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
 from vit_train.data.datasets import TransformedDataset
-from vit_train.data.device.pipeline import DeviceEvalPipeline, DeviceTrainPipeline
 from vit_train.data.decoding.regular import open_regular
+from vit_train.data.decoding.unreadable import CheckedLoader, UnreadableImages
+from vit_train.data.device.pipeline import DeviceEvalPipeline, DeviceTrainPipeline
 from vit_train.data.sampler import EpochSampler, ShardSampler
 from vit_train.data.transforms import build_transforms, device_augmentation
-from vit_train.data.decoding.unreadable import CheckedLoader, UnreadableImages
 from vit_train.errors import ConfigError, DataError
 from vit_train.schema.typed import options
+
+if TYPE_CHECKING:
+    from vit_train.schema.config import Config
 
 log = logging.getLogger("vit_train")
 
@@ -79,7 +83,7 @@ def _worker_signals(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
 
 
-def pipeline(cfg: Any, device: torch.device, splits: tuple | None = None) -> str:
+def pipeline(cfg: Config, device: torch.device, splits: tuple | None = None) -> str:
     """`device` or `loader`: data.pipeline, with `auto` choosing the device pipeline on a GPU when the data
     set is held in memory as uint8 arrays (not image files: `splits`' sets hold `images` and `labels` tensors)
     and the augmentation is one it does all of (`device_augmentation`: every aug option of data/aug/, not an
@@ -122,7 +126,7 @@ def loader_workers(num_workers: int | None) -> int:
 
 
 def random_access_data(
-    cfg: Any, splits: tuple, device: torch.device, rank: int = 0, world_size: int = 1, decoding: Any = None
+    cfg: Config, splits: tuple, device: torch.device, rank: int = 0, world_size: int = 1, decoding: Any = None
 ) -> Data:
     """Loaders for this process over a random-access data set's `splits` (DataSource.splits): each process gets
     its share of every global batch (EpochSampler) and of the val set, through the loader or, for uint8 arrays
@@ -221,7 +225,9 @@ def image_sizes(base: Any, count: int = SIZE_SAMPLE) -> list[tuple[int, int]]:
     return sizes
 
 
-def small_images(sizes: list[tuple[int, int]], img_size: int, patch_size: int, where: str | None = None) -> str | None:
+def small_images(
+    sizes: list[tuple[int, int]], img_size: int, patch_size: int | None, where: str | None = None
+) -> str | None:
     """One line when the images (`sizes`, (width, height) of a sample) are far smaller than the model's input:
     a median shorter side below half of model.img_size, so each image is blown up more than twice (a 28x28
     image at the image-folder default of 224 is one 8x8-pixel blob per 16-pixel patch); None otherwise. The

@@ -7,7 +7,7 @@ resumed in the middle of an epoch sees exactly the batches it would have seen.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import Sampler
@@ -90,7 +90,7 @@ class EpochSampler(Sampler):
         order = torch.randperm(self.size, generator=g).repeat_interleave(self.repeats)[: self.size]
         sample_seeds = torch.randint(0, 2**62, (self.size,), generator=g)
         positions = self._positions()
-        yield from zip(order[positions].tolist(), sample_seeds[positions].tolist())
+        yield from zip(order[positions].tolist(), sample_seeds[positions].tolist(), strict=True)
 
     def __len__(self) -> int:
         return len(self._positions())

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
+
+from vit_train.schema.sections import ModelConfig
 
 
 def training_flops(
@@ -23,6 +25,6 @@ def training_flops(
     return float(counter.get_total_flops()) / len(images)
 
 
-def flops_per_image(cfg, num_classes: int) -> float:
+def flops_per_image(cfg: ModelConfig, num_classes: int) -> float:
     """Training FLOPs of one image of the network model config `cfg` (a family's option) describes."""
     return cfg.flops_per_image(num_classes)

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from vit_train.schema.sections import ModelConfig
 from vit_train.models.vit import Block, VisionTransformer, set_grad_checkpointing, sincos_2d
+from vit_train.schema.sections import ModelConfig
 
 NORM_PIX_EPS = 1e-6  # added to the patch variance before the square root, as in facebookresearch/mae
 EVAL_SEED = 12345  # seeds the val masks: the same at every evaluation and figure, so they compare across steps

@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit_train.outputs.weights import strip_wrappers
 from vit_train.errors import ConfigError
-from vit_train.models.vit import VisionTransformer, position_kind
+from vit_train.models.vit import position_kind
+from vit_train.outputs.weights import strip_wrappers
 
 log = logging.getLogger("vit_train")
 
@@ -150,7 +150,7 @@ def map_pos_embed(
             f"{len(source)} prefix tokens ({', '.join(source) or 'none'}) nor without them; this "
             f"ViT's patch grid is square, so its positions cannot be matched"
         )
-    rows = dict(zip(source, pos[0, :embedded])) if embedded else {}
+    rows = dict(zip(source, pos[0, :embedded], strict=False)) if embedded else {}
     prefix = torch.stack([rows.get(name, pos.new_zeros(dim)) for name in target])[None] if target else pos[:, :0]
     patches = resize_pos_embed(pos[:, embedded:], 0, grid, source_prefix=0)
     return torch.cat([prefix, patches], dim=1)
@@ -424,7 +424,7 @@ def _recorded_grid(config: dict | None) -> int | None:
     return size // patch if isinstance(size, int) and isinstance(patch, int) and patch > 0 else None
 
 
-def at_size(model: VisionTransformer, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def at_size(model: nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`weights` with pos_embed fitted to `model`'s patch grid: learned positions resized (bicubic, prefix
     positions kept), a fixed sin-cos table replaced by the model's own."""
     own = model.state_dict().get("pos_embed")

@@ -275,7 +275,7 @@ class VisionTransformer(nn.Module):
         x = self.blocks[:-1](self.embed(x))
         return self.forward_head(self.norm(self.blocks[-1].forward_first_tokens(x, read)), both_heads)
 
-    def train(self, mode: bool = True) -> "VisionTransformer":
+    def train(self, mode: bool = True) -> VisionTransformer:
         super().train(mode)
         if self.frozen_features:  # linear probe: dropout and drop path stay off in the frozen features
             for name, child in self.named_children():

@@ -47,6 +47,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from vit_train.schema.config import Config
+
 
 class Loss:
     """The loss the loop calls: `loss(module, images, targets) -> (loss, logits or None)`, once per micro-batch.
@@ -162,22 +164,22 @@ class Objective(ObjectiveConfig):
         missing = [] if cls.metric else ["metric"]
         return missing + [m for m in ("build_model", "build_loss", "evaluate") if not overridden(cls, Objective, m)]
 
-    def check_run(self, cfg: Any) -> None:
+    def check_run(self, cfg: Config) -> None:
         """Refuse (ConfigError, one line) before a training run starts what the config alone does not show."""
 
-    def build_model(self, cfg: Any, num_classes: int) -> nn.Module:
+    def build_model(self, cfg: Config, num_classes: int) -> nn.Module:
         raise NotImplementedError
 
     def pretrained_target(self, model: nn.Module) -> nn.Module:
         """The module `model.pretrained` loads into: the whole model unless the objective says otherwise."""
         return model
 
-    def flops_per_image(self, cfg: Any, num_classes: int) -> float:
+    def flops_per_image(self, cfg: Config, num_classes: int) -> float:
         """Training FLOPs (forward and backward) of one image; 0: unknown (no TFLOP/s or MFU is logged)."""
         return 0.0
 
     def build_loss(
-        self, cfg: Any, model: nn.Module, num_classes: int, class_names: list[str] | None = None, rank: int = 0
+        self, cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None, rank: int = 0
     ) -> Loss:
         """The loss for `model` (plain, unwrapped, on its device), `num_classes` classes (`class_names`, the data's
         in label order, when known), in process `rank`."""
@@ -189,14 +191,14 @@ class Objective(ObjectiveConfig):
         loader,
         device: torch.device,
         amp_dtype: torch.dtype | None,
-        cfg: Any,
+        cfg: Config,
         progress: bool = False,
         confusion: bool = False,
     ) -> dict[str, Any]:
         """Its metrics over the whole loader (every process its share, summed); `metric` among them."""
         raise NotImplementedError
 
-    def inference_model(self, cfg: Any, trained_img_size: int, num_classes: int, weights: dict) -> nn.Module:
+    def inference_model(self, cfg: Config, trained_img_size: int, num_classes: int, weights: dict) -> nn.Module:
         """The model rebuilt from a checkpoint's `weights` (a checkpoint's "model" or "ema"): `build_model`'s, at
         `cfg.model.img_size` (learned positions interpolated from `trained_img_size`: models/pretrained.py
         `at_size`). Raises RuntimeError (load_state_dict's) for weights that do not fit it."""

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from vit_train.schema.config import Config
+
 
 class CrossEntropy(Loss):
     """Cross-entropy of the model's logits against class indices or probabilities, with
@@ -54,16 +56,16 @@ class Classify(Objective):
 
     name: str = "classify"
 
-    def build_model(self, cfg: Any, num_classes: int) -> nn.Module:
+    def build_model(self, cfg: Config, num_classes: int) -> nn.Module:
         """The classifier `cfg.model` describes, with `num_classes` outputs."""
         return cfg.model.build(num_classes)
 
-    def flops_per_image(self, cfg: Any, num_classes: int) -> float:
+    def flops_per_image(self, cfg: Config, num_classes: int) -> float:
         """Training FLOPs (forward and backward) of one image (models/flops.py)."""
         return cfg.model.flops_per_image(num_classes)
 
     def build_loss(
-        self, cfg: Any, model: nn.Module, num_classes: int, class_names: list[str] | None = None, rank: int = 0
+        self, cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None, rank: int = 0
     ) -> Loss:
         return CrossEntropy(cfg.aug.label_smoothing)
 
@@ -73,7 +75,7 @@ class Classify(Objective):
         loader,
         device: torch.device,
         amp_dtype: torch.dtype | None,
-        cfg: Any,
+        cfg: Config,
         progress: bool = False,
         confusion: bool = False,
     ) -> dict[str, Any]:
@@ -144,7 +146,7 @@ class Classify(Objective):
         ]
         lines += [
             f"{name}{' ' * (width - columns(name))}  {'-' if acc is None else f'{acc:5.1f}%'}  {count:>7}"
-            for (name, acc), count in zip(results["per_class"].items(), counts)
+            for (name, acc), count in zip(results["per_class"].items(), counts, strict=True)
         ]
         return "\n".join(lines)
 

@@ -23,7 +23,7 @@ inference) with a teacher, which objective.teacher must name (`check`); its keys
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal
 
 from vit_train.errors import CheckpointError
 from vit_train.objectives.classify import Classify
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from torch import nn
 
     from vit_train.objectives.base import Loss
+    from vit_train.schema.config import Config
+    from vit_train.schema.sections import RunConfig
 
 
 @dataclass
@@ -49,13 +51,13 @@ class Distill(Classify):
     }
 
     name: str = "distill"
-    teacher: Optional[str] = None  # a vit-train checkpoint or .safetensors, or a state-dict file with teacher_arch
-    teacher_arch: Optional[str] = None  # null for vit-train files; else a torchvision or timm model name, e.g. resnet50
+    teacher: str | None = None  # a vit-train checkpoint or .safetensors, or a state-dict file with teacher_arch
+    teacher_arch: str | None = None  # null for vit-train files; else a torchvision or timm model name, e.g. resnet50
     type: Literal["hard", "soft"] = "hard"  # hard: CE on the teacher's argmax (DeiT's best); soft: KL at tau
     alpha: float = 0.5  # weight of the teacher term; the label term gets 1 - alpha (DeiT's default 0.5)
     tau: float = 1.0  # soft: softmax temperature (DeiT's default 1.0)
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         """Refuse (ConfigError, one line) a run without a teacher, and impossible alpha or tau."""
         fraction("objective.alpha", self.alpha)
         require(self.tau > 0, f"objective.tau must be > 0, got {self.tau}")
@@ -65,10 +67,10 @@ class Distill(Classify):
             f".safetensors, or a state-dict file with objective.teacher_arch=NAME",
         )
 
-    def ignored(self, cfg: Any) -> list[tuple[str, str, str]]:
+    def ignored(self, cfg: RunConfig) -> list[tuple[str, str, str]]:
         return [("tau", "objective.type=hard", "objective.type=soft")] * (self.type == "hard")
 
-    def check_run(self, cfg: Any) -> None:
+    def check_run(self, cfg: Config) -> None:
         """A teacher that is not there is refused before any work."""
         from vit_train.objectives.teacher import teacher_file
 
@@ -85,7 +87,7 @@ class Distill(Classify):
             )
 
     def build_loss(
-        self, cfg: Any, model: nn.Module, num_classes: int, class_names: list[str] | None = None, rank: int = 0
+        self, cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None, rank: int = 0
     ) -> Loss:
         """The distill loss for `model` (on its device), with the teacher objective.teacher names; `class_names`
         (the data's) are compared with the teacher's when its file records them (teacher.py)."""

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from torch import nn
 
     from vit_train.models.mae import MaskedAutoencoder
+    from vit_train.schema.config import Config
+    from vit_train.schema.sections import RunConfig
 
 DECODER = "the decoder has another shape"
 
@@ -36,12 +38,14 @@ class MaskedReconstruction(Loss):
     uninterrupted one.
     """
 
-    def __init__(self, cfg: Any, rank: int = 0):
+    def __init__(self, cfg: Config, rank: int = 0):
         from vit_train.models.mae import MaskSampler
 
-        self.norm_pix_loss = cfg.objective.norm_pix_loss
-        self.patch_size = cfg.model.patch_size
-        self.num_patches = (cfg.model.img_size // cfg.model.patch_size) ** 2
+        objective, img_size, patch_size = cfg.objective, cfg.model.img_size, cfg.model.patch_size
+        assert isinstance(objective, Mae) and img_size is not None and patch_size is not None  # a validated config's
+        self.norm_pix_loss = objective.norm_pix_loss
+        self.patch_size = patch_size
+        self.num_patches = (img_size // patch_size) ** 2
         self.masks = MaskSampler(cfg.seed, rank)
 
     def draws(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -97,15 +101,16 @@ class Mae(Objective):
     decoder_heads: int = 4  # decoder attention heads
     norm_pix_loss: bool = True  # targets: each patch's pixels normalised by its own mean and std
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         """Refuse (ConfigError, one line) what would not pre-train a ViT encoder, and impossible keys of its own.
         `cfg` is a Config whose img_size and patch_size are filled (pixels)."""
         m, a, name = cfg.model, cfg.aug, f"objective={self.name}"
-        require(
-            isinstance(m, ViT),
-            f"{name} masks the patches of a ViT encoder; model.arch={m.arch} has none: pre-train "
-            f"a ViT (e.g. model=vit_tiny), or train the CNN with objective=classify",
-        )
+        if not isinstance(m, ViT):
+            raise ConfigError(
+                f"{name} masks the patches of a ViT encoder; model.arch={m.arch} has none: pre-train "
+                f"a ViT (e.g. model=vit_tiny), or train the CNN with objective=classify"
+            )
+        assert m.img_size is not None and m.patch_size is not None  # Config.validate filled them before the checks
         require(
             m.trainable == "all",
             f"{name} pre-trains the encoder, which model.trainable={m.trainable} freezes (only "
@@ -146,24 +151,27 @@ class Mae(Objective):
             f"({self.decoder_dim}) must be divisible by objective.decoder_heads ({self.decoder_heads}) and by 4",
         )
 
-    def build_model(self, cfg: Any, num_classes: int) -> MaskedAutoencoder:
+    def build_model(self, cfg: Config, num_classes: int) -> MaskedAutoencoder:
         """The autoencoder: the encoder from `cfg.model` (no head: no classes) and the decoder from its own keys."""
         from vit_train.models.mae import build_autoencoder
 
         return build_autoencoder(cfg.model, self)
 
-    def pretrained_target(self, model: MaskedAutoencoder) -> nn.Module:
-        """The module `model.pretrained` loads into: the encoder."""
+    def pretrained_target(self, model: nn.Module) -> nn.Module:
+        """The module `model.pretrained` loads into: the encoder (of `build_model`'s autoencoder)."""
+        from vit_train.models.mae import MaskedAutoencoder
+
+        assert isinstance(model, MaskedAutoencoder)
         return model.encoder
 
-    def flops_per_image(self, cfg: Any, num_classes: int) -> float:
+    def flops_per_image(self, cfg: Config, num_classes: int) -> float:
         """Training FLOPs (forward and backward) of one image: the encoder on the visible patches, the decoder on all."""
         from vit_train.models.mae import mae_flops_per_image
 
         return mae_flops_per_image(cfg.model, self)
 
     def build_loss(
-        self, cfg: Any, model: nn.Module, num_classes: int, class_names: list[str] | None = None, rank: int = 0
+        self, cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None, rank: int = 0
     ) -> Loss:
         return MaskedReconstruction(cfg, rank)
 
@@ -173,7 +181,7 @@ class Mae(Objective):
         loader,
         device: torch.device,
         amp_dtype: torch.dtype | None,
-        cfg: Any,
+        cfg: Config,
         progress: bool = False,
         confusion: bool = False,
     ) -> dict[str, Any]:
@@ -200,7 +208,7 @@ class Mae(Objective):
         sum_all(totals)
         return {"loss": (totals[0] / totals[1]).item()}
 
-    def inference_model(self, cfg: Any, trained_img_size: int, num_classes: int, weights: dict) -> MaskedAutoencoder:
+    def inference_model(self, cfg: Config, trained_img_size: int, num_classes: int, weights: dict) -> MaskedAutoencoder:
         """The autoencoder rebuilt from a checkpoint's `weights`, at the size it was trained at only."""
         if cfg.model.img_size != trained_img_size:
             raise ConfigError(
@@ -234,8 +242,10 @@ class Mae(Objective):
         confusion: torch.Tensor | None = None,
     ) -> dict[str, Any]:
         """Original / masked / reconstruction of the images, with the fixed val masks (viz/figures.py)."""
+        from vit_train.models.mae import MaskedAutoencoder
         from vit_train.viz.figures import reconstruction_figures
 
+        assert isinstance(model, MaskedAutoencoder)  # build_model's
         return reconstruction_figures(model, images, stats)
 
     @classmethod

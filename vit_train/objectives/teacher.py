@@ -14,15 +14,15 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit_train.errors import CheckpointError, ConfigError
-from vit_train.objectives.base import Loss
 from vit_train.checkpoint import open_weights, resolve
+from vit_train.errors import CheckpointError, ConfigError
+from vit_train.objectives.base import Loss, Objective
 from vit_train.objectives.weights_in import check_classes, first_difference
 from vit_train.schema.config import Config
 from vit_train.schema.legacy import saved_arch
@@ -32,23 +32,30 @@ from vit_train.schema.typed import options, overridden
 log = logging.getLogger("vit_train")
 
 
+class TeacherOptions(Protocol):
+    """The keys of objective=distill that the teacher and its loss read: objectives/distill.py Distill's (which
+    imports this module, so it is named here by its fields)."""
+
+    teacher: str | None
+    teacher_arch: str | None
+    type: Literal["hard", "soft"]
+    alpha: float
+    tau: float
+
+
 def distillation_loss_for(
-    objective: Any, cfg: Any, model: nn.Module, num_classes: int, class_names: list[str] | None = None
+    objective: TeacherOptions, cfg: Config, model: nn.Module, num_classes: int, class_names: list[str] | None = None
 ) -> DistillationLoss:
     """The loss of `objective` for `model` (on its device), with the teacher objective.teacher names; `class_names`
     (the data's) are compared with the teacher's when its file records them."""
-    device = next(model.parameters()).device
+    device, img_size = next(model.parameters()).device, cfg.model.img_size
+    assert img_size is not None  # Config.validate fills it from the data set
     with torch.random.fork_rng():  # building the teacher (its throw-away init) must not move the run's RNG
         teacher, described, path = load_teacher(
-            objective,
-            num_classes,
-            cfg.model.img_size,
-            resuming=bool(cfg.resume),
-            class_names=class_names,
-            with_path=True,
+            objective, num_classes, img_size, resuming=bool(cfg.resume), class_names=class_names, with_path=True
         )
         teacher = teacher.to(device).eval().requires_grad_(False)
-        check_teacher_output(teacher, num_classes, cfg.model.img_size, device)
+        check_teacher_output(teacher, num_classes, img_size, device)
     # the file itself (a run directory's best.pt), as a new run and a resumed one both read it
     info = {"teacher": objective.teacher, "teacher_sha256": file_sha256(path), "teacher_model": described}
     two_heads = bool(getattr(model, "head_dist", None))
@@ -73,7 +80,7 @@ def distillation_loss(
     teacher_logits: torch.Tensor,
     targets: torch.Tensor,
     base: nn.Module,
-    cfg: Any,
+    cfg: TeacherOptions,
 ) -> torch.Tensor:
     """DeiT's loss for logits (B, classes): `base` (the classification criterion, e.g. cross-entropy
     with label smoothing) on the class head, the teacher term on the distillation head."""
@@ -87,7 +94,7 @@ def loss_terms(
     teacher_logits: torch.Tensor,
     targets: torch.Tensor,
     base: nn.Module,
-    cfg: Any,
+    cfg: TeacherOptions,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the label term, the teacher term) of `distillation_loss`, each a scalar before its alpha weight."""
     if cfg.type == "hard":
@@ -113,7 +120,9 @@ TERMS = ("loss_label", "loss_teacher", "teacher_agreement", "images")  # what `t
 class DistillationLoss(Loss):
     """objective=distill's loss: (module, images, targets) -> (loss, logits for the training top-1)."""
 
-    def __init__(self, teacher: nn.Module, cfg: Any, label_smoothing: float, two_heads: bool, info: dict[str, Any]):
+    def __init__(
+        self, teacher: nn.Module, cfg: TeacherOptions, label_smoothing: float, two_heads: bool, info: dict[str, Any]
+    ):
         self.teacher, self.cfg, self.two_heads = teacher, cfg, two_heads
         self.base = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         self.checkpoint_info = info  # plain data: what the checkpoint records of the teacher
@@ -194,7 +203,7 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def teacher_file(cfg: Any, resuming: bool = False) -> Path:
+def teacher_file(cfg: TeacherOptions, resuming: bool = False) -> Path:
     """The file `cfg.teacher` names, by the rule of every door for weights (objectives/weights_in.py
     `resolve`: a file, or a run directory's best.pt). ConfigError (one line) when there is none; for a
     relative path in a resumed run, it says the path is relative to where the first run started."""
@@ -214,7 +223,7 @@ def teacher_file(cfg: Any, resuming: bool = False) -> Path:
 
 
 def load_teacher(
-    cfg: Any,
+    cfg: TeacherOptions,
     num_classes: int,
     img_size: int,
     resuming: bool = False,
@@ -229,6 +238,7 @@ def load_teacher(
     (one line) for a missing file (`resuming`: see teacher_file), one without a classifier head (e.g. MAE
     pre-training), or a teacher whose recorded classes are not `class_names` (names and order)."""
     path = teacher_file(cfg, resuming)
+    assert cfg.teacher is not None  # teacher_file refuses a run without one
     incoming = open_weights(
         cfg.teacher, "objective.teacher"
     )  # the file teacher_file found, logged as the user wrote it
@@ -299,10 +309,11 @@ def refuse_headless(path: Path, weights: dict, teacher: nn.Module, saved: dict) 
     heads = [k for k in teacher.state_dict() if k.startswith(("head.", "fc."))]
     if all(k in weights for k in heads):
         return
-    trained_for = options("objective").get((saved.get("objective") or {}).get("name"))
-    if trained_for is not None and not trained_for.predicts:
+    name = str((saved.get("objective") or {}).get("name"))
+    trained_for = options("objective").get(name)
+    if trained_for is not None and issubclass(trained_for, Objective) and not trained_for.predicts:
         raise ConfigError(
-            f"objective.teacher={path} is a {trained_for.title} checkpoint (objective={trained_for.name}); "
+            f"objective.teacher={path} is a {trained_for.title} checkpoint (objective={name}); "
             f"it has no classifier to teach with. Fine-tune it first: vit-train model.pretrained=<its run "
             f"directory> (docs/finetuning.md), then distil from that run"
         )

@@ -8,10 +8,13 @@ learning rate is a device tensor, updated by torch's functional `adam` inside th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vit_train.schema.sections import OptimConfig
 from vit_train.schema.typed import require
+
+if TYPE_CHECKING:
+    from vit_train.schema.sections import RunConfig
 
 
 @dataclass
@@ -23,18 +26,17 @@ class AdamW(OptimConfig):
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # the moments' decay rates
     eps: float = 1e-8  # added to the second moment's square root
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
         require(len(self.betas) == 2, f"optim.betas must have two values, got {self.betas}")
 
     def build(self, groups: list[dict], lr: float, device: Any, capturable: bool = False) -> Any:
         import torch
 
+        betas = (self.betas[0], self.betas[1])  # two values (check)
         if capturable:
-            return torch.optim.AdamW(
-                groups, lr=lr, betas=tuple(self.betas), eps=self.eps, foreach=True, capturable=True
-            )
-        return torch.optim.AdamW(groups, lr=lr, betas=tuple(self.betas), eps=self.eps, fused=device.type == "cuda")
+            return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=self.eps, foreach=True, capturable=True)
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=self.eps, fused=device.type == "cuda")
 
     def update(self, params: list, grads: list, state: list[dict], group: dict, lr: Any) -> None:
         from torch.optim.adam import adam  # what AdamW.step calls; a module-level name dynamo can trace

@@ -5,10 +5,13 @@ weight decay 5e-4). Its weight decay is L2 on the gradient, as torch's SGD appli
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vit_train.schema.sections import OptimConfig
 from vit_train.schema.typed import require
+
+if TYPE_CHECKING:
+    from vit_train.schema.sections import RunConfig
 
 
 @dataclass
@@ -18,7 +21,7 @@ class SGD(OptimConfig):
     name: str = "sgd"
     momentum: float = 0.9  # Nesterov momentum
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
         require(
             self.momentum > 0,

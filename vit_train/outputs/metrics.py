@@ -10,11 +10,11 @@ import math
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-import torch
 import yaml
 from torch.utils.tensorboard import SummaryWriter
 

@@ -17,9 +17,9 @@ import re
 import stat
 import sys
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from vit_train.errors import OutputError
 

@@ -20,14 +20,13 @@ import fcntl
 import json
 import logging
 import os
-import shutil
 import socket
 import stat
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from vit_train.data.decoding.regular import not_regular
 from vit_train.errors import UserError
@@ -111,7 +110,7 @@ class RunLock:
             os.close(self.fd)  # closing the last descriptor of the open file releases the flock
         self.fd = -1
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -18,8 +18,8 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 log = logging.getLogger("vit_train")
 
@@ -61,7 +61,7 @@ class StopRequest:
         self.interrupts: str | None = None  # work a stop signal ends at once (`interruptible`)
         self._alarm = None  # SIGALRM's handler before `_interrupt` armed its retries
 
-    def __enter__(self) -> "StopRequest":
+    def __enter__(self) -> StopRequest:
         self._pid = os.getpid()
         if threading.current_thread() is threading.main_thread():  # Python allows handlers only there
             for sig in STOP_SIGNALS:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import IO, Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any
 
 from tqdm.auto import tqdm
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vit_train.schedules.warmup import warmup_factor
 from vit_train.schema.sections import ScheduleConfig
 from vit_train.schema.typed import require
+
+if TYPE_CHECKING:
+    from vit_train.schema.sections import RunConfig
 
 
 @dataclass
@@ -19,7 +22,7 @@ class Cosine(ScheduleConfig):
     name: str = "cosine"
     min_lr: float = 1e-5  # learning rate at the last step
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
         require(
             0 <= self.min_lr <= cfg.lr,

@@ -11,10 +11,10 @@ the registry imports on its first lookup (schema/typed.py `load_options`); vit_t
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping, Sequence
-from typing import Any, Iterable
+from typing import Any
 
 from vit_train.errors import ConfigError
 from vit_train.schema import legacy
@@ -24,6 +24,7 @@ from vit_train.schema.sections import (
     ModelConfig,
     ObjectiveConfig,
     OptimConfig,
+    RunConfig,
     ScheduleConfig,
     SweepConfig,
     TrainerConfig,
@@ -62,7 +63,7 @@ class Config:
     tags: list[str] = field(default_factory=list)  # free-form labels: in train.log, results.json, summary.csv
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Config":
+    def from_dict(cls, data: dict[str, Any]) -> Config:
         """Build a validated config from plain data (Hydra's composed config, a user's dict). Raises
         ConfigError (one line) for an unknown key (a key of another option of the group names that
         option), a value of the wrong type, or a combination that cannot run."""
@@ -72,7 +73,7 @@ class Config:
         return build(cls, data, "", known_keys()).validate()
 
     @classmethod
-    def from_saved(cls, data: dict[str, Any], source: Any = None) -> "Config":
+    def from_saved(cls, data: dict[str, Any], source: Any = None) -> Config:
         """`from_dict` of a config a checkpoint or an exported file carries, from this version or an earlier
         one (whose sections held every option's keys, and mae.*/distill.* at the top: schema/legacy.py).
         `source` (the file) is named in its ConfigError, as what holds the config."""
@@ -118,15 +119,16 @@ class Config:
             if isinstance(getattr(self, f.name), Section)
         }
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         """Fill model.img_size/patch_size left null from the data set, then run every section's checks (one
         ConfigError naming the key for what cannot run); returns self."""
         img_size, patch_size = type(self.data).input_size
         self.model.img_size = img_size if self.model.img_size is None else self.model.img_size
         if self.model.reads_patches:
             self.model.patch_size = patch_size if self.model.patch_size is None else self.model.patch_size
+        run: RunConfig = self  # the type checker holds Config to the fields the checks read (schema/sections.py)
         for section in self.sections().values():
-            section.check(self)
+            section.check(run)
         return self
 
 
@@ -138,7 +140,7 @@ def known_keys() -> list[str]:
         keys.append(name)
         if option_base(tp):
             keys += sorted({f"{name}.{k}" for cls in options(tp.group).values() for k in section_keys(cls)})
-        elif dataclasses.is_dataclass(tp):
+        elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
             keys += [f"{name}.{k}" for k in section_keys(tp)]
     return keys
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from vit_train.errors import ConfigError
-from vit_train.schema.typed import chooser, registered, section_keys
+from vit_train.schema.typed import Option, chooser, registered, section_keys
 
 FIRST_FAMILY = "vit"  # every model section written before model.arch existed was a ViT's
 
@@ -24,9 +24,9 @@ def saved_arch(model: dict[str, Any]) -> Any:
     return model.get("arch", FIRST_FAMILY)
 
 
-def moved_options() -> dict[str, list[type]]:
+def moved_options() -> dict[str, list[type[Option]]]:
     """{old top-level section: the options whose keys it held}, e.g. {"mae": [Mae]}."""
-    found: dict[str, list[type]] = {}
+    found: dict[str, list[type[Option]]] = {}
     for group in registered().values():
         for cls in group.values():
             if cls.moved_from:
@@ -56,13 +56,13 @@ def upgrade_saved(plain: dict[str, Any]) -> dict[str, Any]:
             section = plain.get(cls.group)
             if isinstance(section, dict) and section.get("name") == cls.name:
                 plain[cls.group] = {**keys, **section}
-    for group, known in registered().items():
+    for group, found in registered().items():
         section, key = plain.get(group), chooser(group)
         if group == "model" and isinstance(section, dict):
             section = {**section, "arch": saved_arch(section)}
-        if isinstance(section, dict) and isinstance(section.get(key), str) and section[key] in known:
-            own = set(section_keys(known[section[key]]))
-            others = {k for cls in known.values() for k in section_keys(cls)} - own
+        if isinstance(section, dict) and isinstance(section.get(key), str) and section[key] in found:
+            own = set(section_keys(found[section[key]]))
+            others = {k for cls in found.values() for k in section_keys(cls)} - own
             plain[group] = {k: v for k, v in section.items() if k not in others}
     return plain
 

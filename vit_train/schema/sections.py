@@ -6,8 +6,8 @@ objectives/), each a subclass with its own keys and its part of the run. No torc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Optional
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Protocol
 
 from vit_train.schema.typed import Option, Section, fraction, options, overridden, positive, require
 
@@ -42,14 +42,14 @@ class ModelConfig(Option):
 
     name: str = "vit_micro"  # label of the size preset (model=NAME), for logs only
     arch: str = ""  # the family (models/families/): vit, resnet18, resnet50, or a plugin's; each family's class sets it
-    img_size: Optional[int] = None  # input side in pixels; null = the data set's default
-    patch_size: Optional[int] = None  # patch side in pixels (families with patches); null = the data set's default
-    pretrained: Optional[str] = None  # weights to start from: a vit-train checkpoint, .safetensors or timm .pth
+    img_size: int | None = None  # input side in pixels; null = the data set's default
+    patch_size: int | None = None  # patch side in pixels (families with patches); null = the data set's default
+    pretrained: str | None = None  # weights to start from: a vit-train checkpoint, .safetensors or timm .pth
     reset_head: bool = (
         False  # model.pretrained: a new classifier head (fine-tuning to other classes); else the head must fit
     )
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         positive(("model.img_size", self.img_size), ("model.patch_size", self.patch_size))
         require(
             cfg.optim.layer_decay is None or self.has_layers,
@@ -71,7 +71,7 @@ class ModelConfig(Option):
         NO_FIT, and an ARCHITECTURE field the family gives no reason of its own for (`resume_refusal`)."""
         return key in cls.NO_FIT or (f"model.{key}" in cls.ARCHITECTURE and key not in cls.refused_on_resume)
 
-    def ignored(self, cfg: Any) -> list[tuple[str, str, str]]:
+    def ignored(self, cfg: RunConfig) -> list[tuple[str, str, str]]:
         """patch_size, for a family without patches, when it is not the data set's (which fills it for every model)."""
         if self.reads_patches or self.patch_size in (None, type(cfg.data).input_size[1]):
             return []
@@ -144,13 +144,11 @@ class OptimConfig(Option):
     name: str
     lr: float = 1e-3  # peak learning rate, reached at the end of warmup
     weight_decay: float = 0.05  # never on norms, biases, pos_embed, cls_token
-    clip_grad: Optional[float] = 1.0  # max global gradient norm; null = no clipping
-    lr_base_batch: Optional[int] = None  # linear scaling: lr applies at this global batch; null = lr as given
-    layer_decay: Optional[float] = (
-        None  # layer-wise lr decay (BEiT/MAE): block i gets lr x decay^(depth - i); null = off
-    )
+    clip_grad: float | None = 1.0  # max global gradient norm; null = no clipping
+    lr_base_batch: int | None = None  # linear scaling: lr applies at this global batch; null = lr as given
+    layer_decay: float | None = None  # layer-wise lr decay (BEiT/MAE): block i gets lr x decay^(depth - i); null = off
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         positive(
             ("optim.lr", self.lr), ("optim.clip_grad", self.clip_grad), ("optim.lr_base_batch", self.lr_base_batch)
         )
@@ -191,7 +189,7 @@ class ScheduleConfig(Option):
     name: str
     warmup_epochs: float = 1.0  # linear warmup length in epochs (fractions allowed)
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         require(self.warmup_epochs >= 0, f"schedule.warmup_epochs must be >= 0, got {self.warmup_epochs}")
 
     def factor(self, step: int, warmup_steps: int, total_steps: int, lr: float) -> float:
@@ -207,7 +205,7 @@ class ScheduleConfig(Option):
 @dataclass
 class TrainerConfig(Section):
     epochs: int = 10  # passes over the training set
-    max_steps: Optional[int] = None  # cap on optimiser steps; the schedule then ends at the cap
+    max_steps: int | None = None  # cap on optimiser steps; the schedule then ends at the cap
     accum_steps: int = 1  # micro-batches per optimiser step (data.batch_size is split into them)
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on capable GPUs, else fp32
     compile: bool = (
@@ -218,24 +216,24 @@ class TrainerConfig(Section):
         "model"  # model: its forward and backward; step: the whole training step as one graph
     )
     compile_backend: str = "inductor"  # torch.compile's backend (timm's --torchcompile): inductor, aot_eager, eager
-    peak_tflops: Optional[float] = None  # the device's peak, for MFU; null = from a table of known GPUs
+    peak_tflops: float | None = None  # the device's peak, for MFU; null = from a table of known GPUs
     device: Literal["auto", "cuda", "cpu"] = "auto"  # auto: cuda when available
-    cpu_threads: Optional[int] = None  # torch intra-op threads; null = this process's CPU share (docs/speed.md)
-    eval_every: Optional[int] = None  # evaluate every N steps; null = at the end of each epoch
-    limit_val_batches: Optional[int] = (
+    cpu_threads: int | None = None  # torch intra-op threads; null = this process's CPU share (docs/speed.md)
+    eval_every: int | None = None  # evaluate every N steps; null = at the end of each epoch
+    limit_val_batches: int | None = (
         None  # evaluate on the first N val batches only (a partial top-1, marked so); null = all
     )
-    ckpt_every: Optional[int] = None  # also write last.pt every N steps; null = each epoch only
+    ckpt_every: int | None = None  # also write last.pt every N steps; null = each epoch only
     log_every: int = 50  # steps between train metric logs
     progress: bool = True  # progress on stderr: a tqdm bar on a terminal, whole lines in a log (docs/outputs.md)
     keep_last: int = 2  # checkpoint versions kept (last.pt plus step_<N>.pt files); resume falls back on them
     max_bad_steps: int = 20  # consecutive steps with a non-finite loss or gradient norm before the run stops
-    ema_decay: Optional[float] = None  # exponential moving average of the weights; null = off, e.g. 0.9998
-    viz_every: Optional[int] = None  # figures (attention maps, confusion, ...) to TensorBoard every N evals; null = off
+    ema_decay: float | None = None  # exponential moving average of the weights; null = off, e.g. 0.9998
+    viz_every: int | None = None  # figures (attention maps, confusion, ...) to TensorBoard every N evals; null = off
     strategy: Literal["ddp", "fsdp"] = (
         "ddp"  # several processes: ddp copies the weights, fsdp shards them (FSDP2; docs/multi-gpu.md)
     )
-    fsdp_reshard_after_forward: Optional[bool] = (
+    fsdp_reshard_after_forward: bool | None = (
         None  # fsdp: free gathered weights after forward; null = blocks yes, root no (torchtitan)
     )
 
@@ -243,7 +241,7 @@ class TrainerConfig(Section):
         "ema_decay": "the checkpoint's EMA weights would be dropped"
     }  # only on -> off: an EMA may start or change decay
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         positive(
             ("trainer.epochs", self.epochs),
             ("trainer.accum_steps", self.accum_steps),
@@ -272,7 +270,7 @@ class TrainerConfig(Section):
             "step); use bf16 or fp32, or trainer.compile_scope=model",
         )
 
-    def ignored(self, cfg: Any) -> list[tuple[str, str, str]]:
+    def ignored(self, cfg: RunConfig) -> list[tuple[str, str, str]]:
         return [
             (key, "trainer.compile=false", "trainer.compile=true")
             for key in ("compile_mode", "compile_scope", "compile_backend")
@@ -291,9 +289,9 @@ class SweepConfig(Section):
     # what a multirun job returns to the sweeper (a results.json key of the run's objective) and which way is better
     objective: str = "best_top1"  # e.g. best_top1; objective=mae: best_loss (with direction=minimize)
     direction: Literal["maximize", "minimize"] = "maximize"
-    devices: Optional[int] = None  # GPUs shared by parallel jobs: each job takes a free one; null = as trainer.device
+    devices: int | None = None  # GPUs shared by parallel jobs: each job takes a free one; null = as trainer.device
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         positive(("sweep.devices", self.devices))
         directions = results_directions()
         require(
@@ -310,6 +308,7 @@ def results_directions() -> dict[str, str]:
     """{results.json key: "maximize" or "minimize"} of every registered objective's numbers (sweep.objective's values)."""
     found: dict[str, str] = {}
     for cls in options("objective").values():
+        assert issubclass(cls, ObjectiveConfig)  # the objective group's options subclass its base
         found.update(cls.results)
     return found
 
@@ -331,8 +330,8 @@ class DataConfig(Option):
 
     name: str
     batch_size: int = 128  # global batch per optimiser step, across all processes
-    eval_batch_size: Optional[int] = None  # null = batch_size
-    num_workers: Optional[int] = 0  # DataLoader worker processes (0 = in the training process; null = min(8, CPUs))
+    eval_batch_size: int | None = None  # null = batch_size
+    num_workers: int | None = 0  # DataLoader worker processes (0 = in the training process; null = min(8, CPUs))
     pipeline: Literal["auto", "device", "loader"] = "auto"  # shapes/CIFAR on the training device; auto: on a GPU
     repeated_aug: int = 1  # repeated augmentation (DeiT): each image this many times per epoch, differently augmented
 
@@ -343,7 +342,7 @@ class DataConfig(Option):
         img_size, patch_size = cls.input_size
         return {**super().composed(), "model": {"img_size": img_size, "patch_size": patch_size}}
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         positive(
             ("data.batch_size", self.batch_size),
             ("data.repeated_aug", self.repeated_aug),
@@ -373,7 +372,7 @@ class AugConfig(Option):
     random_erasing: float = 0.0  # probability of erasing a random rectangle (per-pixel noise) per image
     label_smoothing: float = 0.0  # cross-entropy label smoothing
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         for key in ("mix_prob", "switch_prob", "random_erasing"):
             fraction(f"aug.{key}", getattr(self, key))
         require(
@@ -383,7 +382,7 @@ class AugConfig(Option):
         )
         fraction("aug.label_smoothing", self.label_smoothing, closed=False)
 
-    def ignored(self, cfg: Any) -> list[tuple[str, str, str]]:
+    def ignored(self, cfg: RunConfig) -> list[tuple[str, str, str]]:
         mix = f"aug.mixup_alpha={self.mixup_alpha}, aug.cutmix_alpha={self.cutmix_alpha}"
         return (
             [("mix_prob", mix, "aug.mixup_alpha > 0 or aug.cutmix_alpha > 0")]
@@ -415,3 +414,25 @@ class ObjectiveConfig(Option):
     }
 
     name: str
+
+
+class RunConfig(Protocol):
+    """The whole run config a section's `check(cfg)` and `ignored(cfg)` read: schema/config.py's Config, by its
+    fields. Named here as a protocol because config.py imports this module (and an import back, even for type
+    checking only, would be a circle: tests/config/test_layers.py); Config is checked against it in config.py."""
+
+    model: ModelConfig
+    data: DataConfig
+    aug: AugConfig
+    optim: OptimConfig
+    schedule: ScheduleConfig
+    trainer: TrainerConfig
+    objective: ObjectiveConfig
+    sweep: SweepConfig
+    seed: int
+    resume: str | None
+    name: str
+    tags: list[str]
+
+    @property
+    def lr(self) -> float: ...  # the peak learning rate (Config.lr)

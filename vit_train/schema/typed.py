@@ -63,7 +63,11 @@ class Section:
     """
 
     refused_on_resume: ClassVar[dict[str, str]] = {}
+    # every section class is a dataclass (declared for the type checker: dataclasses.asdict takes its instances)
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
+    # `cfg: Any` here only: its type, schema/sections.py RunConfig (the Config by its fields), lives in a module
+    # that imports this one; the sections and options annotate cfg with it
     def check(self, cfg: Any) -> None:
         """Refuse what cannot run (ConfigError); the default accepts everything the types allow."""
 
@@ -76,8 +80,8 @@ class Section:
         return self.refused_on_resume.get(key)
 
 
-REGISTRY: dict[str, dict[str, type]] = {}  # group -> option name -> its class
-BASES: dict[str, type] = {}  # group -> its base class (the keys every option of it has)
+REGISTRY: dict[str, dict[str, type[Option]]] = {}  # group -> option name -> its class
+BASES: dict[str, type[Option]] = {}  # group -> its base class (the keys every option of it has)
 
 # The modules of vit-train's own options, by group: imported by the first lookup of the registry, before the modules
 # that installed packages name in the entry-point group ENTRY_POINTS (docs/extending.md). Importing one registers its
@@ -165,7 +169,7 @@ def load_plugin(plugin: Any) -> None:
                 )
 
 
-def unusable(cls: type) -> str | None:
+def unusable(cls: type[Option]) -> str | None:
     """Why another package's option class cannot be chosen (None when it can): its defaults must make it and pass
     its own types, and the group's default stays vit-train's (the command line also drops one whose keys a Hydra
     node cannot hold: cli/train.py `register_options`)."""
@@ -201,6 +205,7 @@ class Option(Section):
     chooser: ClassVar[str] = "name"
     default: ClassVar[bool] = False
     moved_from: ClassVar[str | None] = None
+    name: str  # every option's label (each group's base declares the field with its comment)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -232,19 +237,19 @@ class Option(Section):
         return {cls.group: dataclasses.asdict(cls())}
 
 
-def options(group: str) -> dict[str, type]:
+def options(group: str) -> dict[str, type[Option]]:
     """{name: class} of the options registered in `group`, by name."""
     load_options()
     return dict(sorted(REGISTRY.get(group, {}).items()))
 
 
-def registered() -> dict[str, dict[str, type]]:
+def registered() -> dict[str, dict[str, type[Option]]]:
     """{group: {name: class}} of every group's options."""
     load_options()
     return {group: options(group) for group in sorted(REGISTRY)}
 
 
-def option_class(group: str, name: Any) -> type:
+def option_class(group: str, name: Any) -> type[Option]:
     """The class of option `name` of `group`; ConfigError naming the choices for any other name."""
     known = options(group)
     if not isinstance(name, str) or name not in known:
@@ -272,7 +277,7 @@ def overridden(cls: type, base: type, method: str) -> bool:
     return function(cls) is not function(base)
 
 
-def default_option(group: str) -> type:
+def default_option(group: str) -> type[Option]:
     """The class of the option that `group` defaults to (the one whose `default` is set)."""
     found = [cls for cls in options(group).values() if cls.__dict__.get("default")]
     if len(found) != 1:
@@ -351,15 +356,17 @@ def build(cls: type, data: Any, prefix: str, valid: list[str]) -> Any:
     for name, value in data.items():
         key = prefix + str(name)
         if name not in hints:
-            chosen = getattr(cls, cls.chooser, None) if getattr(cls, "group", "") else None  # an option's own name
-            known = isinstance(chosen, str) and chosen in options(cls.group)
-            line = not_this_option(cls.group, chosen, str(name)) if known else None
+            line = None
+            if issubclass(cls, Option) and cls.group:
+                chosen = getattr(cls, cls.chooser, None)  # an option's own name
+                if isinstance(chosen, str) and chosen in options(cls.group):
+                    line = not_this_option(cls.group, chosen, str(name))
             raise ConfigError(line or unknown_key_message(key, valid))
         kwargs[name] = coerce(hints[name], value, key, valid)
     return cls(**kwargs)
 
 
-def build_option(base: type, data: Any, key: str, valid: list[str]) -> Any:
+def build_option(base: type[Option], data: Any, key: str, valid: list[str]) -> Any:
     """The option of `base`'s group that `data[base.chooser]` picks (the group's default when absent), built from
     `data`."""
     if not isinstance(data, dict):
@@ -374,7 +381,7 @@ def coerce(tp: Any, value: Any, key: str, valid: list[str] | None = None) -> Any
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if option_base(tp):
         return build_option(tp, value, key, valid or [])
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return build(tp, value, key + ".", valid or [])
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:

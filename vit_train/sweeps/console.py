@@ -15,7 +15,8 @@ import logging
 import multiprocessing
 import re
 import sys
-from typing import IO, Iterator
+from collections.abc import Iterator
+from typing import IO
 
 LINE_BREAK = re.compile(r"(\r\n|\n|\r)")
 
@@ -91,5 +92,5 @@ def tagged_console(job: int, live: bool | None = None) -> Iterator[None]:
         sys.stdout.flush()
         sys.stderr.flush()
         sys.stdout, sys.stderr = before
-        for handler, stream in zip(handlers, streams):
+        for handler, stream in zip(handlers, streams, strict=True):
             handler.setStream(stream)

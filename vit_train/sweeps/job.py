@@ -16,8 +16,9 @@ import math
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 import yaml
 

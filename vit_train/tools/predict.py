@@ -130,8 +130,11 @@ def predict(trained: Trained, images: list[str], top_k: int = 5) -> list[dict]:
         results += [
             {
                 "file": f,
-                "top": [{"class": names[i], "probability": p} for p, i in zip(values.tolist(), indices.tolist())],
+                "top": [
+                    {"class": names[i], "probability": p}
+                    for p, i in zip(values.tolist(), indices.tolist(), strict=True)
+                ],
             }
-            for f, values, indices in zip(chunk, top.values, top.indices)
+            for f, values, indices in zip(chunk, top.values, top.indices, strict=True)
         ]
     return results

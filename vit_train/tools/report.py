@@ -18,15 +18,14 @@ import logging
 import os
 import re
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import torch
-
+from vit_train.checkpoint import check_classes
 from vit_train.config import Config, run_dir_of
 from vit_train.errors import ConfigError
 from vit_train.extras import available
-from vit_train.checkpoint import check_classes
 from vit_train.outputs.places import FREE_SPACE, check_output_folder, fsync_dir, fsync_file, os_error_of, place_error
 from vit_train.runtime.device import autocast_dtype, pick_device
 from vit_train.schema.typed import options

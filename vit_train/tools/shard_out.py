@@ -17,8 +17,8 @@ import shutil
 from pathlib import Path
 
 from vit_train.config import Config
-from vit_train.errors import ConfigError, OutputError
 from vit_train.data.decoding.regular import not_regular
+from vit_train.errors import ConfigError, OutputError
 from vit_train.outputs.places import fsync_dir
 
 INDEX = "index.json"

@@ -15,19 +15,20 @@ import multiprocessing
 import os
 import signal
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from PIL import Image, JpegImagePlugin
 from torchvision.transforms import v2
 
 from vit_train.config import Config
-from vit_train.errors import ConfigError, DataError, OutputError
-from vit_train.data.loaders import worker_context
 from vit_train.data.decoding.image import IMAGE_ERRORS, decode_with_format
-from vit_train.data.sources.hf import describe_error
 from vit_train.data.decoding.regular import open_regular
+from vit_train.data.loaders import worker_context
+from vit_train.data.sources.hf import describe_error
+from vit_train.errors import ConfigError, DataError, OutputError
 from vit_train.tools import shard_out
 
 log = logging.getLogger("vit_train")

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Iterator, Sized
+from collections.abc import Iterator, Sized
+from typing import TYPE_CHECKING
 
 import torch
 

@@ -31,8 +31,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -131,7 +132,7 @@ class CompiledStep:
             return False  # another batch shape (a resumed epoch's short last batch): one eager step, not a new graph
         self.shape = images.shape
         self.factor.fill_(self.schedule(step - 1))
-        chunks = list(zip(images.chunk(self.accum_steps), targets.chunk(self.accum_steps)))
+        chunks = list(zip(images.chunk(self.accum_steps), targets.chunk(self.accum_steps), strict=True))
         drawn = [self.loss.draws(x) for x, _ in chunks]  # an objective's own generators, outside the graph
         if self.calls:
             self.window.has_top1 |= self.compiled(chunks, drawn, len(images))
@@ -175,7 +176,7 @@ class CompiledStep:
         try:
             yield
         finally:
-            for group, capturable in zip(groups, before):
+            for group, capturable in zip(groups, before, strict=True):
                 group["capturable"] = capturable
 
     def _step(self, chunks, drawn, batch: int) -> bool:
@@ -184,7 +185,7 @@ class CompiledStep:
         hits = torch.zeros((), device=self.device, dtype=torch.long)
         counted = False
         grads: list[torch.Tensor | None] | None = None
-        for (x, y), extra in zip(chunks, drawn):
+        for (x, y), extra in zip(chunks, drawn, strict=True):
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                 loss, logits = self.loss(self.model, x, y, **extra)
                 loss = loss / self.accum_steps if len(x) * self.accum_steps == batch else loss * (len(x) / batch)
@@ -192,7 +193,7 @@ class CompiledStep:
             grads = (
                 list(new)
                 if grads is None
-                else [g if n is None else n if g is None else g + n for g, n in zip(grads, new)]
+                else [g if n is None else n if g is None else g + n for g, n in zip(grads, new, strict=True)]
             )
             total = total + loss.detach()
             if logits is not None:
@@ -215,7 +216,10 @@ class CompiledStep:
         """torch's functional AdamW or SGD per group, lr = peak x schedule factor (device tensors); a non-finite
         step leaves every parameter and state tensor as it was. `grads` line up with `params` (None: unused)."""
         touched = [
-            t for p, g in zip(self.params, grads) if g is not None for t in (p, *self.optimizer.state[p].values())
+            t
+            for p, g in zip(self.params, grads, strict=True)
+            if g is not None
+            for t in (p, *self.optimizer.state[p].values())
         ]
         before = [t.clone() for t in touched]
         for i, group in enumerate(self.groups):
@@ -224,7 +228,7 @@ class CompiledStep:
                 continue
             params, lr = [self.params[j] for j in index], self.factor * self.base_lr[i]
             self.optim.update(params, [grads[j] for j in index], [self.optimizer.state[p] for p in params], group, lr)
-        for t, old in zip(touched, before):
+        for t, old in zip(touched, before, strict=True):
             t.copy_(torch.where(finite, t, old))
 
     def _average(self, finite: torch.Tensor) -> None:
@@ -232,10 +236,10 @@ class CompiledStep:
         the weights, later ones lerp by 1 - decay; a skipped step leaves the EMA (and its count) as it was."""
         first = self.ema.n_averaged == 0
         weight = torch.where(first, 1.0, 1.0 - self.ema_decay) * finite
-        floats = [(e, p) for e, p in zip(self.ema_params, self.model_params) if e.is_floating_point()]
+        floats = [(e, p) for e, p in zip(self.ema_params, self.model_params, strict=True) if e.is_floating_point()]
         if floats:
             torch._foreach_lerp_([e for e, _ in floats], [p for _, p in floats], weight.to(floats[0][0].dtype))
-        for e, p in zip(self.ema_params, self.model_params):
+        for e, p in zip(self.ema_params, self.model_params, strict=True):
             if not e.is_floating_point():  # integer buffers (BatchNorm's count), as get_ema_multi_avg_fn does them
                 mixed = torch.where(first, p, (e * self.ema_decay + p * (1 - self.ema_decay)).to(e.dtype))
                 e.copy_(torch.where(finite, mixed, e))

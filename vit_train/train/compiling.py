@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn

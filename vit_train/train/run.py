@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from torch import nn
@@ -38,12 +38,12 @@ from vit_train.runtime import distributed
 from vit_train.runtime.cpu import set_cpu_threads
 from vit_train.runtime.device import autocast_dtype, pick_device
 from vit_train.runtime.progress import EpochProgress
+from vit_train.schema.legacy import upgrade_saved
+from vit_train.schema.sections import ModelConfig
 from vit_train.train import sharding
 from vit_train.train.compiled_step import CompiledStep
 from vit_train.train.compiling import compile_scope, evaluators
 from vit_train.train.optim import build_optimizer, build_scheduler
-from vit_train.schema.legacy import upgrade_saved
-from vit_train.schema.sections import ModelConfig
 from vit_train.train.resume import check_data_position, cli_value, config_changes
 from vit_train.train.skips import SkippedSteps, skips_on_device
 from vit_train.train.throughput import TrainWindow, peak_tflops

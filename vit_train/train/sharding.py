@@ -27,8 +27,8 @@ on those, so its moments are sharded too. A block's weights are all-gathered jus
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -37,10 +37,10 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.optim.swa_utils import AveragedModel
 
+from vit_train.checkpoint import param_names
 from vit_train.config import Config
 from vit_train.errors import ConfigError
 from vit_train.runtime.distributed import Context
-from vit_train.checkpoint import param_names
 
 log = logging.getLogger("vit_train")
 
@@ -108,7 +108,7 @@ def _apart(multi_avg_fn):
 
     def update(averaged: list, current: list, num_averaged) -> None:
         for sharded in (True, False):
-            pairs = [(a, c) for a, c in zip(averaged, current) if isinstance(a, DTensor) == sharded]
+            pairs = [(a, c) for a, c in zip(averaged, current, strict=True) if isinstance(a, DTensor) == sharded]
             if pairs:
                 multi_avg_fn([a for a, _ in pairs], [c for _, c in pairs], num_averaged)
 

@@ -65,7 +65,7 @@ def eager_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> None:
     total = torch.zeros((), device=images.device)
     hits = torch.zeros((), device=images.device, dtype=torch.long)
     counted = False  # whether the objective gave logits to count top-1 hits from
-    chunks = list(zip(images.chunk(t.accum_steps), targets.chunk(t.accum_steps)))
+    chunks = list(zip(images.chunk(t.accum_steps), targets.chunk(t.accum_steps), strict=True))
     for i, (x, y) in enumerate(chunks):
         with distributed.no_sync(
             run.step_fn, last=i == len(chunks) - 1

@@ -7,13 +7,14 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
+from vit_train.models.flops import flops_per_image as flops_per_image  # re-export: scripts import it here
 from vit_train.outputs.metrics import NullLogger, RunLogger
-from vit_train.models.flops import flops_per_image  # noqa: F401  (its home is models/; scripts import it here)
 
 log = logging.getLogger("vit_train")
 

@@ -15,8 +15,9 @@ import logging
 import os
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from tqdm.contrib.logging import logging_redirect_tqdm

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from vit_train.viz.attention import attention_rollout, pooled_attention, position_similarity
 from vit_train.extras import require
-from vit_train.viz.fonts import fonts_for, quiet_missing_glyphs
 from vit_train.models.mae import EVAL_SEED, MaskedAutoencoder, MaskSampler, reconstruct
 from vit_train.models.vit import VisionTransformer
+from vit_train.viz.attention import attention_rollout, pooled_attention, position_similarity
+from vit_train.viz.fonts import fonts_for, quiet_missing_glyphs
 
 CELL = 1.6  # inches per image tile
 DPI = 100  # so a tile is 160 x 160 pixels
@@ -276,7 +278,7 @@ def figure_images(loader, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         return loader.transform(loader.images[picks]).as_subclass(torch.Tensor), loader.labels[picks]
     kept: dict[int, list[torch.Tensor]] = {}  # the first `count` classes met, up to `count` images each
     for read, (batch, targets) in enumerate(loader, 1):
-        for image, label in zip(batch, targets.tolist()):
+        for image, label in zip(batch, targets.tolist(), strict=True):
             if (label in kept or len(kept) < count) and len(kept.setdefault(label, [])) < count:
                 kept[label].append(image.clone())  # not a view: the batch is freed
         if len(kept) >= count or read >= STREAM_BATCHES:
@@ -292,7 +294,7 @@ first_images = figure_images  # the name vit-eval imports (tools/report.py)
 
 @torch.no_grad()
 def model_figures(
-    model: VisionTransformer,
+    model: nn.Module,
     images: torch.Tensor,
     labels: torch.Tensor,
     class_names: list[str],
@@ -315,7 +317,7 @@ def model_figures(
     probs = logits.float().softmax(dim=1).cpu()
     titles = [
         f"{class_names[t]}\npred {class_names[p]} {probs[i, p]:.2f}"
-        for i, (t, p) in enumerate(zip(labels.tolist(), probs.argmax(dim=1).tolist()))
+        for i, (t, p) in enumerate(zip(labels.tolist(), probs.argmax(dim=1).tolist(), strict=True))
     ]
     shown = denormalize(images.cpu(), stats)
     figures = {
@@ -361,7 +363,7 @@ class TrainingVisuals:
             titles = [names[t] for t in targets[:count].tolist()]
         else:
             share, index = targets[:count].max(dim=1)
-            titles = [f"{names[i]} {s:.2f}" for s, i in zip(share.tolist(), index.tolist())]
+            titles = [f"{names[i]} {s:.2f}" for s, i in zip(share.tolist(), index.tolist(), strict=True)]
         fig = images_figure(denormalize(images[:count].cpu(), self.data.stats), titles)
         with quiet_missing_glyphs():
             self.tb.add_figure("figures/training_images", fig, step)

@@ -16,7 +16,7 @@ import contextlib
 import functools
 import logging
 import warnings
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 log = logging.getLogger("vit_train")
 
@@ -48,7 +48,7 @@ NOT_TEXT = ("Last Resort",)  # matplotlib's own last resort draws a box for ever
 _said: set[str] = set()  # the missing characters the log has named already
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def charmap(path: str) -> frozenset[int]:
     """The code points the font file at `path` has glyphs for (empty when it cannot be read)."""
     from matplotlib.ft2font import FT2Font

@@ -4,7 +4,7 @@ torchvision.transforms.v2): CIFAR-10's, ImageNet's or SVHN's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Optional
+from typing import TYPE_CHECKING, Literal
 
 from vit_train.data.aug.basic import Basic
 
@@ -20,7 +20,7 @@ class AutoAug(Basic):
     on_device = True  # device_ops' AutoAugment, on the device pipeline too
 
     name: str = "autoaug"
-    autoaug_policy: Optional[Literal["cifar10", "imagenet", "svhn"]] = (
+    autoaug_policy: Literal["cifar10", "imagenet", "svhn"] | None = (
         None  # null: cifar10 for small images, else imagenet
     )
 

@@ -6,13 +6,16 @@ path, `device_plan` (data/device/ops.py) on the device pipeline."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING
 
 from vit_train.data.aug.base import Augmentation
+from vit_train.schema.sections import DataConfig
 from vit_train.schema.typed import fraction, options, require
 
 if TYPE_CHECKING:
     from torchvision.transforms import v2
+
+    from vit_train.schema.sections import RunConfig
 
 
 @dataclass
@@ -22,17 +25,21 @@ class Basic(Augmentation):
 
     name: str = "basic"
     hflip: float = 0.5  # probability of a horizontal flip
-    crop_padding: Optional[int] = None  # small images: crop padding in pixels; null = img_size // 8
+    crop_padding: int | None = None  # small images: crop padding in pixels; null = img_size // 8
     scale_min: float = 0.08  # image files: smallest area fraction of RandomResizedCrop
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
         fraction("aug.hflip", self.hflip)
         require(0.0 < self.scale_min <= 1.0, f"aug.scale_min must be in (0, 1], got {self.scale_min}")
 
-    def ignored(self, cfg: Any) -> list[tuple[str, str, str]]:
+    def ignored(self, cfg: RunConfig) -> list[tuple[str, str, str]]:
         key = "crop_padding" if cfg.data.encoded else "scale_min"  # padded crops of arrays, resized crops of files
-        users = [name for name, source in options("data").items() if source.encoded == (key == "scale_min")]
+        users = [
+            name
+            for name, source in options("data").items()
+            if issubclass(source, DataConfig) and source.encoded == (key == "scale_min")
+        ]
         return super().ignored(cfg) + [(key, f"aug={self.name}, data={cfg.data.name}", f"data={', '.join(users)}")]
 
     def padding(self, img_size: int) -> int:

@@ -5,7 +5,7 @@ plain-ViT setting."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vit_train.data.aug.basic import Basic
 from vit_train.schema.typed import require
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from torchvision.transforms import v2
 
     from vit_train.data.device import ops as device_ops
+    from vit_train.schema.sections import RunConfig
 
 
 @dataclass
@@ -25,7 +26,7 @@ class RandAug(Basic):
     randaug_n: int = 2  # RandAugment operations per image
     randaug_m: int = 9  # RandAugment magnitude, 0-30
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
         require(0 <= self.randaug_m <= 30, f"aug.randaug_m must be in [0, 30], got {self.randaug_m}")
         require(self.randaug_n >= 0, f"aug.randaug_n must be >= 0, got {self.randaug_n}")

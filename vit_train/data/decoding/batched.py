@@ -203,7 +203,7 @@ class BatchDecoder:
             if kinds[k] >= len(BATCHED):  # decoded by the worker
                 images[k] = batch.image(k).to(self.device, non_blocking=True)
         decoded = self._decode([batch.image(k) for k in jpegs]) if jpegs else []
-        for k, image in zip(jpegs, decoded):
+        for k, image in zip(jpegs, decoded, strict=True):
             if image is not None:
                 images[k] = upright(image, int(batch.orientations[k]))
             else:  # the CPU decoder's, upright already; None when it cannot read it either
@@ -238,7 +238,7 @@ class BatchDecoder:
     def _count(self, kinds: list[int], names: list[str]) -> None:
         for kind in kinds:
             self.counts[KINDS[kind]] += 1
-        fallbacks = [(KINDS[kind], name) for kind, name in zip(kinds, names) if kind >= len(BATCHED)]
+        fallbacks = [(KINDS[kind], name) for kind, name in zip(kinds, names, strict=True) if kind >= len(BATCHED)]
         if fallbacks and not self.said:
             self.said = True
             log.info(

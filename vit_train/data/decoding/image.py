@@ -31,9 +31,9 @@ from __future__ import annotations
 import io
 import logging
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch

@@ -4,13 +4,13 @@ the training process, so that loaders hand out plain (images, targets) batches."
 from __future__ import annotations
 
 import logging
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DataLoader
 
-from vit_train.errors import DataError
 from vit_train.data.decoding.image import describe_unreadable
+from vit_train.errors import DataError
 
 log = logging.getLogger("vit_train")
 

@@ -36,7 +36,7 @@ class Geometry:
     resize: int | None = None
 
     @classmethod
-    def of(cls, transforms: list, aug: str) -> "Geometry":
+    def of(cls, transforms: list, aug: str) -> Geometry:
         """The geometry of a training transform's list (an option's `train_transform` for image files). Raises
         ConfigError (one line) when it starts with something else."""
         first, second = (transforms + [None, None])[:2]
@@ -132,11 +132,11 @@ def resized_crops(
                 TF.resized_crop(
                     image, *window, size, interpolation=geometry.interpolation, antialias=geometry.antialias
                 )
-                for image, window in zip(images, windows.tolist())
+                for image, window in zip(images, windows.tolist(), strict=True)
             ]
         )
     out = torch.empty(len(images), 3, *size, device=images[0].device)
-    for k, (image, (top, left, height, width)) in enumerate(zip(images, windows.tolist())):
+    for k, (image, (top, left, height, width)) in enumerate(zip(images, windows.tolist(), strict=True)):
         window = image[None, :, top : top + height, left : left + width].float()  # (1, 3, h, w)
         out[k] = F.interpolate(window, size=size, mode="bilinear", align_corners=False, antialias=geometry.antialias)[0]
     return out.round_().to(torch.uint8)  # values in [0, 255]: bilinear weights are non-negative

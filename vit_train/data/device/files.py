@@ -24,28 +24,33 @@ from __future__ import annotations
 
 import io
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torchvision
 from PIL import Image
 
 from vit_train.data.datasets import MAX_REPLACEMENTS, TransformedDataset
-from vit_train.data.device.crops import Geometry, crop, crop_uniforms
-from vit_train.data.device.ops import Plan, apply_plan
 from vit_train.data.decoding import image as decode
 from vit_train.data.decoding.batched import BatchDecoder, Encoded, RawImages, as_is, batched_decode, collate, encode
+from vit_train.data.decoding.unreadable import UnreadableImages
+from vit_train.data.device.crops import Geometry, crop, crop_uniforms
+from vit_train.data.device.ops import Plan, apply_plan
 from vit_train.data.device.pipeline import Erasing, Prepare, batch_generator, erase, erasing_plan, plan_part
 from vit_train.data.shards.stream import ShardStream
 from vit_train.data.transforms import build_transforms, device_augmentation
-from vit_train.data.decoding.unreadable import UnreadableImages
 from vit_train.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from vit_train.schema.config import Config
+    from vit_train.schema.sections import RunConfig
 
 log = logging.getLogger("vit_train")
 
 
-def device_decoding(cfg: Any, device: torch.device, rank: int = 0) -> Optional["DeviceDecoding"]:
+def device_decoding(cfg: Config, device: torch.device, rank: int = 0) -> DeviceDecoding | None:
     """data.decode resolved for a run on `device`: a DeviceDecoding for `gpu`, None (the loader path) for `cpu` and
     for `auto`, which picks `cpu` until a measurement shows the device faster (docs/data.md)."""
     if cfg.data.decode == "auto" and rank == 0:
@@ -62,7 +67,7 @@ class DeviceDecoding:
     start with a crop it knows, a torchvision that cannot decode JPEGs on `device`. On a CPU `device` the same
     path runs (torchvision's CPU decoder, in the training process), said in one warning line."""
 
-    def __init__(self, cfg: Any, device: torch.device, rank: int = 0):
+    def __init__(self, cfg: Config, device: torch.device, rank: int = 0):
         self.aug, self.device, self.size, self.stats = cfg.aug, device, cfg.model.img_size, cfg.data.stats
         self.geometry = check_decode(cfg)
         self.eval_tf = build_transforms(cfg.aug, cfg.model.img_size, cfg.data.stats, None)[1]
@@ -83,20 +88,20 @@ class DeviceDecoding:
 
     collate = staticmethod(collate)
 
-    def stream(self, split: Any, **keys: Any) -> "RawShardStream":
+    def stream(self, split: Any, **keys: Any) -> RawShardStream:
         """A split of shards (stream.ShardStream's arguments) read as (Encoded, label, problem) items."""
         return RawShardStream(split, resize=self.resize, **{**keys, "transform": as_is})
 
-    def train(self, loader: Any, sampler: Any, unreadable: Any) -> "DecodedTrain":
+    def train(self, loader: Any, sampler: Any, unreadable: Any) -> DecodedTrain:
         """The training batches of `loader` (its batches: (EncodedBatch, labels)) decoded and augmented; `sampler`:
         the epoch's positions (EpochSampler or a stream's plan); `unreadable`: the split's policy."""
         return DecodedTrain(loader, sampler, self, unreadable)
 
-    def val(self, loader: Any, unreadable: Any) -> "DecodedEval":
+    def val(self, loader: Any, unreadable: Any) -> DecodedEval:
         return DecodedEval(loader, self, unreadable)
 
 
-def check_decode(cfg: Any) -> Geometry | None:
+def check_decode(cfg: RunConfig) -> Geometry | None:
     """With data.decode=gpu, the crop its device path does for the run's aug option (device_crops.Geometry); None
     otherwise. Raises ConfigError (one line) for an option it cannot do all of: one without a device version,
     or whose transform does not start with a crop it knows."""
@@ -207,12 +212,12 @@ class FileDraws:
     """What a global batch of image files drew (B positions; None: nothing of that kind): RandomResizedCrop's
     uniforms (device_crops.crop_uniforms), flips (B,), the policy's plan, random erasing's draws."""
 
-    uniforms: Optional[tuple] = None
-    flips: Optional[torch.Tensor] = None
-    plan: Optional[Plan] = None
-    erasing: Optional[Erasing] = None
+    uniforms: tuple | None = None
+    flips: torch.Tensor | None = None
+    plan: Plan | None = None
+    erasing: Erasing | None = None
 
-    def part(self, rows: slice) -> "FileDraws":
+    def part(self, rows: slice) -> FileDraws:
         """The draws of positions `rows` of the batch (a process's share)."""
         return FileDraws(
             None if self.uniforms is None else tuple(u[rows] for u in self.uniforms),

@@ -42,8 +42,8 @@ once per call; nothing else leaves the device.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -183,7 +183,7 @@ def contrast(images: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
     """
     if images.device.type == "cpu":
         factors = (1.0 + magnitude.double()).tolist()
-        return torch.stack([TF.adjust_contrast(image, factor) for image, factor in zip(images, factors)])
+        return torch.stack([TF.adjust_contrast(image, factor) for image, factor in zip(images, factors, strict=True)])
     mean = _grey(images).mean(dim=(-3, -2, -1), keepdim=True)  # (B, 1, 1, 1); sums of integers, exact
     return _blend(images, mean, 1.0 + magnitude.double())
 
@@ -275,7 +275,7 @@ def apply_op(images: torch.Tensor, name: str, magnitude: torch.Tensor, mask: tor
 # Magnitude tables, torchvision's `_AUGMENTATION_SPACE`s: name -> (magnitudes(num_bins, height, width) or
 # None, whether a random sign applies).
 
-Space = dict[str, tuple[Callable[[int, int, int], Optional[torch.Tensor]], bool]]
+Space = dict[str, tuple[Callable[[int, int, int], torch.Tensor | None], bool]]
 
 _NONE = (lambda bins, h, w: None, False)
 _AUTO_AUGMENT_OPS: Space = {
@@ -314,7 +314,7 @@ TRIVIAL_AUGMENT_WIDE_SPACE: Space = {
 AUTO_AUGMENT_BINS = 10  # AutoAugment's magnitude bins (torchvision's `magnitudes_fn(10, ...)`)
 
 
-def auto_augment_policy(policy: str) -> list[tuple[tuple[str, float, Optional[int]], ...]]:
+def auto_augment_policy(policy: str) -> list[tuple[tuple[str, float, int | None], ...]]:
     """torchvision's 25 sub-policies of 'cifar10', 'imagenet' or 'svhn': ((op, probability, magnitude bin), x2)."""
     return v2.AutoAugment(v2.AutoAugmentPolicy(policy))._policies
 
@@ -331,7 +331,7 @@ class MagnitudeTable:
 
 def magnitude_table(space: Space, num_bins: int, height: int, width: int, device: torch.device) -> MagnitudeTable:
     rows = []
-    for name, (magnitudes, _) in space.items():
+    for _name, (magnitudes, _) in space.items():
         values = magnitudes(num_bins, height, width)  # on the CPU, float32 (Posterize int32), as torchvision's
         rows.append(torch.zeros(num_bins, dtype=torch.float64) if values is None else values.double())
     return MagnitudeTable(
@@ -444,7 +444,7 @@ def apply_plan(images: torch.Tensor, plan: Plan) -> torch.Tensor:
         op = plan.ops[:, step].masked_fill(~plan.applied[:, step], identity_op)  # (B,)
         counts = torch.bincount(op, minlength=len(OP_NAMES)).tolist()  # the step's one host sync on CUDA
         groups = torch.argsort(op, stable=True).split(counts)  # image numbers, by operation
-        for name, index in zip(OP_NAMES, groups):
+        for name, index in zip(OP_NAMES, groups, strict=True):
             if name != "Identity" and len(index):
                 out[index] = OPS[name](out[index], signed[index, step])
     return out

@@ -19,15 +19,15 @@ training loop does not know which pipeline it reads.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
-from typing import Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 
-from vit_train.data.device.ops import Plan, apply_plan
 from vit_train.data.aug.base import Augmentation
+from vit_train.data.device.ops import Plan, apply_plan
 from vit_train.data.sampler import EpochSampler
 
 # torchvision's RandomErasing defaults, which the loader path uses (transforms.py `build_transforms`)
@@ -52,7 +52,7 @@ class Erasing:
     noise: torch.Tensor  # (sum of 3 * height * width over the erasing images,) float32
     start: torch.Tensor  # (B + 1,) int64
 
-    def part(self, rows: slice) -> "Erasing":
+    def part(self, rows: slice) -> Erasing:
         """The draws of images `rows` (a slice of the batch)."""
         first, last = int(self.start[rows.start]), int(self.start[rows.stop])
         return Erasing(
@@ -134,12 +134,12 @@ class Draws:
     (B, 2) in [0, 2 * padding] and flips (B,) (`crop_and_flip`), the policy's plan (device_ops.Plan), and
     random erasing's draws."""
 
-    offsets: Optional[torch.Tensor] = None
-    flips: Optional[torch.Tensor] = None
-    plan: Optional[Plan] = None
-    erasing: Optional[Erasing] = None
+    offsets: torch.Tensor | None = None
+    flips: torch.Tensor | None = None
+    plan: Plan | None = None
+    erasing: Erasing | None = None
 
-    def part(self, rows: slice) -> "Draws":
+    def part(self, rows: slice) -> Draws:
         """The draws of images `rows` of the batch (a process's share)."""
         return Draws(
             None if self.offsets is None else self.offsets[rows],

@@ -16,13 +16,13 @@ import os
 import re
 import signal
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
+from vit_train.data.decoding.regular import not_regular, open_regular
 from vit_train.errors import DataError
 from vit_train.extras import require
-from vit_train.data.decoding.regular import not_regular, open_regular
 
 INDEX = "index.json"
 FORMAT, VERSION = "vit-train webdataset", 1
@@ -167,7 +167,7 @@ def _urls(path: Path, split: str, names: list[str], root: str, pattern: str | No
             f"{key}={pattern} expands to {len(urls)} shard(s), but {path} lists {len(names)} {split} "
             f"shards; give a pattern with one URL per listed shard (e.g. {{000000..{len(names) - 1:06d}}})"
         )
-    for url, name in zip(urls, names):
+    for url, name in zip(urls, names, strict=True):
         if name not in url:
             raise DataError(
                 f"{key}={pattern}: the URL {url} does not name {name}, which {path} lists in its place; "

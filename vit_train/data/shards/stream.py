@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from vit_train.errors import DataError
 from vit_train.data.decoding import image as decode
 from vit_train.data.sampler import EpochSampler
 from vit_train.data.shards.index import IMAGE_EXTS, Missing, ShardIndex, Split, label_of, read_samples
@@ -33,6 +33,10 @@ from vit_train.data.shards.order import (
     train_slots,
     val_slots,
 )
+from vit_train.errors import DataError
+
+if TYPE_CHECKING:
+    from vit_train.schema.config import Config
 
 log = logging.getLogger("vit_train")
 
@@ -138,7 +142,7 @@ class ShardStream(IterableDataset):
                 f"check the shards, then resume"
             )
         # nothing readable after it: the slot's first readable sample (read again from the slot's start)
-        for position, raw in self._raw(slot, list(range(len(slot)))):
+        for _position, raw in self._raw(slot, list(range(len(slot)))):
             opened = self._open(raw)
             if opened[0] is not None:
                 return opened
@@ -285,7 +289,7 @@ class StreamLoader:
 
 def build_stream_loaders(
     index: ShardIndex,
-    cfg,
+    cfg: Config,
     train_tf: Callable,
     eval_tf: Callable,
     device: torch.device,

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     import torch
 
     from vit_train.data.loaders import Data
+    from vit_train.schema.config import Config
+    from vit_train.schema.sections import RunConfig
 
 UNLABELLED_CLASS = "image"  # the one "class" of images read without labels (an objective that reads none)
 IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # ImageNet's per-channel mean and std
@@ -50,10 +52,11 @@ class DataSource(DataConfig):
         yields (image, label) items. Without `labels` (an objective that reads none) labels may be absent."""
         raise NotImplementedError
 
-    def build(self, cfg: Any, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
+    def build(self, cfg: Config, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
         """This process's loaders for the run `cfg` (its share of every global batch and of the val set)."""
         from vit_train.data.loaders import random_access_data
 
+        assert cfg.model.img_size is not None  # Config.validate fills it from the data set
         return random_access_data(cfg, self.splits(cfg.model.img_size, labels), device, rank, world_size)
 
     def eval_spec(self, img_size: int) -> dict[str, Any]:
@@ -123,12 +126,13 @@ class EncodedImages(DataSource):
     def location(self) -> str | None:
         return self.root
 
-    def build(self, cfg: Any, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
+    def build(self, cfg: Config, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
         """This process's loaders; with data.decode=gpu the images are decoded on `device` (device/files.py)."""
         from vit_train.data.device.files import device_decoding
         from vit_train.data.loaders import random_access_data
 
         decoding = device_decoding(cfg, device, rank)
+        assert cfg.model.img_size is not None  # Config.validate fills it from the data set
         return random_access_data(cfg, self.splits(cfg.model.img_size, labels), device, rank, world_size, decoding)
 
     def data_bound_advice(self, device: torch.device) -> str:
@@ -144,9 +148,15 @@ class EncodedImages(DataSource):
             + ", or pre-resize the images (vit-shards short_side=N)"
         )
 
-    def check(self, cfg: Any) -> None:
-        super().check(cfg)
+    def given_root(self) -> str:
+        """data.root; ConfigError (one line) when it is not given (`check` refuses such a run before any work)."""
         require(bool(self.root), f"data={self.name} needs data.root, {self.root_hint}")
+        assert self.root is not None  # require refused None
+        return self.root
+
+    def check(self, cfg: RunConfig) -> None:
+        super().check(cfg)
+        self.given_root()  # refuses a run without data.root
         fraction("data.max_bad_fraction", self.max_bad_fraction)
         if self.decode == "gpu":  # the aug option's transforms read (torchvision): the one check that imports torch
             from vit_train.data.device.files import check_decode

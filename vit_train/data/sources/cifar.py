@@ -12,7 +12,7 @@ import pickle
 import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from vit_train.data.decoding.regular import NotRegularFile, not_regular, open_regular
 from vit_train.data.sources.base import DataSource
@@ -80,8 +80,8 @@ class Cifar10(DataSource):
     loading_keys = ("download",)
 
     name: str = "cifar10"
-    num_workers: Optional[int] = 4
-    root: Optional[str] = "data"  # folder holding (or to receive) the batches, relative to where you run; null = data
+    num_workers: int | None = 4
+    root: str | None = "data"  # folder holding (or to receive) the batches, relative to where you run; null = data
     download: bool = True  # download (checksum-verified) when the files are absent
 
     def location(self) -> str | None:

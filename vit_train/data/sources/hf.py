@@ -15,10 +15,9 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
-from vit_train.errors import DataError
-from vit_train.extras import require
+from vit_train.data.decoding.regular import open_regular
 from vit_train.data.sources.base import UNLABELLED_CLASS, EncodedImages
 from vit_train.data.sources.hf_files import (
     check_regular,
@@ -27,7 +26,8 @@ from vit_train.data.sources.hf_files import (
     process_copy_folder,
     reclaim_copies,
 )
-from vit_train.data.decoding.regular import open_regular
+from vit_train.errors import DataError
+from vit_train.extras import require
 
 if TYPE_CHECKING:
     import torch
@@ -51,16 +51,18 @@ class HuggingFace(EncodedImages):
     image_key: str = "image"  # the image column
     label_key: str = "label"  # the label column (a ClassLabel gives the class names)
     train_split: str = "train"  # the training split
-    val_split: Optional[str] = None  # the validation split; null = validation, else val, else test
+    val_split: str | None = None  # the validation split; null = validation, else val, else test
 
     def splits(self, img_size: int, labels: bool = True) -> tuple:
         return (
-            *load_hf_splits(self.root, self.image_key, self.label_key, self.train_split, self.val_split, labels),
+            *load_hf_splits(
+                self.given_root(), self.image_key, self.label_key, self.train_split, self.val_split, labels
+            ),
             None,
         )
 
     def read_folders(self) -> list[Path]:
-        return [Path(os.path.realpath(Path(self.root).expanduser()))]
+        return [Path(os.path.realpath(Path(self.given_root()).expanduser()))]
 
 
 class HFImages:
@@ -157,6 +159,7 @@ def load_hf_splits(
                 f"{root} has no split {name!r} (data.{key}); its splits: {', '.join(sorted(splits)) or 'none'}"
                 + ("" if name else f" (data.val_split=null looks for {', '.join(VAL_SPLITS)})")
             )
+    assert val_split is not None  # None is no split: refused above
     train, val = splits[train_split], splits[val_split]
     for name, ds in ((train_split, train), (val_split, val)):
         if len(ds) == 0:
@@ -239,7 +242,7 @@ def _class_names(train, val, label_key: str, train_split: str, val_split: str, r
             f"both splits need one ClassLabel"
         )
     named = [f for f in features if isinstance(f, ClassLabel)]
-    for f, split in zip(features, (train_split, val_split)):
+    for f, split in zip(features, (train_split, val_split), strict=True):
         dtype = getattr(f, "dtype", "")
         if isinstance(f, ClassLabel) or dtype.startswith("int") or dtype.startswith("uint"):
             continue

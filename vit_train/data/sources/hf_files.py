@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from vit_train.errors import DataError
 from vit_train.data.decoding.regular import not_regular, open_regular
+from vit_train.errors import DataError
 
 log = logging.getLogger("vit_train")
 

@@ -23,8 +23,8 @@ class ImageFolders(EncodedImages):
         from vit_train.data.sources.imagefolder_files import load_image_folders, load_unlabelled_folders
 
         read = load_image_folders if labels else load_unlabelled_folders  # without labels any folder of images
-        return (*read(self.root), None)
+        return (*read(self.given_root()), None)
 
     def read_folders(self) -> list[Path]:
-        root = Path(os.path.realpath(Path(self.root).expanduser()))
+        root = Path(os.path.realpath(Path(self.given_root()).expanduser()))
         return [root / "train", root / "val"]

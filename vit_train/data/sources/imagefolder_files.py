@@ -10,10 +10,10 @@ from pathlib import Path
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from vit_train.errors import DataError
 from vit_train.data.decoding.image import IMAGE_ERRORS, UnreadableImage, open_rgb
 from vit_train.data.decoding.listing import list_images, path_is_image, say_skipped
 from vit_train.data.sources.base import UNLABELLED_CLASS
+from vit_train.errors import DataError
 
 log = logging.getLogger("vit_train")
 

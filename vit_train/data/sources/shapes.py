@@ -16,6 +16,8 @@ from vit_train.schema.typed import positive
 if TYPE_CHECKING:
     import torch
 
+    from vit_train.schema.sections import RunConfig
+
 CLASS_NAMES = ["circle", "square", "diamond", "ring", "plus", "cross", "triangle", "hbar", "vbar", "frame"]
 SHAPES_STATS = ((0.28, 0.28, 0.28), (0.236, 0.236, 0.236))  # measured on 10k images; the same at any size
 
@@ -34,7 +36,7 @@ class Shapes(DataSource):
     val_size: int = 2000  # number of validation images
     seed: int = 0  # seed of the generated images (independent of the run's seed)
 
-    def check(self, cfg) -> None:
+    def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
         positive(("data.train_size", self.train_size), ("data.val_size", self.val_size))
 

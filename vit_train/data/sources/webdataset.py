@@ -7,8 +7,9 @@ may not change (the stream's layout, kept in the checkpoint).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
+from vit_train.data.aug.base import Augmentation
 from vit_train.data.sources.base import EncodedImages
 from vit_train.errors import ConfigError
 from vit_train.schema.typed import require
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
     import torch
 
     from vit_train.data.loaders import Data
+    from vit_train.schema.config import Config
+    from vit_train.schema.sections import RunConfig
 
 
 @dataclass
@@ -31,18 +34,18 @@ class WebDataset(EncodedImages):
     )
 
     name: str = "webdataset"
-    train_shards: Optional[str] = None  # brace URL or pipe: command of the train shards; null = data.root
-    val_shards: Optional[str] = None  # the same for the val shards
+    train_shards: str | None = None  # brace URL or pipe: command of the train shards; null = data.root
+    val_shards: str | None = None  # the same for the val shards
     shuffle_buffer: int = 5000  # samples in each loader worker's shuffle buffer (OpenCLIP's 5000)
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
         require(
             self.shuffle_buffer >= 1,
             f"data.shuffle_buffer must be >= 1 (1 = no shuffle buffer), got {self.shuffle_buffer}",
         )
 
-    def build(self, cfg: Any, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
+    def build(self, cfg: Config, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
         """Shards read as streams in a planned order: each (process, worker) its slot of the epoch's plan."""
         from vit_train.data.device.files import device_decoding
         from vit_train.data.loaders import Data, loader_options, pipeline, small_images
@@ -57,18 +60,22 @@ class WebDataset(EncodedImages):
                 f"data=webdataset (a stream cannot repeat a sample inside one batch); use "
                 f"data.repeated_aug=1"
             )
-        index = load_index(self.root, self.train_shards, self.val_shards)
-        train_tf, eval_tf = build_transforms(cfg.aug, cfg.model.img_size, self.stats, None)
+        index = load_index(self.given_root(), self.train_shards, self.val_shards)
+        aug, img_size = cfg.aug, cfg.model.img_size
+        assert isinstance(aug, Augmentation) and img_size is not None  # every aug option is one; validate filled it
+        train_tf, eval_tf = build_transforms(aug, img_size, self.stats, None)
         options = loader_options(self.num_workers, device)
         decoding = device_decoding(cfg, device, rank)  # data.decode=gpu: decoded on the device (device/files.py)
         train, val, plan, unreadable = build_stream_loaders(
             index, cfg, train_tf, eval_tf, device, rank, world_size, labels, options, decoding
         )
-        sizes = [tuple(index.image_size[::-1])] if index.image_size else []  # [H, W] when every image has one size
-        small = small_images(sizes, cfg.model.img_size, cfg.model.patch_size, "every image, as index.json records")
+        sizes = (
+            [(index.image_size[1], index.image_size[0])] if index.image_size else []
+        )  # [H, W] when every image has one size
+        small = small_images(sizes, img_size, cfg.model.patch_size, "every image, as index.json records")
         stored = stored_too_small(
             index,
-            train_side(train_tf, cfg.model.img_size, cfg.aug.name),
+            train_side(train_tf, img_size, aug.name),
             (eval_tf.resize, f"evaluation's resize to {eval_tf.resize} (then the centre crop to {cfg.model.img_size})"),
         )
         left = index.train.samples % self.batch_size
@@ -102,7 +109,7 @@ class WebDataset(EncodedImages):
         from vit_train.data.shards.index import train_fingerprint
 
         layout = {"world_size": world_size, "loader_workers": max(1, loader_workers(self.num_workers))}
-        fingerprint = train_fingerprint(self.root)
+        fingerprint = train_fingerprint(self.given_root())
         return layout if fingerprint is None else {**layout, "train_index": fingerprint}
 
     def position_changes(self, saved: dict, layout: dict | None, world_size: int) -> list[str]:

@@ -46,11 +46,13 @@ class ResNet(ModelConfig):
     }
 
     def build(self, num_classes: int) -> nn.Module:
+        assert self.img_size is not None  # Config.validate fills it from the data set
         return build_resnet(self.arch, num_classes, self.img_size)
 
     def flops_per_image(self, num_classes: int) -> float:
         from vit_train.models.flops import training_flops
 
+        assert self.img_size is not None  # Config.validate fills it from the data set
         return training_flops(lambda: self.build(num_classes), self.img_size, lambda m, x: m(x))
 
     @classmethod
@@ -72,7 +74,11 @@ class ResNet(ModelConfig):
         ]
         bottleneck = any(k.endswith(".conv3.weight") for k in weights)
         conv1 = weights.get("conv1.weight")
-        found = {"model.arch": RESNETS.get((*blocks, bottleneck), f"a ResNet with blocks {blocks}")}
+        found = {
+            "model.arch": RESNETS.get(
+                (blocks[0], blocks[1], blocks[2], blocks[3], bottleneck), f"a ResNet with blocks {blocks}"
+            )
+        }
         if conv1 is not None:
             found["model.stem"] = "3x3 (small images)" if conv1.shape[-1] == 3 else "7x7 (ImageNet)"
         return found

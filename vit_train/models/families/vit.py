@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal
 
 from vit_train.schema.sections import ModelConfig
 from vit_train.schema.typed import fraction, positive, require
@@ -19,6 +19,9 @@ from vit_train.schema.typed import fraction, positive, require
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+    from vit_train.schema.sections import RunConfig
+
 
 SHAPE = "the weights have another shape"
 BLOCK = re.compile(r"^blocks\.(\d+)\.")
@@ -93,7 +96,7 @@ class ViT(ModelConfig):
     attn_dropout: float = 0.0  # dropout on attention weights
     drop_path: float = 0.0  # stochastic depth of the last block; rises linearly from 0 over depth
     reg_tokens: int = 0  # register tokens (Darcet et al. 2024), timm's reg_token; 0 = none
-    init_values: Optional[float] = None  # LayerScale's initial gamma (CaiT; timm's ls1/ls2), e.g. 1e-5; null = off
+    init_values: float | None = None  # LayerScale's initial gamma (CaiT; timm's ls1/ls2), e.g. 1e-5; null = off
     qk_norm: bool = False  # LayerNorm on each head's queries and keys (timm's attn.q_norm/k_norm)
     distilled: bool = False  # DeiT's distillation token and head (dist_token, head_dist); eval averages the heads
     trainable: Literal["all", "head"] = "all"  # head: linear probe (the rest frozen, its dropout off)
@@ -101,7 +104,7 @@ class ViT(ModelConfig):
         False  # recompute each block's activations in backward (timm's name): less memory, ~1/3 more compute
     )
 
-    def check(self, cfg: Any) -> None:
+    def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
         positive(
             ("model.embed_dim", self.embed_dim),
@@ -109,6 +112,9 @@ class ViT(ModelConfig):
             ("model.num_heads", self.num_heads),
             ("model.mlp_ratio", self.mlp_ratio),
         )
+        assert (
+            self.img_size is not None and self.patch_size is not None
+        )  # Config.validate fills them from the data set before the checks
         require(
             self.img_size % self.patch_size == 0,
             f"model.img_size ({self.img_size}) must be divisible by model.patch_size ({self.patch_size})",
@@ -135,6 +141,7 @@ class ViT(ModelConfig):
         from vit_train.models.probe import set_trainable
         from vit_train.models.vit import VisionTransformer, set_grad_checkpointing
 
+        assert self.img_size is not None and self.patch_size is not None  # Config.validate fills them from the data set
         model = VisionTransformer(
             img_size=self.img_size,
             patch_size=self.patch_size,
@@ -162,14 +169,19 @@ class ViT(ModelConfig):
         """Every token through every block (models/flops.py), as MFU counts them: with class-token pooling the
         loop's forward skips most of the last block for the patch tokens (~6% fewer FLOPs than this)."""
         from vit_train.models.flops import training_flops
-        from vit_train.models.vit import set_grad_checkpointing
+        from vit_train.models.vit import VisionTransformer, set_grad_checkpointing
 
         def network() -> nn.Module:
             model = self.build(num_classes)
             set_grad_checkpointing(model, False)  # model FLOPs: the recomputation is not counted
             return model
 
-        return training_flops(network, self.img_size, lambda m, x: m.forward_head(m.forward_features(x)))
+        def forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+            assert isinstance(model, VisionTransformer)  # build's
+            return model.forward_head(model.forward_features(x))
+
+        assert self.img_size is not None  # Config.validate fills it from the data set
+        return training_flops(network, self.img_size, forward)
 
     @classmethod
     def architecture(cls, saved: dict[str, Any]) -> dict[str, Any]:
@@ -227,7 +239,11 @@ class ViT(ModelConfig):
 
     def layers(self, model: nn.Module) -> int:
         """The embeddings, each block, the final norm and heads: depth + 2."""
-        return len(model.blocks) + 2
+        from torch import nn
+
+        blocks = model.blocks
+        assert isinstance(blocks, nn.Sequential)  # build's VisionTransformer
+        return len(blocks) + 2
 
     def layer_of(self, name: str, layers: int) -> int:
         """0 for the patch embedding, positions and prefix tokens, i + 1 for blocks.i, the last for the final norm
