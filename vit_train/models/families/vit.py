@@ -51,16 +51,17 @@ class ViT(ModelConfig):
     refused_on_resume = {
         **ModelConfig.refused_on_resume,
         "img_size": "the position embeddings are for another image size",
-        "patch_size": SHAPE,
+        # each reason says what differs (a head count keeps every shape: it splits the same weights otherwise)
+        "patch_size": "the patch embedding's kernel has another shape",
         "embed_dim": SHAPE,
-        "depth": SHAPE,
-        "num_heads": SHAPE,
+        "depth": "the network has another number of blocks",
+        "num_heads": "another head count splits the same weights into other heads: another function",
         "mlp_ratio": SHAPE,
-        "qkv_bias": SHAPE,
-        "reg_tokens": SHAPE,
-        "init_values": SHAPE,
-        "qk_norm": SHAPE,
-        "distilled": SHAPE,
+        "qkv_bias": "the attention's qkv bias would be added or dropped",
+        "reg_tokens": "the register tokens are another number",
+        "init_values": "LayerScale would be added or dropped",
+        "qk_norm": "the query and key norms would be added or dropped",
+        "distilled": "the distillation token and head would be added or dropped",
         "pool": "the head was trained on another pooled feature",
         "pos_embed": "the position embeddings are learned in one and fixed in the other",
         "trainable": "the optimiser's state holds other parameters",
@@ -103,6 +104,16 @@ class ViT(ModelConfig):
     grad_checkpointing: bool = (
         False  # recompute each block's activations in backward (timm's name): less memory, ~1/3 more compute
     )
+
+    def resume_refusal(self, key: str, saved: Any) -> str | None:
+        """As `refused_on_resume`, but LayerScale kept at another starting value keeps every tensor: its scales are
+        the checkpoint's, so the reason is the identity every door for weights compares, not a shape."""
+        if key == "init_values" and saved is not None and self.init_values is not None:
+            return (
+                f"the run's LayerScale started at model.init_values={saved:g}, part of the architecture every "
+                f"door for weights compares"
+            )
+        return super().resume_refusal(key, saved)
 
     def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
