@@ -99,3 +99,16 @@ def test_the_check_reads_a_few_headers_only_and_passes_over_what_it_cannot_read(
 def test_the_median_shorter_side_below_half_the_input_is_what_warns(sizes, img_size, said):
     line = small_images(sizes, img_size, 16)
     assert (line is None) if said is None else (said in line)
+
+
+@pytest.mark.parametrize("model, patches", [({"name": "resnet18", "arch": "resnet18"}, False),
+                                            ({"name": "vit_micro"}, True)])
+def test_a_model_without_patches_is_not_told_about_patches(tmp_path, make_config, model, patches):
+    """A ResNet on tiny images: the fix names model.img_size only (it read 'patch 16' and a model.patch_size it has
+    no use for); a ViT's names both."""
+    from vit_train.data.loaders import reads_patch_size
+
+    cfg = make_config(model={**model, "img_size": 224, "patch_size": 16})
+    line = small_images([(28, 28)] * 5, 224, reads_patch_size(cfg))
+    assert line.endswith("set model.img_size=32 model.patch_size=4" if patches else "set model.img_size=32"), line
+    assert ("patch" in line) == patches

@@ -178,7 +178,7 @@ def random_access_data(
     )
     # image files of any size: a few headers read (rank 0 says it), the line said by a training run only
     small = (
-        small_images(image_sizes(train_base), cfg.model.img_size, cfg.model.patch_size)
+        small_images(image_sizes(train_base), cfg.model.img_size, reads_patch_size(cfg))
         if d.encoded and rank == 0
         else None
     )
@@ -225,13 +225,19 @@ def image_sizes(base: Any, count: int = SIZE_SAMPLE) -> list[tuple[int, int]]:
     return sizes
 
 
+def reads_patch_size(cfg: Config) -> int | None:
+    """model.patch_size where the model's family reads one (a ViT), else None (a ResNet: no patches to name)."""
+    return cfg.model.patch_size if type(cfg.model).reads_patches else None
+
+
 def small_images(
     sizes: list[tuple[int, int]], img_size: int, patch_size: int | None, where: str | None = None
 ) -> str | None:
     """One line when the images (`sizes`, (width, height) of a sample) are far smaller than the model's input:
     a median shorter side below half of model.img_size, so each image is blown up more than twice (a 28x28
     image at the image-folder default of 224 is one 8x8-pixel blob per 16-pixel patch); None otherwise. The
-    fix it names is an input side of the next power of two at least the median side, in 8x8 patches. `where`:
+    fix it names is an input side of the next power of two at least the median side, in 8x8 patches (`patch_size`
+    None: a model without patches, a ResNet; no patches named). `where`:
     where the sizes come from (default: "N images sampled")."""
     if not sizes:
         return None
@@ -243,9 +249,10 @@ def small_images(
     seen = [f"{w}x{h}" for w, h in sorted(set(sizes), key=lambda s: (min(s), s))]
     example = ", ".join(seen[:3]) + (", ..." if len(seen) > 3 else "")
     where = where or f"{len(sizes)} images sampled"
+    patches = f" (patch {patch_size})" if patch_size is not None else ""  # a family without patches: none named
+    fix = f"model.img_size={fit}" + (f" model.patch_size={max(1, fit // 8)}" if patch_size is not None else "")
     return (
         f"the images are far smaller than the model's input: a median shorter side of {median} px ({example}; "
-        f"{where}) against model.img_size={img_size} (patch {patch_size}), so each is upscaled "
-        f"{img_size / median:.1f}x; for images this small set model.img_size={fit} "
-        f"model.patch_size={max(1, fit // 8)}"
+        f"{where}) against model.img_size={img_size}{patches}, so each is upscaled "
+        f"{img_size / median:.1f}x; for images this small set {fix}"
     )

@@ -48,7 +48,7 @@ class WebDataset(EncodedImages):
     def build(self, cfg: Config, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
         """Shards read as streams in a planned order: each (process, worker) its slot of the epoch's plan."""
         from vit_train.data.device.files import device_decoding
-        from vit_train.data.loaders import Data, loader_options, pipeline, small_images
+        from vit_train.data.loaders import Data, loader_options, pipeline, reads_patch_size, small_images
         from vit_train.data.shards.index import load_index
         from vit_train.data.shards.stream import build_stream_loaders
         from vit_train.data.transforms import build_transforms
@@ -72,7 +72,7 @@ class WebDataset(EncodedImages):
         sizes = (
             [(index.image_size[1], index.image_size[0])] if index.image_size else []
         )  # [H, W] when every image has one size
-        small = small_images(sizes, img_size, cfg.model.patch_size, "every image, as index.json records")
+        small = small_images(sizes, img_size, reads_patch_size(cfg), "every image, as index.json records")
         stored = stored_too_small(
             index,
             train_side(train_tf, img_size, aug.name),
