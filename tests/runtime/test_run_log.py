@@ -54,14 +54,15 @@ def test_log_messages_reads_records_and_their_further_lines(tmp_path):
 
 @pytest.mark.slow  # in the slow suite to keep `pytest` near 5 minutes on 2 cores
 def test_every_line_the_command_printed_is_in_train_log_in_order(tmp_path, mae_run):
-    """MAE fine-tuning from the command line, with a key the chosen optimiser ignores (the command line's own
-    warning, logged before the run directory is used): stdout is the log; train.log has all of it."""
-    result = vit_train(*TINY, "trainer.max_steps=1", f"model.pretrained={mae_run}", "optim.momentum=0.5",
+    """MAE fine-tuning from the command line, with a key the chosen data set leaves unread (aug.scale_min: shapes'
+    arrays take padded crops; the command line's own warning, logged before the run directory is used): stdout is
+    the log; train.log has all of it."""
+    result = vit_train(*TINY, "trainer.max_steps=1", f"model.pretrained={mae_run}", "aug=basic", "aug.scale_min=0.5",
                        "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     console = result.stdout.splitlines()
     assert console == console_records(tmp_path / "run" / "train.log")
-    assert "optim.momentum" in console[0]  # the command line's warning, first on both
+    assert "aug.scale_min" in console[0]  # the command line's warning, first on both
     assert len(console) >= 8  # threads, the decoder dropped, what was loaded, config, size, FLOPs, eval, end
 
 

@@ -119,7 +119,8 @@ def test_vit_eval_and_export_take_a_run_directory(trained_run, tmp_path):
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "m.safetensors").is_file()
     done = command("eval", f"ckpt={tmp_path}")
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "holds no checkpoints" in done.stderr
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and \
+        f"ckpt={tmp_path} is a directory but no vit-train run directory (it has no checkpoints/); give " in done.stderr
 
 
 @pytest.mark.parametrize("args, message", [  # in this process (tests/helpers/in_process.py): all five are fast
