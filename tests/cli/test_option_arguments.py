@@ -263,5 +263,31 @@ def test_a_refused_resume_spells_the_saved_option_as_that_command_line_takes_it(
     from vit_train.train.resume import check_compatible
 
     saved = Config.from_dict({"objective": {"name": "mae"}}).to_dict()
-    with pytest.raises(CheckpointError, match=rf"resume with the saved settings \(drop the override, or give {spelled}\)"):
+    advice = "drop the override, or give" if resume != "auto" else "give"
+    with pytest.raises(CheckpointError, match=rf"resume with the saved settings \({advice} {spelled}\)"):
         check_compatible({"config": saved}, Config.from_dict({"resume": resume}), "runs/a/checkpoints/last.pt")
+
+
+@pytest.mark.parametrize("overrides, advice", [
+    (None, r"give model.depth=6 model.num_heads=2"),
+    (["resume=auto"], r"give model.depth=6 model.num_heads=2: resume=auto composes this command's defaults, not the "
+                      r"run's settings"),
+    (["resume=auto", "model.depth=3", "model.num_heads=1"], r"give model.depth=6 model.num_heads=2 in place of the "
+                                                            r"override"),
+    (["resume=auto", "model.depth=3"], r"give model.depth=6 model.num_heads=2, in place of the override of "
+                                       r"model.depth; the rest come from this command's defaults"),
+    (["resume=auto", "model=vit_micro"], r"give model.depth=6 model.num_heads=2 in place of the override"),
+])
+def test_resume_auto_advice_says_where_a_refused_change_comes_from(overrides, advice):
+    """resume=auto composes its config from the command line: dropping an override there gives the default, not the
+    run's value (the advice "drop the override" was wrong twice over when the change came from the defaults)."""
+    from vit_train.config import Config
+    from vit_train.errors import CheckpointError
+    from vit_train.train.resume import check_compatible
+
+    saved = Config.from_dict({"model": {"depth": 6, "num_heads": 2}}).to_dict()
+    given = dict(o.split("=", 1) for o in overrides or [])
+    now = Config.from_dict({"resume": "auto", "model": {"depth": int(given.get("model.depth", 4)),
+                                                         "num_heads": int(given.get("model.num_heads", 4))}})
+    with pytest.raises(CheckpointError, match=rf"resume with the saved settings \({advice}\), or start"):
+        check_compatible({"config": saved}, now, "runs/a/checkpoints/last.pt", overrides)

@@ -18,17 +18,20 @@ KILLER = Path(__file__).with_name("killer.py")
 
 
 def stop_at(run_dir: Path, sections: dict, fault: str = "row", n: int = 1, signal: str = "KILL",
-            timeout: int = 300) -> subprocess.CompletedProcess:
+            timeout: int = 300, imports: list[tuple[str, str]] = ()) -> subprocess.CompletedProcess:
     """killer.py trains `tiny_config(**sections)` into `run_dir` in a child process and sends it SIG`signal`
-    at the n-th `fault` (killer.py lists them); the child's CompletedProcess, output captured."""
-    spec = {"run_dir": str(run_dir), "sections": sections, "fault": fault, "n": n, "signal": signal}
+    at the n-th `fault` (killer.py lists them); the child's CompletedProcess, output captured. `imports`: (folder,
+    module) pairs the child imports first (a user's own options)."""
+    spec = {"run_dir": str(run_dir), "sections": sections, "fault": fault, "n": n, "signal": signal,
+            "imports": [list(pair) for pair in imports]}
     return subprocess.run([sys.executable, str(KILLER), json.dumps(spec)], capture_output=True, text=True,
                           timeout=timeout)
 
 
-def kill_9_at(run_dir: Path, sections: dict, fault: str, n: int, timeout: int = 300) -> subprocess.CompletedProcess:
+def kill_9_at(run_dir: Path, sections: dict, fault: str, n: int, timeout: int = 300,
+              imports: list[tuple[str, str]] = ()) -> subprocess.CompletedProcess:
     """stop_at with SIGKILL, asserting that the child died of it."""
-    done = stop_at(run_dir, sections, fault, n, "KILL", timeout)
+    done = stop_at(run_dir, sections, fault, n, "KILL", timeout, imports)
     assert done.returncode == -9, (done.returncode, done.stdout, done.stderr[-2000:])
     return done
 

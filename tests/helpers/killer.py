@@ -4,6 +4,9 @@ writer is tried meanwhile; SIGCONT lets it go on). Used by test_faults.py and te
 
     python tests/helpers/killer.py '{"run_dir": ..., "sections": {...}, "fault": "row", "n": 2}'
 
+"imports": [[folder, module], ...] imports each module from its folder first (a user's own options, registered as
+the module is imported: tests/config/test_own_options_killed.py).
+
 Faults (the n-th occurrence):
   row       after the n-th train row is written to metrics.jsonl
   val_row   after the n-th val row is written
@@ -92,6 +95,9 @@ def arm(fault: str, n: int, stop_with: int = signal.SIGKILL) -> None:
 
 if __name__ == "__main__":
     spec = json.loads(sys.argv[1])
+    for folder, module in spec.get("imports", []):  # a user's options, outside vit_train
+        sys.path.insert(0, folder)
+        __import__(module)
     # STOP: paused there until SIGCONT, then it goes on
     arm(spec["fault"], spec.get("n", 1), getattr(signal, "SIG" + spec.get("signal", "KILL")))
     trainer.train(tiny_config(**spec["sections"], resume=spec.get("resume")), spec["run_dir"])

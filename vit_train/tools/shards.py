@@ -296,7 +296,7 @@ def write_shards(
     out = Path(out).expanduser()
     shard_out.refuse_inside_source(cfg, out)  # before the data set is read: a mistake is said at once
     target = shard_out.refuse_used(out, splits, overwrite)
-    train, val, names, _ = cfg.data.splits(cfg.model.img_size)
+    train, val, names, _ = cfg.data.checked_splits(cfg.model.img_size)
     shard_out.prepare(target, list(names))  # after: a data set that cannot be read leaves no folder behind
     writers: list[SplitWriter] = []  # every split's, so that a failure in val removes train's shards too
     bases = {"train": train, "val": val}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -141,13 +142,16 @@ def refusal(cfg: Config, key: str, saved_value: Any, saved_keys: dict[str, Any],
     return owner.resume_refusal(leaf, saved_value) if owner is not None else None
 
 
-def check_compatible(ckpt: dict, cfg: Config, path: Any = "<the checkpoint>") -> list[str]:
+def check_compatible(
+    ckpt: dict, cfg: Config, path: Any = "<the checkpoint>", overrides: Sequence[str] | None = None
+) -> list[str]:
     """Refuse, before any work, a resumed config that changes what the checkpoint's state means.
 
     `ckpt` is the loaded checkpoint (its "config", of this version's layout or an earlier one's), `cfg` the
-    resumed run's config, `path` the checkpoint's file, named in the message. Raises CheckpointError (one
-    line: each refused key with its saved and new value, why, and what to do instead). Returns the other
-    changes as "key: old -> new" lines, for the log.
+    resumed run's config, `path` the checkpoint's file, named in the message, `overrides` the command line's
+    (None: not known), which the advice reads to say where a change comes from (`_keep_advice`). Raises
+    CheckpointError (one line: each refused key with its saved and new value, why, and what to do instead).
+    Returns the other changes as "key: old -> new" lines, for the log.
     """
     saved = legacy.upgrade_saved(ckpt["config"])
     changes = config_changes(saved, cfg.to_dict())
@@ -162,8 +166,8 @@ def check_compatible(ckpt: dict, cfg: Config, path: Any = "<the checkpoint>") ->
         )
         raise CheckpointError(
             f"cannot resume {path} with a changed config ({what}): {reasons}; resume with the saved "
-            f"settings (drop the override, or give {keep}), {_instead(refused, path, cfg)} "
-            f"(see docs/resuming.md)"
+            f"settings ({_keep_advice(keep, [k for k, _, _ in refused], cfg, overrides)}), "
+            f"{_instead(refused, path, cfg)} (see docs/resuming.md)"
         )
     cfg.objective.check_resume(ckpt.get("objective"), path)  # what its state needs (distill: the same teacher file)
     return [
@@ -172,6 +176,33 @@ def check_compatible(ckpt: dict, cfg: Config, path: Any = "<the checkpoint>") ->
         for k, a, b in changes
         if (k, a, b) not in refused
     ]
+
+
+def _keep_advice(keep: str, keys: list[str], cfg: Config, overrides: Sequence[str] | None) -> str:
+    """How to resume with the saved settings `keep` (key=value words) of the refused `keys`. resume=PATH reads the
+    run's config from the checkpoint, so dropping the override restores it; resume=auto composes it from the command
+    line, where dropping an override gives the default, not the run's value: there `keep` is the advice, said with
+    where the change came from (an override the command line gave, or the defaults it composed)."""
+    if cfg.resume != "auto":
+        return f"drop the override, or give {keep}"
+    if overrides is None:
+        return f"give {keep}"
+    given = [key for key in keys if _overridden(key, overrides)]
+    if len(given) == len(keys):
+        return f"give {keep} in place of the override"
+    if not given:
+        return f"give {keep}: resume=auto composes this command's defaults, not the run's settings"
+    return f"give {keep}, in place of the override of {', '.join(given)}; the rest come from this command's defaults"
+
+
+def _overridden(key: str, overrides: Sequence[str]) -> bool:
+    """Whether one of the command line's `overrides` sets the dotted `key`: the key itself, a group or section above
+    it (model=vit_small, model.depth), or an experiment (which may set any key)."""
+    for override in overrides:
+        name = override.split("=", 1)[0].lstrip("+~")
+        if name == "experiment" or key == name or key.startswith(f"{name}."):
+            return True
+    return False
 
 
 def _instead(refused: list[tuple[str, Any, Any]], path: Any, cfg: Config) -> str:

@@ -87,7 +87,7 @@ def train(
     with EarlyRecords(), rundir.locked(run_dir) if own_lock else contextlib.nullcontext():
         started = time.time()
         ckpt_path, ckpt = resume_from or find_start(cfg.resume, run_dir) or (None, None)
-        changes = check_compatible(ckpt, cfg, ckpt_path) if ckpt else []
+        changes = check_compatible(ckpt, cfg, ckpt_path, overrides) if ckpt else []
         run = build_run(cfg, run_dir, overrides, ckpt, started)
         if cfg.resume == "auto" and ckpt is None and run.ctx.is_main:
             log.warning(resume_auto_found_nothing(run_dir))

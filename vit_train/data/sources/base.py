@@ -52,12 +52,19 @@ class DataSource(DataConfig):
         yields (image, label) items. Without `labels` (an objective that reads none) labels may be absent."""
         raise NotImplementedError
 
+    def checked_splits(self, img_size: int, labels: bool = True) -> tuple[Any, Any, list[str], int | None]:
+        """`splits`, with what it returned checked against the contract above (a data set of the user's own may
+        return something else): DataError, one line naming data=NAME, what came back and what is wanted."""
+        found = self.splits(img_size, labels)
+        check_splits(found, f"data={self.name}", labels)
+        return found
+
     def build(self, cfg: Config, device: torch.device, rank: int = 0, world_size: int = 1, labels: bool = True) -> Data:
         """This process's loaders for the run `cfg` (its share of every global batch and of the val set)."""
         from vit_train.data.loaders import random_access_data
 
         assert cfg.model.img_size is not None  # Config.validate fills it from the data set
-        return random_access_data(cfg, self.splits(cfg.model.img_size, labels), device, rank, world_size)
+        return random_access_data(cfg, self.checked_splits(cfg.model.img_size, labels), device, rank, world_size)
 
     def eval_spec(self, img_size: int) -> dict[str, Any]:
         """The evaluation preprocessing (data/preprocess.py) for a model of input side `img_size`."""
@@ -133,7 +140,9 @@ class EncodedImages(DataSource):
 
         decoding = device_decoding(cfg, device, rank)
         assert cfg.model.img_size is not None  # Config.validate fills it from the data set
-        return random_access_data(cfg, self.splits(cfg.model.img_size, labels), device, rank, world_size, decoding)
+        return random_access_data(
+            cfg, self.checked_splits(cfg.model.img_size, labels), device, rank, world_size, decoding
+        )
 
     def data_bound_advice(self, device: torch.device) -> str:
         """Image files: the loader workers decode them, or with data.decode=gpu the training process does."""
@@ -162,3 +171,62 @@ class EncodedImages(DataSource):
             from vit_train.data.device.files import check_decode
 
             check_decode(cfg)
+
+
+SPLITS_CONTRACT = (
+    "(train set, val set, class names, the images' native side or None), each set a Dataset of (image, label) "
+    "items (docs/extending.md)"
+)
+
+
+def check_splits(found: Any, who: str, labels: bool = True) -> None:
+    """Refuse (DataError, one line naming `who`) what a data set's `splits` returned when it is not
+    (train set, val set, class names, native side or None): the sets with len() and [i], not empty, their first
+    item (unless it is an unreadable image file) an (image, label) pair whose label (when `labels`) is an integer index into the class names; the class
+    names a non-empty list of strings; the native side a positive int or None. Reads the first item of each set."""
+    from vit_train.data.decoding.image import UnreadableImage
+    from vit_train.errors import DataError
+
+    def refuse(what: str) -> DataError:
+        return DataError(f"{who}: splits() returned {what}; it must return {SPLITS_CONTRACT}")
+
+    if not isinstance(found, (tuple, list)) or len(found) != 4:
+        size = f" of {len(found)}" if isinstance(found, (tuple, list)) else ""
+        raise refuse(f"a {type(found).__name__}{size}")
+    train, val, names, native = found
+    if isinstance(names, (str, bytes)) or not isinstance(names, (list, tuple)):
+        example = f" (for {names} classes: [str(i) for i in range({names})])" if isinstance(names, int) else ""
+        raise refuse(f"class names as a {type(names).__name__} ({names!r}){example}")
+    if not names or not all(isinstance(name, str) for name in names):
+        odd = next((n for n in names if not isinstance(n, str)), None)
+        raise refuse("no class names" if not names else f"a class name that is a {type(odd).__name__} ({odd!r})")
+    if native is not None and (isinstance(native, bool) or not isinstance(native, int) or native <= 0):
+        raise refuse(f"{native!r} as the images' native side (pixels)")
+    for split, data in (("train", train), ("val", val)):
+        if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+            raise refuse(f"a {type(data).__name__} as the {split} set, which has no len() and [i]")
+        if len(data) == 0:
+            raise refuse(f"an empty {split} set")
+        try:
+            item = data[0]
+        except UnreadableImage:  # an image file that cannot be read: data.bad_images decides, when it is loaded
+            continue
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            shape = f" with keys {sorted(item)}" if isinstance(item, dict) else ""
+            raise refuse(f"{split} items that are a {type(item).__name__}{shape}, not an (image, label) pair")
+        label = item[1]
+        if labels and not is_index(label, len(names)):
+            raise refuse(f"{split}[0]'s label {label!r}, not an integer index into the {len(names)} class names")
+
+
+def is_index(label: Any, classes: int) -> bool:
+    """Whether `label` is an integer (a Python, NumPy or 0-d tensor int) in [0, classes)."""
+    if isinstance(label, bool):
+        return False
+    try:
+        import operator
+
+        value = operator.index(label)  # int, numpy integers and integer 0-d tensors; not floats or strings
+    except TypeError:
+        return False
+    return 0 <= value < classes
