@@ -32,3 +32,17 @@ def set_trainable(model: nn.Module, trainable: str) -> None:
     model.head_norm = ProbeNorm(model.norm.normalized_shape[0], affine=False, eps=1e-6)
     model.frozen_features = True
     model.train(model.training)
+
+
+def set_probing(model: nn.Module, probing: bool) -> None:
+    """LP-FT's stages (model.lp_epochs; Kumar et al. 2022, "Fine-Tuning can Distort Pretrained Features"):
+    `probing`, only `head` (and `head_dist`) train and the rest stays in eval mode (frozen, no dropout or drop
+    path), as a linear probe on the features the network has; else every parameter trains. The optimiser is built
+    over every parameter first: a frozen one has no gradient, so AdamW and SGD leave it, and its moments, untouched
+    (weight decay included) until it trains."""
+    heads = [getattr(model, name) for name in ("head", "head_dist") if getattr(model, name, None) is not None]
+    model.requires_grad_(not probing)
+    for head in heads:
+        head.requires_grad_(True)
+    model.frozen_features = probing
+    model.train(model.training)

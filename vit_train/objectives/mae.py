@@ -118,6 +118,11 @@ class Mae(Objective):
             f"model.trainable={m.trainable} model.pretrained=<this run>",
         )
         require(
+            not m.lp_epochs,
+            f"model.lp_epochs (LP-FT) fine-tunes a classifier from a probe of its head; {name} pre-trains an encoder "
+            f"without one: set model.lp_epochs=0 here, and give it to the fine-tuning run (model.pretrained=<this run>)",
+        )
+        require(
             not m.distilled,
             f"model.distilled adds a distillation token and head for objective=distill; {name} "
             f"pre-trains an encoder without heads: set model.distilled=false",

@@ -76,13 +76,16 @@ def build_scheduler(
     total_steps: int,
     start_step: int = 0,
     lr: float | None = None,
+    restart_at: int = 0,
 ) -> LambdaLR:
     """Stepped once per optimiser step; spans `total_steps` (the epochs, or the max_steps cap).
 
     The schedule (schedule=NAME's `factor`) is a pure function of the step, so a resumed run rebuilds it at
     `start_step` from its current config: a run resumed with more epochs continues on the longer curve.
     `lr` is the peak rate (Config.lr), by default optim.lr; a group with an `lr_scale` (layer decay)
-    follows the same curve times its scale, min_lr included (as timm and MAE do).
+    follows the same curve times its scale, min_lr included (as timm and MAE do). `restart_at` (LP-FT's
+    change, model.lp_epochs, in steps; 0 = none): the steps before it follow the schedule over their own span, warmup
+    included, and the schedule starts again for the steps after it.
     """
     lr = optim.lr if lr is None else lr
     asked = round(cfg.warmup_epochs * steps_per_epoch)
@@ -97,9 +100,22 @@ def build_scheduler(
             lr,
             cfg.name,
         )
-    warmup = min(asked, total_steps)
     for group in optimizer.param_groups:
         group["initial_lr"] = lr * group.get("lr_scale", 1.0)
-    scheduler = LambdaLR(optimizer, lambda step: cfg.factor(step, warmup, total_steps, lr), last_epoch=start_step - 1)
+    if 0 < restart_at < total_steps:
+        first, rest = min(asked, restart_at), min(asked, total_steps - restart_at)
+
+        def factor(step: int) -> float:  # LambdaLR's step: the optimiser steps taken (0 for the first)
+            if step < restart_at:
+                return cfg.factor(step, first, restart_at, lr)
+            return cfg.factor(step - restart_at, rest, total_steps - restart_at, lr)
+
+    else:
+        warmup = min(asked, total_steps)
+
+        def factor(step: int) -> float:
+            return cfg.factor(step, warmup, total_steps, lr)
+
+    scheduler = LambdaLR(optimizer, factor, last_epoch=start_step - 1)
     scheduler._step_count = start_step + 1  # what an uninterrupted run's scheduler counts (it checks call order)
     return scheduler

@@ -31,6 +31,8 @@ from vit_train.checkpoint import (
 from vit_train.config import Config
 from vit_train.data.loaders import Data
 from vit_train.data.mix import BatchMix
+from vit_train.errors import ConfigError
+from vit_train.models.probe import set_probing
 from vit_train.objectives.base import Loss, Objective, state_fingerprint
 from vit_train.objectives.weights_in import load_pretrained
 from vit_train.outputs.metrics import EarlyRecords, NullLogger, RunLogger
@@ -89,6 +91,7 @@ class Run:
     earlier_seconds: float  # wall time of earlier attempts, up to their last checkpoint
     # the loss's attributes when built (objectives/base.py `state_fingerprint`), and whether what changed was said
     loss_built: dict = field(default_factory=lambda: {"attributes": {}, "said": True})
+    lp_steps: int = 0  # LP-FT (model.lp_epochs): the steps that train the head alone; 0 = off
 
 
 def build_run(
@@ -166,8 +169,18 @@ def _build_run(
     # the epochs left, the current one from where it stands (its steps follow a changed data.batch_size)
     steps_left = data.train_sampler.steps_left(state.sample_in_epoch, state.epoch_end, t.epochs - state.epoch)
     total_steps = min(state.step + steps_left, t.max_steps or math.inf)
+    lp_steps = round(getattr(cfg.model, "lp_epochs", 0.0) * data.steps_per_epoch)
+    if lp_steps:  # after the optimiser, which holds every parameter: the frozen ones have no gradient until they train
+        start_lp_ft(objective.pretrained_target(model), cfg, ctx, state.step, lp_steps, total_steps)
     scheduler = build_scheduler(
-        optimizer, cfg.optim, cfg.schedule, data.steps_per_epoch, total_steps, state.step, lr=cfg.lr
+        optimizer,
+        cfg.optim,
+        cfg.schedule,
+        data.steps_per_epoch,
+        total_steps,
+        state.step,
+        lr=cfg.lr,
+        restart_at=lp_steps,
     )
     # DistributedDataParallel with several processes (FSDP's model is its own wrapper), else the model itself
     ddp = model if sharding.is_sharded(model) else distributed.wrap(model)
@@ -246,7 +259,32 @@ def _build_run(
         started=time.time() if started is None else started,
         earlier_seconds=state.wall_seconds,
         loss_built={"attributes": state_fingerprint(loss), "said": False},
+        lp_steps=lp_steps,
     )
+
+
+def start_lp_ft(model: nn.Module, cfg: Config, ctx: distributed.Context, step: int, lp_steps: int, total: int) -> None:
+    """LP-FT (model.lp_epochs): `model` (the network the weights load into) in the stage of the step after `step`,
+    the plan said once. Raises ConfigError under several processes (DDP reduces the gradients of the parameters
+    that train when it is made, so the change would leave the encoder's unreduced)."""
+    if ctx.enabled:
+        raise ConfigError(
+            "model.lp_epochs (LP-FT) runs in one process: DDP reduces only the parameters that train when it is "
+            "made, so the network's would go unreduced after the change; run it without torchrun, or set "
+            "model.lp_epochs=0"
+        )
+    set_probing(model, step < lp_steps)
+    if not ctx.is_main or step:
+        return
+    log.info(
+        "LP-FT (model.lp_epochs=%g): steps 1-%d train the head alone on the frozen network, then the whole network "
+        "trains%s; the lr schedule restarts at the change",
+        cfg.model.lp_epochs,
+        min(lp_steps, total),
+        f" (steps {lp_steps + 1}-{total})" if lp_steps < total else ": never in this run, which ends first",
+    )
+    if not cfg.model.pretrained:
+        log.warning("model.lp_epochs probes the features of pre-trained weights, but model.pretrained is not set")
 
 
 def build_ema(model: nn.Module, decay: float | None) -> AveragedModel | None:

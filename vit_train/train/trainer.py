@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -32,6 +33,7 @@ from vit_train.checkpoint import (
 )
 from vit_train.config import Config
 from vit_train.errors import RunStopped, UserError
+from vit_train.models.probe import set_probing
 from vit_train.objectives.base import unsaved_state
 from vit_train.outputs import rundir
 from vit_train.outputs.metrics import output_error, results_summary, write_results
@@ -131,6 +133,8 @@ def loop(run: Run) -> dict[str, Any]:
             before = dataclasses.replace(state) if compiling else None
             if state.advance(run.data.train_sampler):  # the step is counted here, once
                 run.data.epoch_done(state.epoch)
+            if state.step == run.lp_steps + 1 > 1:  # LP-FT: the head alone trained steps 1..lp_steps
+                fine_tune_all(run)
             if run.ctx.enabled:  # dropout, drop path, MAE's masks: each process its own draws, a function of the step
                 torch.manual_seed(step_seed(run.cfg.seed, state.step, run.ctx.rank))
             lr = max(run.scheduler.get_last_lr())  # the rate this step trains with (the head's under layer decay)
@@ -186,7 +190,26 @@ def eval_due(run: Run) -> bool:
     """Whether the step just taken is evaluated (every trainer.eval_every steps, else at each epoch's end);
     the last step always is."""
     state, every = run.state, run.cfg.trainer.eval_every
+    if run.lp_steps and state.step == run.lp_steps:  # LP-FT's probe, scored before the whole network trains
+        return True
     return due(state.step, every) if every else state.batch_in_epoch == 0
+
+
+def fine_tune_all(run: Run) -> None:
+    """LP-FT's change (model.lp_epochs): from this step the whole network trains, from the probe's head."""
+    set_probing(run.cfg.objective.pretrained_target(run.model), False)
+    probe = run.state.last_eval if run.state.last_eval and run.state.last_eval["step"] == run.lp_steps else None
+    log.info(
+        "LP-FT: the head trained alone for %d steps%s; the whole network trains from step %d",
+        run.lp_steps,
+        f" (val {probe_text(run, probe)})" if probe else "",
+        run.state.step,
+    )
+
+
+def probe_text(run: Run, evaluation: dict[str, Any]) -> str:
+    """The model's score in `evaluation` (TrainState.last_eval) as the log shows it, e.g. "top1 61.2"."""
+    return f"{evaluation['metric']} {evaluation['model']:.4g}"
 
 
 def eval_pending(run: Run) -> bool:
@@ -276,7 +299,22 @@ def results(run: Run, status: str, error: str | None = None) -> dict[str, Any]:
         compile_seconds=sum(run.compile_seconds.values()) if run.compile_seconds else None,
         name=run.cfg.name,
         tags=list(run.cfg.tags),
-    )
+    ) | (lp_ft_results(run) if run.lp_steps else {})
+
+
+def lp_ft_results(run: Run) -> dict[str, Any]:
+    """results.json's record of LP-FT's two stages: `lp_steps` (the head alone), `lp_score` (the objective's metric
+    of the val evaluation at that step, from metrics.jsonl, which keeps each row once across resumes; null before
+    it), `ft_steps` (the whole network's steps so far)."""
+    metric, score = run.cfg.objective.metric, None
+    rows = run.run_dir / "metrics.jsonl"
+    if run.ctx.is_main and rows.is_file():
+        for line in rows.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, AttributeError):  # a torn last line
+                row = json.loads(line)
+                if row.get("split") == "val" and row.get("step") == run.lp_steps:
+                    score = row.get(metric)
+    return {"lp_steps": run.lp_steps, "lp_score": score, "ft_steps": max(0, run.state.step - run.lp_steps)}
 
 
 def finish(run: Run, status: str) -> dict[str, Any]:

@@ -65,6 +65,7 @@ class ViT(ModelConfig):
         "pool": "the head was trained on another pooled feature",
         "pos_embed": "the position embeddings are learned in one and fixed in the other",
         "trainable": "the optimiser's state holds other parameters",
+        "lp_epochs": "LP-FT's change from the head alone to the whole network, and the lr schedule's restart, would move",
     }
     # refused keys whose new value model.pretrained cannot load the checkpoint's weights into either: the door for
     # weights (objectives/weights_in.py) refuses every architecture field that changes the function, and
@@ -101,6 +102,10 @@ class ViT(ModelConfig):
     qk_norm: bool = False  # LayerNorm on each head's queries and keys (timm's attn.q_norm/k_norm)
     distilled: bool = False  # DeiT's distillation token and head (dist_token, head_dist); eval averages the heads
     trainable: Literal["all", "head"] = "all"  # head: linear probe (the rest frozen, its dropout off)
+    # LP-FT (Kumar et al. 2022): the first lp_epochs epochs train the head alone on the frozen network (as a linear
+    # probe, its dropout and drop path off), then the whole network trains from that head; the lr schedule (warmup
+    # included) restarts at the change. 0 = off (the whole network from the start)
+    lp_epochs: float = 0.0
     grad_checkpointing: bool = (
         False  # recompute each block's activations in backward (timm's name): less memory, ~1/3 more compute
     )
@@ -146,6 +151,18 @@ class ViT(ModelConfig):
         )
         for key in ("dropout", "attn_dropout", "drop_path"):
             fraction(f"model.{key}", getattr(self, key), closed=False)
+        require(self.lp_epochs >= 0, f"model.lp_epochs must be >= 0 (0 = off), got {self.lp_epochs:g}")
+        require(
+            not self.lp_epochs or self.trainable == "all",
+            f"model.lp_epochs trains the head alone first, then the whole network, which model.trainable="
+            f"{self.trainable} keeps frozen: set model.trainable=all (or model.lp_epochs=0 for a linear probe)",
+        )
+        t = cfg.trainer
+        require(
+            not (self.lp_epochs and t.compile and t.compile_scope == "step"),
+            "model.lp_epochs changes which parameters train mid-run, which trainer.compile_scope=step's one graph "
+            "cannot follow; use trainer.compile_scope=model",
+        )
 
     def build(self, num_classes: int) -> nn.Module:
         """models/vit.py's VisionTransformer with these keys (`model.trainable=head`: a linear probe, models/probe.py)."""

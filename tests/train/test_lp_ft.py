@@ -1,0 +1,127 @@
+"""LP-FT in one run (model.lp_epochs; Kumar et al. 2022): the head alone trains on the frozen network for the first
+lp_epochs, then the whole network from that head, the lr schedule restarting at the change. Shown exactly: the
+frozen parameters equal the pre-trained weights bit for bit through the probe stage (no weight decay, no moments),
+the probe is evaluated at its last step and recorded in results.json, the lr at the change is the lr of the first
+step, and a run killed on either side of the change resumes as the uninterrupted one (every file)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.configs import tiny_config
+from helpers.files import logged
+from helpers.kill_resume import kill_9_at, resume_as_the_reference
+from vit_train.config import Config
+from vit_train.errors import CheckpointError, ConfigError
+from vit_train.train.trainer import train
+
+# 8 steps an epoch, 16 in all: steps 1-8 the head alone, 9-16 everything; checkpoints at 3, 6, 8 (eval), 9, 12, 15, 16
+TRAINER = {"log_every": 1, "ckpt_every": 3, "keep_last": 100}
+HEAD = ("head.weight", "head.bias")
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> Path:
+    """A short run whose weights the LP-FT runs start from."""
+    run = tmp_path_factory.mktemp("pretrained")
+    train(tiny_config(trainer={"max_steps": 4}), run)
+    return run / "checkpoints" / "last.pt"
+
+
+def sections(pretrained: Path, **model) -> dict:
+    return {"trainer": TRAINER, "model": {"pretrained": str(pretrained), "lp_epochs": 1, **model},
+            "schedule": {"warmup_epochs": 0.5}}
+
+
+@pytest.fixture(scope="module")
+def lp_ft(pretrained, tmp_path_factory) -> tuple[Path, dict]:
+    run = tmp_path_factory.mktemp("lp_ft")
+    return run, train(tiny_config(**sections(pretrained)), run)
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)["model"]
+
+
+def test_the_probe_stage_trains_the_head_alone_then_every_parameter_trains(pretrained, lp_ft):
+    run, _ = lp_ft
+    start = weights(pretrained)
+    for step in (3, 6, 8):
+        now = weights(run / "checkpoints" / f"step_{step:08d}.pt")
+        frozen = [k for k in start if k not in HEAD]
+        assert frozen and all(torch.equal(now[k], start[k]) for k in frozen), (step, [
+            k for k in frozen if not torch.equal(now[k], start[k])])
+        assert not torch.equal(now["head.weight"], start["head.weight"])
+    after = weights(run / "checkpoints" / "step_00000009.pt")
+    changed = [k for k in start if not torch.equal(after[k], weights(run / "checkpoints" / "step_00000008.pt")[k])]
+    assert {"blocks.0.attn.qkv.weight", "patch_embed.proj.weight", "norm.weight"} <= set(changed)
+
+
+def test_the_frozen_parameters_have_no_moments_until_they_train(lp_ft):
+    """AdamW keeps moments for the parameters it has stepped: the head's in the probe stage, every one after."""
+    run, _ = lp_ft
+    probe, after = (torch.load(run / "checkpoints" / f"step_{s:08d}.pt", weights_only=True) for s in (8, 9))
+    assert len(probe["optimizer"]["state"]) == len(HEAD)
+    assert len(after["optimizer"]["state"]) == len(after["model"])  # the ViT's entries are all parameters
+
+
+def test_the_probe_is_evaluated_at_its_last_step_and_recorded(lp_ft):
+    run, results = lp_ft
+    val = {row["step"]: row for row in logged(run, "val")}
+    assert sorted(val) == [8, 16]
+    assert (results["lp_steps"], results["lp_score"], results["ft_steps"]) == (8, val[8]["top1"], 8)
+    assert json.loads((run / "results.json").read_text())["lp_score"] == val[8]["top1"]
+    log = (run / "train.log").read_text()
+    assert "LP-FT (model.lp_epochs=1): steps 1-8 train the head alone on the frozen network, then the whole " \
+           "network trains (steps 9-16); the lr schedule restarts at the change" in log
+    assert f"LP-FT: the head trained alone for 8 steps (val top1 {val[8]['top1']:.4g}); the whole network trains " \
+           f"from step 9" in log
+
+
+def test_the_lr_schedule_restarts_at_the_change(lp_ft):
+    run, _ = lp_ft
+    lr = {row["step"]: row["lr"] for row in logged(run, "train")}
+    assert lr[9] == lr[1] and lr[10] == lr[2] and lr[12] == lr[4]  # the warmup again, step for step
+    assert lr[4] == max(lr[s] for s in range(1, 9))  # warmup ends at the stage's 4th step, then cosine
+    assert lr[8] < lr[4] and lr[16] < lr[12]
+
+
+@pytest.mark.parametrize("row, stage", [(7, "killed in the probe stage"), (10, "killed after the change")])
+@pytest.mark.slow
+def test_a_run_killed_on_either_side_of_the_change_resumes_as_the_uninterrupted_one(pretrained, lp_ft, tmp_path,
+                                                                                        row, stage):
+    reference, _ = lp_ft
+    run = tmp_path / "killed"
+    kill_9_at(run, sections(pretrained), "row", row)
+    resume_as_the_reference(run, sections(pretrained), reference)
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"model": {"lp_epochs": 1, "trainable": "head"}},
+     "model.lp_epochs trains the head alone first, then the whole network, which model.trainable=head keeps frozen: "
+     "set model.trainable=all (or model.lp_epochs=0 for a linear probe)"),
+    ({"model": {"lp_epochs": -1}}, "model.lp_epochs must be >= 0 (0 = off), got -1"),
+    ({"model": {"lp_epochs": 1}, "objective": {"name": "mae"}},
+     "model.lp_epochs (LP-FT) fine-tunes a classifier from a probe of its head; objective=mae pre-trains an encoder "
+     "without one: set model.lp_epochs=0 here, and give it to the fine-tuning run (model.pretrained=<this run>)"),
+    ({"model": {"lp_epochs": 1}, "trainer": {"compile": True, "compile_scope": "step"}},
+     "model.lp_epochs changes which parameters train mid-run, which trainer.compile_scope=step's one graph cannot "
+     "follow; use trainer.compile_scope=model"),
+])
+def test_what_lp_ft_cannot_run_with_is_one_line(change, said):
+    with pytest.raises(ConfigError) as caught:
+        Config.from_dict(change)
+    assert str(caught.value) == said
+
+
+def test_a_resume_that_moves_the_change_is_refused(pretrained, lp_ft, tmp_path):
+    run, _ = lp_ft
+    cfg = tiny_config(**{**sections(pretrained), "model": {"pretrained": str(pretrained), "lp_epochs": 0.5}},
+                      resume=str(run / "checkpoints" / "step_00000006.pt"))
+    with pytest.raises(CheckpointError, match=r"model.lp_epochs: 1.0 -> 0.5\): LP-FT's change from the head alone to "
+                                              r"the whole network, and the lr schedule's restart, would move"):
+        train(cfg, tmp_path / "moved")
