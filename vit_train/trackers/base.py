@@ -109,3 +109,15 @@ def import_library(module: str, extra: str, tracker: str) -> ModuleType:
         raise ConfigError(
             f"logger={tracker} needs {missing.name or module}: pip install 'vit-train[{extra}]'"
         ) from None
+
+
+def reason(error: BaseException) -> str:
+    """One line saying why a tracker call failed, for the warning that drops the tracker: the innermost cause's
+    type and first line (MLflow wraps a full disk as a many-line MlflowException around SQLAlchemy's error around
+    sqlite3's "disk I/O error")."""
+    seen = {id(error)}
+    while (inner := error.__cause__ or error.__context__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        error = inner
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__

@@ -13,6 +13,7 @@ a lost node) leaves up to 32 KiB of the last rows unwritten, so what these files
 
 from __future__ import annotations
 
+import glob
 import re
 import struct
 import zlib
@@ -29,14 +30,15 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 def run_files(folder: Path, tracker_id: str) -> list[Path]:
     """The transaction logs of W&B run `tracker_id` under `folder` (a `wandb/` directory), one per attempt,
-    oldest first (the folder names start with the attempt's start time; `latest-run` is a link and left out)."""
-    found = [
-        path
-        for pattern in (f"offline-run-*-{tracker_id}", f"run-*-{tracker_id}")
-        for path in folder.glob(f"{pattern}/run-{tracker_id}.wandb")
-        if not path.parent.is_symlink()
-    ]
-    return sorted(found, key=lambda p: (re.findall(r"\d{8}_\d{6}", p.parent.name) or [""])[0])
+    oldest first. An attempt's folder is `offline-run-<YYYYMMDD_HHMMSS>-<id>` (`run-...` online), with `-1`, `-2`
+    ... added when an earlier attempt started in the same second; `latest-run` is a link and left out."""
+    name = re.compile(rf"(?:offline-)?run-(\d{{8}}_\d{{6}})-{re.escape(tracker_id)}(?:-(\d+))?")
+    found = []
+    for path in folder.glob(f"*run-*-{glob.escape(tracker_id)}*/run-{glob.escape(tracker_id)}.wandb"):
+        match = name.fullmatch(path.parent.name)
+        if match and not path.parent.is_symlink():
+            found.append(((match[1], int(match[2] or 0)), path))
+    return [path for _, path in sorted(found)]
 
 
 def payloads(path: Path) -> Iterator[bytes]:
