@@ -8,6 +8,7 @@ first, last (the steps logged: a train and a val row each, skipping what the tra
   close      close("completed") and print {"id": ..., "held": ...}
   full_log   after the rows, the store's files may not grow (RLIMIT_FSIZE 0, for this process and W&B's core
              process), log one more row, then close; print what each call raised
+  core_full  the same with the limit on W&B's core process only (the writer of its files)
   core_dead  after the rows, W&B's core process is killed; log one more row and close; print what each raised
 """
 
@@ -47,16 +48,16 @@ end = spec["end"]
 if end == "kill":
     print(json.dumps({"id": tracker_id}), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
-if end == "full_log":
+if end in ("full_log", "core_full"):
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
-    for pid in [os.getpid(), *children()]:
+    for pid in [os.getpid(), *children()] if end == "full_log" else children():
         resource.prlimit(pid, resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
 if end == "core_dead":
     for pid in children():
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
 report = {"id": tracker_id}
-if end in ("full_log", "core_dead"):
+if end in ("full_log", "core_full", "core_dead"):
     report["log"] = outcome(lambda: tracker.log("train", spec["last"] + 1, {"loss": 0.5}))
     report["close"] = outcome(lambda: tracker.close("completed"))
 else:
