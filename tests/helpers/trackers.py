@@ -12,7 +12,7 @@ from typing import Any
 from vit_train.trackers import mlflow as mlflow_tracker
 from vit_train.trackers import wandb as wandb_tracker
 from vit_train.trackers.base import Tracker, TrackerStart
-from vit_train.trackers.wandb_files import history, records, run_files
+from vit_train.trackers.wandb_files import run_files
 
 ATTEMPT = Path(__file__).with_name("tracker_attempt.py")
 Row = tuple[str, int, dict[str, float]]
@@ -42,14 +42,27 @@ def rows(first: int, last: int) -> list[Row]:
     return out
 
 
+def leet(path: Path) -> list[dict[str, Any]]:
+    """The records of one W&B run file as W&B's own reader prints them (`wandb leet inspect --json`, wandb's Go
+    core: independent of vit-train's reader, vit_train/trackers/wandb_files.py)."""
+    done = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(path)],
+                          capture_output=True, text=True, timeout=120, check=True)
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+
+
+def wandb_records(folder: Path, tracker_id: str, kind: str | None = None) -> list[dict[str, Any]]:
+    """The W&B run's records (of one kind: "run", "history", "summary", "exit", ...), every attempt's file in order."""
+    return [r for path in run_files(folder, tracker_id) for r in leet(path) if kind is None or r["type"] == kind]
+
+
 def wandb_rows(folder: Path, tracker_id: str) -> list[Row]:
     """Every row the W&B run's files hold, file by file, as (split, step, values); a history record holding
     two splits at one step is two rows."""
     out: list[Row] = []
-    for path in run_files(folder, tracker_id):
-        for step, row in history(path):
-            for split in sorted({key.split("/", 1)[0] for key in row}, key=["train", "val"].index):
-                out.append((split, step, {k.split("/", 1)[1]: v for k, v in row.items() if k.startswith(split + "/")}))
+    for record in wandb_records(folder, tracker_id, "history"):
+        items, step = record["history"]["item"], record["history"]["step"]["num"]
+        for split in sorted({key.split("/", 1)[0] for key in items if "/" in key}, key=["train", "val"].index):
+            out.append((split, step, {k.split("/", 1)[1]: v for k, v in items.items() if k.startswith(split + "/")}))
     return out
 
 
@@ -57,18 +70,10 @@ def wandb_items(folder: Path, tracker_id: str, kind: str) -> dict[str, Any]:
     """The W&B run's `config` or `summary` as its files hold it (later updates over earlier ones; the run record
     carries the first)."""
     out: dict[str, Any] = {}
-    for path in run_files(folder, tracker_id):
-        for record in records(path):
-            held = record.WhichOneof("record_type")
-            part = getattr(record, kind) if held == kind else getattr(record.run, kind) if held == "run" else None
-            for item in part.update if part is not None else ():
-                out[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    for record in wandb_records(folder, tracker_id):
+        part = record.get(kind) if record["type"] == kind else record["run"].get(kind) if record["type"] == "run" else None
+        out.update((part or {}).get("update", {}))
     return out
-
-
-def wandb_record(folder: Path, tracker_id: str, kind: str) -> list[Any]:
-    """The W&B run's records of one kind ("run", "exit", ...), all its files in order."""
-    return [getattr(r, kind) for p in run_files(folder, tracker_id) for r in records(p) if r.WhichOneof("record_type") == kind]
 
 
 def attempt(spec: dict[str, Any], timeout: float = 120) -> tuple[int, dict[str, Any]]:

@@ -22,8 +22,8 @@ def no_user_settings(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
 
 
-def test_mlflow_store_full_raises_from_log(tmp_path):
-    code, out = attempt({"tracker": "mlflow", "settings": {"tracking_uri": f"sqlite:///{tmp_path / 'm.db'}"},
+def test_mlflow_store_full_raises_from_log(tmp_path, mlflow_store):
+    code, out = attempt({"tracker": "mlflow", "settings": {"tracking_uri": mlflow_store},
                          "run_dir": str(tmp_path / "run"), "first": 1, "last": 3, "end": "full_log"}, timeout=180)
     assert code == 0, out  # the process went on after the failed calls
     assert out["log"]["raised"][:2] == ["MlflowException", "Exception"], out

@@ -13,10 +13,9 @@ from vit_train.trackers.mlflow import PARENT_TAG, max_param_length, param_text
 mlflow = pytest.importorskip("mlflow")
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    """One SQLite store for the module's runs (MLflow makes its tables in a few seconds, once)."""
-    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+@pytest.fixture
+def store(mlflow_store):
+    return mlflow_store
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers.trackers import make_start, make_tracker, rows, wandb_items, wandb_record, wandb_rows
+from helpers.trackers import make_start, make_tracker, rows, wandb_items, wandb_records, wandb_rows
 
 from vit_train.trackers import wandb as wandb_tracker
 from vit_train.trackers.base import flatten
@@ -46,9 +46,10 @@ def test_config_holds_the_flat_params_name_tags_group_and_trial(tmp_path):
     held = {k: v for k, v in wandb_items(folder, tracker_id, "config").items() if not k.startswith("_")}
     assert held == {**flatten(config), "vit_train.run_id": "r-42", "vit_train.group": "sweep-1",
                     "vit_train.trial": 3, "vit_train.job_type": "sweep-job"}
-    (run,) = wandb_record(folder, tracker_id, "run")
-    assert (run.display_name, list(run.tags), run.run_group, run.job_type) == ("deit-s", ["ablation"], "sweep-1",
-                                                                                 "sweep-job")
+    (record,) = wandb_records(folder, tracker_id, "run")
+    run = record["run"]
+    assert (run["display_name"], run["tags"], run["run_group"], run["job_type"]) == ("deit-s", ["ablation"],
+                                                                                     "sweep-1", "sweep-job")
 
 
 def test_an_unnamed_run_takes_its_folders_name(tmp_path):
@@ -56,7 +57,7 @@ def test_an_unnamed_run_takes_its_folders_name(tmp_path):
     tracker = make_tracker("wandb")
     tracker_id = tracker.start(make_start(run_dir))
     tracker.close("completed")
-    assert wandb_record(run_dir / "wandb", tracker_id, "run")[0].display_name == "14-05-12"
+    assert wandb_records(run_dir / "wandb", tracker_id, "run")[0]["run"]["display_name"] == "14-05-12"
 
 
 def test_summary_holds_results_scalars_offline(tmp_path):
@@ -80,7 +81,8 @@ def test_close_ends_the_run_with_its_status(tmp_path, status, exit_code):
     tracker_id = tracker.start(make_start(tmp_path))
     tracker.log("train", 1, {"loss": 1.0})
     tracker.close(status)
-    assert [e.exit_code for e in wandb_record(tmp_path / "wandb", tracker_id, "exit")] == [exit_code]
+    assert [r["exit"].get("exit_code", 0) for r in wandb_records(tmp_path / "wandb", tracker_id, "exit")] == [
+        exit_code]
 
 
 def test_a_step_below_the_last_is_refused_not_dropped(tmp_path):
