@@ -71,3 +71,22 @@ def test_reason_names_the_full_disk_on_one_line():
             raise OperationalError("INSERT INTO metrics ...", {}, inner) from inner
     except Exception as error:
         assert reason(error) == "OperationalError: disk I/O error"
+
+
+def test_mlflow_server_unreachable_raises_from_start(tmp_path, monkeypatch):
+    """A tracking URI nobody answers: an MlflowException once MLflow's retries are spent (set to none here; by
+    default 7 with backoff, minutes: docs/logging.md)."""
+    import socket
+
+    from helpers.trackers import make_start, make_tracker
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]  # closed again below: nothing listens there
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    tracker = make_tracker("mlflow", tracking_uri=f"http://127.0.0.1:{port}")
+    with pytest.raises(Exception) as failed:  # noqa: B017 (the kind is what the test asks: an Exception, not an exit)
+        tracker.start(make_start(tmp_path))
+    assert type(failed.value).__name__ == "MlflowException"
+    assert reason(failed.value) == "ConnectionRefusedError: [Errno 111] Connection refused"
