@@ -52,6 +52,17 @@ def test_config_holds_the_flat_params_name_tags_group_and_trial(tmp_path):
                                                                                      "sweep-1", "sweep-job")
 
 
+def test_tags_wandb_would_refuse_are_cut_and_kept_whole_in_the_config(tmp_path):
+    """wandb refuses a run with a tag over 64 characters or an empty one ("Tags must be between 1 and 64")."""
+    long = "a" * 70
+    tracker = make_tracker("wandb")
+    tracker_id = tracker.start(make_start(tmp_path, tags=[long, "", "ok"]))
+    tracker.close("completed")
+    (record,) = wandb_records(tmp_path / "wandb", tracker_id, "run")
+    assert record["run"]["tags"] == ["a" * 64, "ok"]
+    assert wandb_items(tmp_path / "wandb", tracker_id, "config")["tags"] == [long, "", "ok"]
+
+
 def test_an_unnamed_run_takes_its_folders_name(tmp_path):
     run_dir = tmp_path / "14-05-12"
     tracker = make_tracker("wandb")

@@ -12,7 +12,7 @@ from vit_train.trackers.base import TrackerStart, import_library, scalars
 from vit_train.trackers.wandb_files import history, run_files
 
 DONE_WELL = ("completed", "stopped_early")  # exit code 0 (W&B: finished); any other status: 1 (W&B: failed)
-TAG_LENGTH = 64  # W&B refuses longer tags
+TAG_LENGTH = 64  # W&B refuses a run whose tags are longer (or empty): cut, the whole list stays in the config
 
 
 @dataclass
@@ -77,7 +77,7 @@ class WandbTracker:
             project=self.settings.project or os.environ.get("WANDB_PROJECT") or "vit-train",
             entity=self.settings.entity,
             name=start.display_name,
-            tags=[tag[:TAG_LENGTH] for tag in start.tags],
+            tags=[tag[:TAG_LENGTH] for tag in start.tags if tag],
             group=group,
             job_type=self.settings.job_type,
             config=config,
