@@ -103,3 +103,14 @@ def test_reason_is_the_innermost_cause_on_one_line():
     except RuntimeError as outer:
         assert reason(outer) == "OperationalError: disk I/O error"
     assert reason(ValueError("a\nb")) == "ValueError: a"
+
+
+def test_importing_the_trackers_imports_neither_library():
+    """The `logger=` options may import the tracker modules when a config is read: the libraries (seconds of
+    import, a child process for W&B) are imported only by `start`."""
+    import subprocess
+
+    code = ("import sys, vit_train.trackers.wandb, vit_train.trackers.mlflow, vit_train.trackers.wandb_files; "
+            "print(sorted(m for m in ('wandb', 'mlflow', 'torch') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
