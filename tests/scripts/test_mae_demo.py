@@ -202,3 +202,22 @@ def test_a_folder_that_is_not_empty_is_refused(tmp_path):
     done = demo("--out", str(tmp_path / "demo"), cwd=tmp_path, timeout=60)
     assert done.returncode == 2 and done.stderr == f"mae_demo.py: error: {tmp_path / 'demo'} is not empty: give " \
                                                    f"another --out, or remove it\n"
+
+
+@pytest.mark.parametrize("recipe, own", [("experiment=quickstart optim.layer_decay=0.75", True),
+                                         ("optim.layer_decay=0.75 model.drop_path=0.1", False)])
+def test_a_recipe_with_an_experiment_keeps_its_training_keys_and_one_without_adds_to_the_fine_tune(
+        tmp_path, monkeypatch, recipe, own):
+    """With experiment=NAME the recipe's run gets no training key of the fine-tune's (the command line would win over
+    the experiment's); without one its words follow the fine-tune's command, so they win."""
+    script = load_script()
+    monkeypatch.setattr(sys, "argv", ["mae_demo.py", "--recipe", recipe])
+    plan = script.commands(script.parse_args(), 3, tmp_path, None)
+    finetune, words = plan["finetune"], shlex.split(recipe)
+    assert list(plan) == ["pretrain", "probe", "finetune", "lp_ft", "recipe", "scratch"]
+    training = ["data.batch_size=64", "optim.lr=2e-3", "schedule.warmup_epochs=1", "trainer.eval_every=40",
+                "trainer.epochs=40"]
+    assert all(key in finetune for key in training)
+    base = [a for a in finetune[:-1] if a not in training] if own else finetune[:-1]
+    assert plan["recipe"] == [*base, *words, f"hydra.run.dir={tmp_path / 'recipe'}"]
+    assert f"model.pretrained={tmp_path / 'pretrain'}" in base and "data.train_size=500" in base and "seed=3" in base
