@@ -17,6 +17,7 @@ from PIL import Image
 
 from helpers.configs import tiny_config
 from helpers.images import write_image_folder
+from vit_train.checkpoint.hub import SIZES, timm_layout
 from vit_train.cli import commands
 from vit_train.data.preprocess import eval_transform
 from vit_train.data.sources.shapes import CLASS_NAMES
@@ -358,3 +359,87 @@ def test_a_failed_write_leaves_the_earlier_export_whole(runs, tmp_path, monkeypa
     assert "no space left" in said.lower()
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+# --- the tables that stand for timm's: checked against timm itself --------------------------------------------------
+
+
+@pytest.mark.parametrize("size", ["tiny", "small", "base", "large", "huge"])
+@pytest.mark.parametrize("family", ["vit", "deit"])
+def test_the_named_sizes_are_timms(size, family):
+    from vit_train.checkpoint.hub import NAMED
+
+    name = f"{family}_{size}_patch{14 if size == 'huge' else 16}_224"
+    if not timm.is_model(name):
+        assert family == "deit" and size in ("large", "huge")  # timm has no DeiT of these sizes
+        return
+    assert NAMED.match(name)
+    with torch.device("meta"):
+        net = timm.create_model(name)
+    assert (net.embed_dim, len(net.blocks), net.blocks[0].attn.num_heads) == SIZES[size]
+
+
+@pytest.mark.parametrize("dim, depth, heads", [(32, 2, 2), (48, 3, 3), *SIZES.values()])
+@pytest.mark.parametrize("patch, size", [(16, 224), (32, 384), (8, 224), (14, 224), (4, 32)])
+@pytest.mark.parametrize("distilled", [False, True])
+def test_every_name_format_hf_writes_is_a_timm_model(dim, depth, heads, patch, size, distilled):
+    model = dict(arch="vit", embed_dim=dim, depth=depth, num_heads=heads, patch_size=patch, img_size=size,
+                 mlp_ratio=4.0, distilled=distilled)
+    name, args = timm_layout(model, {}, 10)
+    assert timm.is_model(name) and name.startswith("deit_" if distilled else "vit_")
+    assert (args["embed_dim"], args["depth"], args["num_heads"], args["patch_size"]) == (dim, depth, heads, patch)
+
+
+def test_crop_pct_gives_timm_the_resize_of_vit_trains_preprocessing():
+    import math
+
+    from vit_train.tools.hub_export import crop_pct
+
+    for size in range(8, 1025):
+        resize = int(size / 0.875)
+        assert math.floor(size / crop_pct(size, resize)) == resize, size  # timm's transforms_factory rule
+        assert abs(crop_pct(size, resize) - size / resize) < 1e-12
+
+
+def test_vit_eval_and_predicts_door_reads_vit_trains_folder(runs):
+    ckpt, folder, weights = runs["ema"]
+    theirs, ours = load_for_inference(folder), load_for_inference(ckpt, weights)
+    assert (theirs.source, theirs.class_names, theirs.preprocess) == (ours.source, ours.class_names, ours.preprocess)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs.model(x), ours.model(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("architecture, unchecked", [
+    ("vit_tiny_patch16_224", "its activation (GELU or a variant) cannot be checked"),  # save_for_hf's model_args
+    ("vit_micro_own", "its head count, its activation (GELU or a variant) cannot be checked"),  # no timm size, no args
+])
+def test_the_log_says_what_a_timm_folder_leaves_unchecked(tmp_path, caplog, architecture, unchecked):
+    folder = timm_folder(tmp_path / "timm")
+    config = json.loads((folder / "config.json").read_text())
+    if architecture != config["architecture"]:
+        config.update(architecture=architecture, model_args={})
+    (folder / "config.json").write_text(json.dumps(config))
+    with caplog.at_level("INFO", logger="vit_train"):
+        load_pretrained(student(), folder, CLASS_NAMES)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("model.pretrained="))
+    assert line.endswith(f"checked by its config.json and tensors: {unchecked}")
+
+
+def test_the_docs_timm_snippet_predicts_as_vit_predict(runs, tmp_path, monkeypatch, capsys):
+    """docs/looking-inside.md's snippet, run as written in a folder holding the export as vit-shapes."""
+    import re
+    import shutil
+
+    from vit_train.tools.predict import predict
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "looking-inside.md").read_text()
+    (snippet,) = [b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "local-dir:vit-shapes" in b]
+    ckpt, folder, _ = runs["cls-learned"]
+    shutil.copytree(folder, tmp_path / "vit-shapes")
+    Image.fromarray(torch.randint(0, 256, (23, 30, 3), dtype=torch.uint8).numpy()).save(tmp_path / "photo.png")
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    exec(compile(snippet, "looking-inside.md", "exec"), {})
+    (ours,) = predict(load_for_inference(ckpt), [str(tmp_path / "photo.png")], 1)
+    assert capsys.readouterr().out.strip() == ours["top"][0]["class"]

@@ -248,7 +248,17 @@ def describe(incoming: Incoming, said_as: str | None = None) -> str:
     trained_by = options("objective").get(record.get("objective"))  # an MAE run reads no labels: no classes said
     reads = trained_by is None or trained_by.reads_labels
     classes = f"; classes {shown_classes(record['class_names'])}" if record.get("class_names") and reads else ""
-    return f"{said_as}: {which}{where}{run}{step}, as {incoming.why}{classes}"
+    unchecked = ""
+    if incoming.path.is_dir() and not record.get("run_id"):  # a Hub folder timm wrote: config.json says some of it
+        arch = record.get("architecture") or {}
+        unknown = [
+            f"its {w}" for w, k in (("head count", "model.num_heads"), ("pooling", "model.pool")) if k not in arch
+        ]
+        unchecked = (
+            f"; a Hub folder without a vit-train identity, checked by its config.json and tensors: "
+            f"{', '.join([*unknown, 'its activation (GELU or a variant)'])} cannot be checked"
+        )
+    return f"{said_as}: {which}{where}{run}{step}, as {incoming.why}{classes}{unchecked}"
 
 
 def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
