@@ -212,6 +212,21 @@ def test_model_pretrained_reads_a_folder_timms_save_for_hf_wrote(tmp_path, optio
         torch.testing.assert_close(model(x), timm_model(folder)(x), rtol=0, atol=1e-5)
 
 
+def test_a_timm_folder_says_its_image_size_where_its_positions_read_two_ways(tmp_path):
+    """9 positions beside 5 prefix tokens (no_embed_class): a 3x3 grid, or 5 prefix positions and 2x2. A plain state
+    dict is refused for it; the folder's config.json says the image size, so it loads with timm's logits."""
+    options = dict(img_size=12, reg_tokens=4, no_embed_class=True)
+    folder = timm_folder(tmp_path / "timm", **options)
+    torch.save(timm_model(folder).state_dict(), tmp_path / "plain.pth")
+    with pytest.raises(ConfigError, match="read two ways"):
+        load_pretrained(student(img_size=12, reg_tokens=4), tmp_path / "plain.pth", CLASS_NAMES)
+    model = student(img_size=12, reg_tokens=4).eval()
+    load_pretrained(model, folder, CLASS_NAMES)
+    x = torch.randn(2, 3, 12, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), timm_model(folder)(x), rtol=0, atol=1e-5)
+
+
 def test_a_timm_folder_says_its_head_count_which_its_tensors_cannot(tmp_path):
     folder = timm_folder(tmp_path / "timm")
     with pytest.raises(ConfigError, match=r"model\.num_heads=2 \(here 4\)"):
@@ -253,7 +268,8 @@ def test_a_timm_folder_teaches_a_distilled_student(tmp_path):
     train(cfg, tmp_path / "run")
     from vit_train.objectives.teacher import load_teacher
 
-    teacher, _ = load_teacher(cfg.objective, len(CLASS_NAMES), 16, class_names=CLASS_NAMES)
+    teacher, described = load_teacher(cfg.objective, len(CLASS_NAMES), 16, class_names=CLASS_NAMES)
+    assert described == "timm's vit_tiny_patch16_224 from its Hub folder, as vit-train's ViT"
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         torch.testing.assert_close(teacher.eval()(x), timm_model(folder)(x), rtol=0, atol=1e-5)

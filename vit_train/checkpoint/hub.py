@@ -236,7 +236,8 @@ def hub_model(record: dict[str, Any], config: dict[str, Any]) -> dict[str, Any] 
     if size is None:
         return None
     keys = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "pool", "pos_embed")
-    model = {"arch": "vit", "img_size": size, **{k: arch.get(f"model.{k}") for k in keys}}
+    model = {"name": str(config["architecture"]), "arch": "vit", "img_size": size}
+    model.update({k: arch.get(f"model.{k}") for k in keys})
     model.update(
         reg_tokens=arch.get("model.reg_tokens") or 0,
         init_values=(args.get("init_values") or 1e-5) if arch.get("model.init_values") else None,  # gammas replace it

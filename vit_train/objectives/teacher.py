@@ -258,6 +258,8 @@ def load_teacher(
         if class_names is not None:
             check_classes(incoming, class_names, "distil from a teacher trained on these classes, in this order")
         teacher, described = vit_train_teacher(incoming, num_classes, img_size)
+        if hub_model is not None:
+            described = f"timm's {hub_model['name']} from its Hub folder, as vit-train's ViT"
     elif cfg.teacher_arch is None:
         raise ConfigError(
             f"objective.teacher={path} holds plain weights without a vit-train config; name the network "
