@@ -193,8 +193,9 @@ def timm_folder(path: Path, labels=CLASS_NAMES, safe=True, **options) -> Path:
     with torch.no_grad():
         for p in net.parameters():
             p.add_(0.02 * torch.randn_like(p))
+    # model_args given as a user's push_to_hf_hub gives them (timm 1.0.31 also records the factory's on its own)
     timm.models.save_for_hf(net, str(path), model_config={"label_names": labels} if labels else None,
-                            safe_serialization=safe)
+                            model_args={**args, **options}, safe_serialization=safe)
     return path
 
 
