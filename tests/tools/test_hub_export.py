@@ -460,3 +460,16 @@ def test_the_docs_timm_snippet_predicts_as_vit_predict(runs, tmp_path, monkeypat
     exec(compile(snippet, "looking-inside.md", "exec"), {})
     (ours,) = predict(load_for_inference(ckpt), [str(tmp_path / "photo.png")], 1)
     assert capsys.readouterr().out.strip() == ours["top"][0]["class"]
+
+
+def test_vit_eval_writes_beside_a_hub_folder_never_into_it(runs, tmp_path):
+    """eval/ inside the folder would make the next export refuse it, and ship with it to the Hub."""
+    import shutil
+
+    from vit_train.tools.report import eval_dir
+
+    ckpt, folder, _ = runs["cls-learned"]
+    elsewhere = shutil.copytree(folder, tmp_path / "vit-shapes")
+    assert eval_dir(load_for_inference(elsewhere).path, {}) == tmp_path / "eval"
+    in_run = export(ckpt, ckpt.parent.parent / "export" / "best-hf")
+    assert eval_dir(load_for_inference(in_run).path, {}) == ckpt.parent.parent / "eval"
