@@ -271,6 +271,10 @@ def test_a_timm_folder_teaches_a_distilled_student(tmp_path):
 
     teacher, described = load_teacher(cfg.objective, len(CLASS_NAMES), 16, class_names=CLASS_NAMES)
     assert described == "timm's vit_tiny_patch16_224 from its Hub folder, as vit-train's ViT"
+    named = tiny_config(objective={"name": "distill", "teacher": str(folder), "teacher_arch": "resnet18"})
+    with pytest.raises(ConfigError, match=r"^objective\.teacher=timm is a Hub folder, which names its own network "
+                                          r"\(vit_tiny_patch16_224\): drop objective\.teacher_arch=resnet18$"):
+        load_teacher(named.objective, len(CLASS_NAMES), 16)
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         torch.testing.assert_close(teacher.eval()(x), timm_model(folder)(x), rtol=0, atol=1e-5)

@@ -251,7 +251,8 @@ def load_teacher(
     if incoming.config is not None and "model" in incoming.config:
         if cfg.teacher_arch is not None:
             raise ConfigError(
-                f"objective.teacher={path.name} is a vit-train checkpoint or Hub folder, which names its own network "
+                f"objective.teacher={path.name} is a {'Hub folder' if path.is_dir() else 'vit-train checkpoint'}, "
+                f"which names its own network "
                 f"({incoming.config['model'].get('name', incoming.config['model'].get('arch'))}): drop "
                 f"objective.teacher_arch={cfg.teacher_arch}"
             )
