@@ -41,6 +41,8 @@ from vit_train.checkpoint.files import (
     saved_step,
     step_files,
 )
+from vit_train.checkpoint.hub import FILES as HUB_FILES
+from vit_train.checkpoint.hub import timm_layout
 from vit_train.checkpoint.identity import (
     check_classes,
     class_difference,
@@ -72,6 +74,7 @@ from vit_train.checkpoint.weights import (
     check_record,
     describe,
     export_safetensors,
+    exported_folder,
     load_weights,
     open_weights,
     read_weights,
@@ -80,6 +83,7 @@ from vit_train.checkpoint.weights import (
 
 __all__ = [
     "FORMAT_VERSION",
+    "HUB_FILES",
     "INPUTS",
     "REQUIRED_KEYS",
     "Incoming",
@@ -100,6 +104,7 @@ __all__ = [
     "ema_weights",
     "eval_score",
     "export_safetensors",
+    "exported_folder",
     "find_resume_checkpoint",
     "load_checkpoint",
     "load_failure",
@@ -131,6 +136,7 @@ __all__ = [
     "short_of_space",
     "shown",
     "shown_classes",
+    "timm_layout",
     "step_files",
     "upgraded",
     "versions",

@@ -31,6 +31,15 @@ import torch
 
 from vit_train.checkpoint.contents import ema_weights, upgraded
 from vit_train.checkpoint.files import NewerCheckpoint, checkpoint_file, read_archive, refuse_newer
+from vit_train.checkpoint.hub import (
+    WEIGHTS,
+    hub_contradictions,
+    hub_model,
+    hub_record,
+    is_hub_folder,
+    missing_files,
+    read_config,
+)
 from vit_train.checkpoint.identity import (
     class_difference,
     eval_score,
@@ -51,7 +60,10 @@ from vit_train.schema.typed import options
 
 log = logging.getLogger("vit_train")
 
-INPUTS = "a vit-train run directory or checkpoint (.pt), a .safetensors file, or a timm, DeiT or torchvision state dict"
+INPUTS = (
+    "a vit-train run directory or checkpoint (.pt), a .safetensors file, a Hub folder (config.json, model.safetensors), "
+    "or a timm, DeiT or torchvision state dict"
+)
 
 
 @dataclass
@@ -86,6 +98,16 @@ def resolve(given: str | Path, key: str) -> Path:
     checkpoints/ folder gives its best.pt, else its newest readable checkpoint (else a best.pt or last.pt
     that is no vit-train checkpoint, read as weights). ConfigError (one line) when there is none."""
     path = Path(given).expanduser()
+    if path.is_dir() and is_hub_folder(path):  # timm's save_for_hf layout (vit-export format=hf writes it too)
+        missing = missing_files(path)
+        if missing:
+            other = next((f.name for f in sorted(path.glob("*.bin")) + sorted(path.glob("*.pth"))), None)
+            raise ConfigError(
+                f"{key}={given} is a Hub folder without {' and '.join(missing)} (timm's save_for_hf writes "
+                f"config.json beside model.safetensors with safe_serialization=True)"
+                + (f"; its {other} is a plain state dict: give {key}={path / other}" if other else "")
+            )
+        return path
     if path.is_dir():
         if not ((path / "checkpoints").is_dir() or path.name == "checkpoints"):
             raise ConfigError(
@@ -143,7 +165,9 @@ def open_weights(given: str | Path, key: str, weights: str = "auto", said_as: st
     incoming = Incoming(key, str(given), path, strip_wrappers(state), source, why, record, config, ckpt, metadata)
     if record is not None:
         check_record(incoming, ckpt.get("class_names") if ckpt is not None else metadata.get("class_names"))
-    if Path(given).expanduser().is_dir():  # a run directory's best.pt: of that run, not another one's put there
+    if (
+        Path(given).expanduser().is_dir() and path.is_file()
+    ):  # a run directory's best.pt: of that run, not another one's put there
         run_dir = path.parent.parent
         found = mixed_runs(run_dir, path, (record or {}).get("run_id"))
         if found is not None:
@@ -224,7 +248,17 @@ def describe(incoming: Incoming, said_as: str | None = None) -> str:
     trained_by = options("objective").get(record.get("objective"))  # an MAE run reads no labels: no classes said
     reads = trained_by is None or trained_by.reads_labels
     classes = f"; classes {shown_classes(record['class_names'])}" if record.get("class_names") and reads else ""
-    return f"{said_as}: {which}{where}{run}{step}, as {incoming.why}{classes}"
+    unchecked = ""
+    if incoming.path.is_dir() and not record.get("run_id"):  # a Hub folder timm wrote: config.json says some of it
+        arch = record.get("architecture") or {}
+        unknown = [
+            f"its {w}" for w, k in (("head count", "model.num_heads"), ("pooling", "model.pool")) if k not in arch
+        ]
+        unchecked = (
+            f"; a Hub folder without a vit-train identity, checked by its config.json and tensors: "
+            f"{', '.join([*unknown, 'its activation (GELU or a variant)'])} cannot be checked"
+        )
+    return f"{said_as}: {which}{where}{run}{step}, as {incoming.why}{classes}{unchecked}"
 
 
 def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -239,6 +273,8 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], d
     class names; the checkpoint itself, for its EMA and scores), a DeiT {"model": ...} or Lightning
     {"state_dict": ...} file, or a plain state dict. Raises CheckpointError (one line) for anything else."""
     path = Path(path)
+    if path.is_dir():  # a Hub folder (`resolve` checked it holds both files)
+        return read_hub_folder(path)
     if path.suffix == ".safetensors":
         require("safetensors", "the safetensors format", error=CheckpointError)
         from safetensors import SafetensorError, safe_open
@@ -276,6 +312,42 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], d
     raise CheckpointError(
         f"{path} holds neither a vit-train checkpoint nor a state dict of tensors: it holds {_describe(data)}"
     )
+
+
+def read_hub_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], None]:
+    """(state dict, metadata, None) of a Hub folder (hub.py): model.safetensors' weights; its metadata when
+    vit-train exported it (config.json checked against its identity record), else metadata made of config.json:
+    the identity record it gives (`hub_record`: the head count and pooling it states, its label names) and the
+    class names. Raises CheckpointError (one line) for an unreadable folder or one that contradicts itself, and
+    ConfigError for a network this ViT cannot compute that config.json states (hub.py `stated_architecture`)."""
+    said = str(folder)
+    config = read_config(folder, said)
+    weights, metadata, _ = read_weights(folder / WEIGHTS)
+    theirs = hub_record(config, strip_wrappers(weights), said)
+    record = metadata.get("identity")
+    if isinstance(record, dict):  # exported by vit-train: its record is the identity; config.json must agree
+        found = hub_contradictions(config, record, theirs)
+        if found:
+            raise CheckpointError(
+                f"{said} contradicts itself: {'; '.join(found)}; the folder was edited or mixed from two exports: "
+                f"do not use it as it is"
+            )
+        return weights, metadata, None
+    model = hub_model(theirs, config)  # what a teacher is built as (objectives/teacher.py)
+    return weights, {"identity": theirs, "class_names": theirs["class_names"], "hub_model": model}, None
+
+
+def exported_folder(folder: Path) -> bool:
+    """Whether `folder` holds a Hub folder vit-export wrote: its model.safetensors carries vit-train's metadata."""
+    try:
+        from safetensors import SafetensorError, safe_open
+    except ImportError:
+        return False
+    try:
+        with safe_open(str(folder / WEIGHTS), framework="pt") as f:
+            return (f.metadata() or {}).get("format") == "vit-train"
+    except (SafetensorError, OSError):
+        return False
 
 
 def _describe(data: Any) -> str:

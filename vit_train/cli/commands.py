@@ -3,7 +3,7 @@
     vit-eval ckpt=PATH [data=cifar10] [data.root=...] [model.img_size=N] [weights=auto|model|ema]
              [attention.images=8] [out=DIR] [--json]
     vit-predict ckpt=PATH images=[a.jpg,FOLDER,'PATTERN'] [top_k=5] [weights=auto|model|ema] [--json]
-    vit-export ckpt=PATH format=safetensors|onnx [out=PATH] [weights=auto|model|ema] [verbose=true]
+    vit-export ckpt=PATH format=safetensors|onnx|hf [out=PATH] [weights=auto|model|ema] [verbose=true]
     vit-shards data=NAME [data.root=DIR] out=DIR [shard_size=1000] [maxsize=BYTES] [splits=train,val]
                [image_format=source|png|jpg|webp] [short_side=N] [overwrite=true] [workers=N] [--json]
 
@@ -125,8 +125,8 @@ SUMMARIES = {
     "per class, confusion matrix, attention maps); metrics.json and figures go to the run's eval/.",
     "vit-predict": "vit-predict ckpt=PATH images=[FILE,FOLDER,'PATTERN'] [key=value ...]: classify images with a\n"
     "checkpoint: each image's top_k classes with their probabilities.",
-    "vit-export": "vit-export ckpt=PATH [format=safetensors|onnx] [key=value ...]: write a checkpoint's weights as\n"
-    "a safetensors or ONNX file, by default into the run's export/.",
+    "vit-export": "vit-export ckpt=PATH [format=safetensors|onnx|hf] [key=value ...]: write a checkpoint's weights as\n"
+    "a safetensors or ONNX file, or a Hub folder timm loads (format=hf), by default into the run's export/.",
     "vit-shards": "vit-shards data=NAME [data.root=DIR] out=DIR [key=value ...]: write a data set's train and val\n"
     "splits as WebDataset tar shards with an index.json, for vit-train data=webdataset data.root=DIR.",
 }
@@ -219,8 +219,8 @@ def _export(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
     if opts["format"] is None:  # not given: the out= file's extension says it, else safetensors
         suffix = Path(str(opts["out"])).suffix.lstrip(".") if opts["out"] else ""
         opts["format"] = suffix if suffix in ("safetensors", "onnx") else "safetensors"
-    if opts["format"] not in ("safetensors", "onnx"):
-        raise ConfigError(f"format must be safetensors or onnx; got {opts['format']!r}")
+    if opts["format"] not in ("safetensors", "onnx", "hf"):
+        raise ConfigError(f"format must be safetensors, onnx or hf; got {opts['format']!r}")
     from vit_train.checkpoint import checkpoint_file
     from vit_train.outputs.places import check_output_file
     from vit_train.tools.export import export
@@ -228,6 +228,16 @@ def _export(argv: list[str]) -> tuple[dict, Callable[[dict], str]]:
 
     ckpt_path = checkpoint_file(str(opts["ckpt"]))
     fmt = str(opts["format"])
+    if fmt == "hf":  # a folder: config.json, model.safetensors, README.md
+        from vit_train.tools.hub_export import check_out, export_hf
+
+        folder = (
+            Path(opts["out"]).expanduser()
+            if opts["out"]
+            else run_dir_of(str(ckpt_path)) / "export" / f"{ckpt_path.stem}-hf"
+        )
+        check_out(folder)  # before the checkpoint is read
+        return export_hf(load_for_inference(ckpt_path, opts["weights"]), folder), export_text
     out = (
         Path(opts["out"]).expanduser()
         if opts["out"]
@@ -257,6 +267,8 @@ def export_text(result: dict) -> str:
             if result["checked"]
             else "; not checked (pip install onnxruntime)"
         )
+    if result["format"] == "hf":
+        checked = f"; timm's {result['architecture']} layout: {', '.join(result['files'])}"
     return f"wrote {result['path']} ({result['format']}, {result['weights']} weights){checked}"
 
 

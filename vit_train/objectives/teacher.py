@@ -11,6 +11,7 @@ teacher_arch, type, alpha, tau).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from pathlib import Path
@@ -196,10 +197,12 @@ class DistillationLoss(Loss):
 
 
 def file_sha256(path: Path) -> str:
+    """The SHA-256 of the file `path`, or of a Hub folder's config.json and model.safetensors (in that order)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
+    for name in ("config.json", "model.safetensors") if path.is_dir() else ("",):
+        with open(path / name if name else path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -242,16 +245,22 @@ def load_teacher(
     incoming = open_weights(
         cfg.teacher, "objective.teacher"
     )  # the file teacher_file found, logged as the user wrote it
+    hub_model = (incoming.metadata or {}).get("hub_model") if incoming.config is None else None
+    if hub_model is not None:  # a timm Hub folder whose config.json says the whole network: built as vit-train's ViT
+        incoming = dataclasses.replace(incoming, config={"model": hub_model})
     if incoming.config is not None and "model" in incoming.config:
         if cfg.teacher_arch is not None:
             raise ConfigError(
-                f"objective.teacher={path.name} is a vit-train checkpoint, which names its own network "
+                f"objective.teacher={path.name} is a {'Hub folder' if path.is_dir() else 'vit-train checkpoint'}, "
+                f"which names its own network "
                 f"({incoming.config['model'].get('name', incoming.config['model'].get('arch'))}): drop "
                 f"objective.teacher_arch={cfg.teacher_arch}"
             )
         if class_names is not None:
             check_classes(incoming, class_names, "distil from a teacher trained on these classes, in this order")
         teacher, described = vit_train_teacher(incoming, num_classes, img_size)
+        if hub_model is not None:
+            described = f"timm's {hub_model['name']} from its Hub folder, as vit-train's ViT"
     elif cfg.teacher_arch is None:
         raise ConfigError(
             f"objective.teacher={path} holds plain weights without a vit-train config; name the network "

@@ -92,7 +92,9 @@ def load_pretrained(
     ours = architecture_of(model)
     check_architecture(incoming, ours, PRETRAINED_EXEMPT + positions_exempt(theirs, ours), theirs)
     new_head = _new_head(incoming, head_classes(weights), head_classes(model.state_dict()), class_names, reset_head)
-    return fit_pretrained(model, weights, naming, incoming.config, str(incoming.path), new_head)
+    hub_model = (incoming.metadata or {}).get("hub_model")  # a timm Hub folder's network: its image size, LayerScale
+    config = incoming.config or ({"model": hub_model} if hub_model else None)
+    return fit_pretrained(model, weights, naming, config, str(incoming.path), new_head)
 
 
 def _new_head(

@@ -61,8 +61,13 @@ def eval_dir(ckpt_path: Path, changed: dict[str, Any], same: set[str] = frozense
     named = {
         k: v for k, v in changed.items() if k not in same and (not k.startswith("trainer.") or k == "trainer.precision")
     }
-    run_dir = ckpt_path.parent.parent if ckpt_path.parent.name == "export" else run_dir_of(str(ckpt_path))
-    base = run_dir / "eval"  # a file vit-export wrote (run/export/x.safetensors): its run's eval/ too
+    if (
+        ckpt_path.parent.name == "export"
+    ):  # a file or Hub folder vit-export wrote (run/export/x.safetensors, run/export/best-hf)
+        run_dir = ckpt_path.parent.parent
+    else:  # a Hub folder elsewhere is a file here: eval/ goes beside it, never into the folder timm reads
+        run_dir = ckpt_path.parent if ckpt_path.is_dir() else run_dir_of(str(ckpt_path))
+    base = run_dir / "eval"  # a file vit-export wrote: its run's eval/ too
     if not named:
         return base
     exact = ",".join(f"{k}={v}" for k, v in named.items())
