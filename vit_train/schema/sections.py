@@ -256,6 +256,11 @@ class TrainerConfig(Section):
             ("trainer.limit_val_batches", self.limit_val_batches),
         )
         require(
+            self.viz_every is None or "tensorboard" in cfg.logger,
+            "trainer.viz_every draws its figures in TensorBoard, which logger= leaves out: add tensorboard to the "
+            "list (logger=[tensorboard,...]) or set trainer.viz_every=null",
+        )
+        require(
             self.ema_decay is None or 0.0 < self.ema_decay < 1.0,
             f"trainer.ema_decay must be in (0, 1), got {self.ema_decay}",
         )
@@ -433,6 +438,8 @@ class RunConfig(Protocol):
     resume: str | None
     name: str
     tags: list[str]
+    logger: dict[str, Any]  # logger=[...]'s options by name (callbacks/base.py LoggerConfig)
+    callbacks: dict[str, Any]  # callbacks=[...]'s (callbacks/base.py CallbackConfig)
 
     @property
     def lr(self) -> float: ...  # the peak learning rate (Config.lr)
