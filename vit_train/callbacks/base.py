@@ -1,5 +1,6 @@
-"""The callback API: what a callback sees of a run and when (`Callback`'s hooks), and the option bases of the two
-list groups that choose them, `callbacks=[...]` (`CallbackConfig`) and `logger=[...]` (`LoggerConfig`).
+"""The callback API: what a callback sees of a run and when (`Callback`'s hooks), and (from the schema, named here
+too) the option bases of the two list groups that choose them, `callbacks=[...]` (`CallbackConfig`) and
+`logger=[...]` (`LoggerConfig`).
 
 A run's callbacks run in its rank-0 process only (where its files are written); rank 0's `should_stop` decision
 is sent to every process at each evaluation, so all of them stop at the same step. The order of the hooks in one
@@ -24,9 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from vit_train.schema.typed import ListedOption
+from vit_train.schema.sections import CallbackConfig, LoggerConfig  # the options' bases, in the schema layer
 
 
 @dataclass(frozen=True)
@@ -85,38 +86,6 @@ class Callback:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """`state_dict()`'s value from the checkpoint the run resumes."""
-
-
-@dataclass
-class CallbackConfig(ListedOption):
-    """A callback option (callbacks=[NAME, ...]): its keys under callbacks.NAME.*. A subclass sets `name = "..."`,
-    its keys as fields with defaults, and `build(cfg)`, the callback the run calls."""
-
-    group: ClassVar[str] = "callbacks"
-
-    def build(self, cfg: Any) -> Callback:
-        """The callback for the run of config `cfg`."""
-        raise NotImplementedError
-
-    @classmethod
-    def unimplemented(cls) -> list[str]:
-        return [] if cls.build is not CallbackConfig.build else ["build"]
-
-
-@dataclass
-class LoggerConfig(ListedOption):
-    """A logger option (logger=[NAME, ...]): where the run's numbers go besides metrics.jsonl, its keys under
-    logger.NAME.*. A subclass sets `name` and `build(cfg)`: a callback (a tracker's adapter, trackers.py), or None
-    for what the run writes itself (tensorboard)."""
-
-    group: ClassVar[str] = "logger"
-
-    def build(self, cfg: Any) -> Callback | None:
-        raise NotImplementedError
-
-    @classmethod
-    def unimplemented(cls) -> list[str]:
-        return [] if cls.build is not LoggerConfig.build else ["build"]
 
 
 __all__ = ["Callback", "CallbackConfig", "LoggerConfig", "RunInfo"]

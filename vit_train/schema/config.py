@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vit_train.callbacks.base import CallbackConfig, LoggerConfig
 from vit_train.errors import ConfigError
 from vit_train.schema import legacy
 from vit_train.schema.sections import (
     AugConfig,
+    CallbackConfig,
     DataConfig,
+    LoggerConfig,
     ModelConfig,
     ObjectiveConfig,
     OptimConfig,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
-from vit_train.schema.typed import Option, Section, fraction, options, overridden, positive, require
+from vit_train.schema.typed import ListedOption, Option, Section, fraction, options, overridden, positive, require
 
 
 @dataclass
@@ -419,6 +419,38 @@ class ObjectiveConfig(Option):
     }
 
     name: str
+
+
+@dataclass
+class CallbackConfig(ListedOption):
+    """A callback option (callbacks=[NAME, ...]): its keys under callbacks.NAME.*. A subclass sets `name = "..."`,
+    its keys as fields with defaults, and `build(cfg)`, the callback the run calls."""
+
+    group: ClassVar[str] = "callbacks"
+
+    def build(self, cfg: Any) -> Any:
+        """The callback (callbacks/base.py Callback) for the run of config `cfg`."""
+        raise NotImplementedError
+
+    @classmethod
+    def unimplemented(cls) -> list[str]:
+        return [] if cls.build is not CallbackConfig.build else ["build"]
+
+
+@dataclass
+class LoggerConfig(ListedOption):
+    """A logger option (logger=[NAME, ...]): where the run's numbers go besides metrics.jsonl, its keys under
+    logger.NAME.*. A subclass sets `name` and `build(cfg)`: a callback (a tracker's adapter, trackers.py), or None
+    for what the run writes itself (tensorboard)."""
+
+    group: ClassVar[str] = "logger"
+
+    def build(self, cfg: Any) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def unimplemented(cls) -> list[str]:
+        return [] if cls.build is not LoggerConfig.build else ["build"]
 
 
 class RunConfig(Protocol):
