@@ -88,7 +88,7 @@ def your_options(tmp: Path):
         try:
             importlib.import_module("helpers.toy_options")
             register_options()
-            for group, name in (("data", "stripes"), ("objective", "hinge")):
+            for group, name in (("data", "stripes"), ("objective", "hinge"), ("callbacks", "best_so_far")):
                 (tmp / group).mkdir(parents=True, exist_ok=True)
                 (tmp / group / f"{name}.yaml").write_text(f"defaults:\n  - /schema/{group}/{name}\n  - _self_\n")
             yield f"hydra.searchpath=[file://{tmp}]"
