@@ -206,6 +206,8 @@ def not_listed(key: str, overrides: list[str]) -> str | None:
     given = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").split("=", 1)[0] == group and "=" in o]
     chosen = given[-1].strip("[]").split(",") if given else (["tensorboard"] if group == "logger" else [])
     chosen = [c.strip() for c in chosen if c.strip()]
+    if name in chosen:  # a key the chosen option lacks: the closest key, as for any option
+        return None
     return (
         f"{key} is a key of {group} option {name}, which {group}=[{','.join(chosen)}] does not choose; add it to the "
         f"list: {group}=[{','.join([*chosen, name])}]"
