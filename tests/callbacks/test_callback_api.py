@@ -152,3 +152,19 @@ def test_figures_without_tensorboard_are_refused():
                                           r"out: add tensorboard to the list \(logger=\[tensorboard,...\]\) or set "
                                           r"trainer.viz_every=null$"):
         tiny_config(trainer={"viz_every": 1}, logger=[])
+
+
+@pytest.mark.parametrize("state, line", [
+    ({"best": __import__("numpy").float64(1.5)},
+     "callbacks.recorder's state_dict()['best'] is a numpy.float64, which a checkpoint cannot hold: return plain "
+     "numbers, strings, lists and dicts (e.g. float(x)) or tensors"),
+    ({1: 2}, "callbacks.recorder's state_dict() has the key 1, not a string: a checkpoint keeps string keys"),
+])
+def test_a_state_a_checkpoint_cannot_hold_is_one_line_and_the_earlier_checkpoint_stays(tmp_path, monkeypatch, state,
+                                                                                        line):
+    monkeypatch.setattr(Recorder, "state_dict", lambda self: state if self.evals >= 2 else {"evals": self.evals})
+    with pytest.raises(ConfigError) as e:
+        train(tiny_config(**SECTIONS), tmp_path)
+    assert str(e.value) == line
+    assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["step"] == 2
+    assert json.loads((tmp_path / "results.json").read_text())["status"] == "failed"

@@ -1,4 +1,5 @@
-"""callbacks=[early_stopping]: its decisions (exact, by hand), a run it ends (results.json stopped_early with its
+"""callbacks=[early_stopping]: its decisions (exact, by hand; cases from other trainers' reports: Lightning #1463
+and #9297, transformers #28544, keras #23559, ultralytics #8991), a run it ends (results.json stopped_early with its
 reason, the checkpoint of the deciding evaluation, the log line), its counter across a SIGTERM or a kill -9 and a
 resume (every file as the uninterrupted run's), a resumed run that had already stopped, and a sweep counting it."""
 
@@ -39,6 +40,8 @@ def fed(stopper: EarlyStopping, values: list[float]) -> list[str | None]:
         ("min", 3, 0.1, [5, 4.95, 4.92, 4.91], 4),
         ("max", 2, 0.0, [math.nan, math.nan], 2),  # never finite: no improvement, stops
         ("max", 2, 0.0, [1, math.nan, math.inf, 5], 3),  # inf is not finite either
+        ("max", 1, 0.5, [1, 1.5], 2),  # a change of exactly min_delta is no improvement (Lightning #9297)
+        ("max", 2, 0.0, [1, 1, 2, 2, 3], None),  # an improvement resets the count (keras #23559)
     ],
 )
 def test_patience_min_delta_and_mode_decide_as_counted_by_hand(mode, patience, min_delta, values, stops_at):
@@ -69,6 +72,18 @@ def test_its_state_restored_decides_as_the_uninterrupted_one():
     assert [second.on_eval_end(i, {"val/top1": v}) or second.should_stop() for i, v in enumerate(values[4:], 5)] \
         == [None, whole.should_stop()]
     assert second.state_dict() == whole.state_dict()
+
+
+def test_the_restored_count_survives_the_start_of_the_resumed_attempt(tmp_path):
+    """Lightning #1463: the count loaded from the checkpoint was reset by on_train_start, and `best` never saved."""
+    from vit_train.callbacks.base import RunInfo
+
+    first = EarlyStopping("val/top1", "max", 3)
+    fed(first, [5, 4, 4])
+    second = EarlyStopping("val/top1", "max", 3)
+    second.load_state_dict(first.state_dict())
+    second.on_train_start(RunInfo(tmp_path, {}, "", [], "id", 3, 10, True))
+    assert second.state_dict() == first.state_dict() and (second.best, second.wait) == (5, 2)
 
 
 def test_a_changed_monitor_on_resume_counts_afresh_and_says_so(caplog):

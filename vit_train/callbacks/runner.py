@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vit_train.callbacks.base import Callback, CallbackConfig, LoggerConfig, RunInfo
+from vit_train.errors import ConfigError
 
 log = logging.getLogger("vit_train")
 
@@ -56,8 +57,13 @@ class Callbacks:
             callback.on_train_end(dict(results), status)
 
     def state_dict(self) -> dict[str, Any]:
-        """{callback name (logger.wandb, callbacks.early_stopping): its state_dict()}: the checkpoint's "callbacks"."""
-        return {callback.name: callback.state_dict() for callback in self.callbacks}
+        """{callback name (logger.wandb, callbacks.early_stopping): its state_dict()}: the checkpoint's "callbacks".
+        ConfigError (one line, naming the callback and the place) for a value a checkpoint cannot hold: it is read
+        back with torch.load(weights_only=True), which takes plain data and tensors only."""
+        states = {callback.name: callback.state_dict() for callback in self.callbacks}
+        for name, state in states.items():
+            check_plain(state, name, "state_dict()")
+        return states
 
     def load_state_dict(self, saved: dict[str, Any] | None) -> None:
         """Each callback's state from a checkpoint's "callbacks"; one the checkpoint does not hold (chosen since,
@@ -83,3 +89,29 @@ def build_callbacks(cfg: Any, main: bool) -> Callbacks:
             callback.name = name
             made.append(callback)
     return Callbacks(made)
+
+
+PLAIN = (str, int, float, bool, type(None))
+
+
+def check_plain(value: Any, name: str, where: str) -> None:
+    """ConfigError unless `value` is plain data (str, int, float, bool, None; dicts with string keys, lists and
+    tuples of them) or a torch tensor: what a checkpoint read with weights_only=True holds."""
+    if (
+        type(value) in PLAIN or type(value).__module__ == "torch" and type(value).__name__ == "Tensor"
+    ):  # exact: numpy.float64 is a float
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"{name}'s {where} has the key {key!r}, not a string: a checkpoint keeps string keys")
+            check_plain(item, name, f"{where}[{key!r}]")
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_plain(item, name, f"{where}[{i}]")
+        return
+    raise ConfigError(
+        f"{name}'s {where} is a {type(value).__module__}.{type(value).__qualname__}, which a checkpoint cannot hold: "
+        f"return plain numbers, strings, lists and dicts (e.g. float(x)) or tensors"
+    )
