@@ -219,3 +219,20 @@ def test_sweeps_count_a_stopped_early_job_as_completed_with_its_best_score(tmp_p
     (tmp_path / "0" / "results.json").write_text(json.dumps(results))
     assert finished_job(tmp_path / "0", ["optim.lr=0.1"]) == results  # a re-run sweep skips it
     assert incomplete_jobs(tmp_path, [{"job": "0", "status": "stopped_early"}]) is None
+
+
+@pytest.mark.slow  # torchrun, two processes
+def test_two_processes_stop_at_the_same_step_on_rank_0s_decision(tmp_path):
+    """Callbacks run in rank 0; its decision reaches the other process (one collective per evaluation): both end
+    after the same evaluation, exit 0, and rank 0 writes results.json with the reason."""
+    from helpers.runs import torchrun
+    from helpers.two_processes import TINY as TWO
+
+    two = torchrun(*TWO, "trainer.epochs=4", "trainer.eval_every=2", "hydra.run.dir=run", "callbacks=[early_stopping]",
+                   "callbacks.early_stopping.patience=2", "callbacks.early_stopping.min_delta=1000", cwd=tmp_path)
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["status"] == "stopped_early" and results["steps"] == 6
+    assert results["stop_reason"].startswith("val/top1 did not improve by more than 1000 for 2 evaluations")
+    assert (two.stdout + two.stderr).count("stopped early at step 6:") == 1  # said once, by rank 0
+    assert torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["step"] == 6
