@@ -30,6 +30,10 @@ class FakeTracker:
 
     def start(self, start: TrackerStart) -> str:
         CALLS.append(("start", start))
+        if self.fail_at_log == 0:  # its library missing: the line the tracker module raises
+            from vit_train.errors import ConfigError
+
+            raise ConfigError("logger=fake needs the fake package: pip install 'vit-train[fake]'")
         self.id = start.tracker_id or f"fake-{len(STORE)}"
         STORE.setdefault(self.id, [])
         return self.id
@@ -169,3 +173,14 @@ def test_the_status_it_closes_with_is_the_runs(tmp_path, monkeypatch):
         train(tiny_config(**SECTIONS), tmp_path)
     assert CALLS[-1] == ("close", "interrupted")
     assert CALLS[-2][1]["status"] == "interrupted"
+
+
+def test_a_tracker_whose_library_is_missing_is_one_warning_and_the_run_completes(tmp_path, caplog):
+    TRACKER["next"] = FakeTracker(fail_at_log=0)
+    results = train(tiny_config(**SECTIONS), tmp_path)
+    assert results["status"] == "completed" and [c for c, _ in CALLS] == ["start"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.filename == "trackers.py"]
+    assert warnings == ["logger=fake stopped working (start: ConfigError: logger=fake needs the fake package: pip "
+                        "install 'vit-train[fake]'): it gets nothing more from this run; metrics.jsonl and "
+                        "results.json hold every number"]
+    assert len(rows(tmp_path)) == 8
