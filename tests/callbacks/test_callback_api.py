@@ -168,3 +168,17 @@ def test_a_state_a_checkpoint_cannot_hold_is_one_line_and_the_earlier_checkpoint
     assert str(e.value) == line
     assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["step"] == 2
     assert json.loads((tmp_path / "results.json").read_text())["status"] == "failed"
+
+
+def test_a_checkpoint_of_a_callback_not_installed_here_names_it(tmp_path):
+    from vit_train.config import Config
+
+    train(tiny_config(**{**SECTIONS, "trainer": {"max_steps": 1}}), tmp_path)
+    saved = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["config"]
+    from vit_train.schema import typed
+
+    del typed.REGISTRY["callbacks"]["recorder"]  # another process, without the package that has it
+    with pytest.raises(ConfigError) as e:
+        Config.from_saved(saved, source="last.pt")
+    assert str(e.value) == ("last.pt was trained with callbacks=[recorder], which is not registered here: install the "
+                            "package that has it (docs/extending.md), then run the same command")

@@ -101,9 +101,17 @@ class Config:
                 and isinstance(section.get(chooser(group)), str)
                 and section[chooser(group)] not in options(group)
             ]
+            missing += [
+                (group, f"[{name}]")  # a list group's option: callbacks=[mine]
+                for group in LIST_GROUPS
+                for section in [data.get(group)]
+                if isinstance(section, dict)
+                for name in section
+                if name not in options(group)
+            ]
             if missing:  # a run of another package's option (docs/extending.md)
                 group, name = missing[0]
-                spelled = group if chooser(group) == "name" else f"{group}.{chooser(group)}"
+                spelled = group if group in LIST_GROUPS or chooser(group) == "name" else f"{group}.{chooser(group)}"
                 raise ConfigError(
                     f"{source} was trained with {spelled}={name}, which is not registered here: install "
                     f"the package that has it (docs/extending.md), then run the same command"
