@@ -236,3 +236,21 @@ def test_two_processes_stop_at_the_same_step_on_rank_0s_decision(tmp_path):
     assert results["stop_reason"].startswith("val/top1 did not improve by more than 1000 for 2 evaluations")
     assert (two.stdout + two.stderr).count("stopped early at step 6:") == 1  # said once, by rank 0
     assert torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["step"] == 6
+
+
+@pytest.mark.slow  # a sweep of two jobs through the command line
+def test_a_sweep_counts_its_stopped_early_jobs_as_completed_with_their_best_scores(tmp_path):
+    from helpers.configs import TINY
+    from helpers.files import summary_tables
+    from helpers.runs import vit_train
+
+    done = vit_train("-m", *TINY, "trainer.epochs=2", "trainer.eval_every=2", "callbacks=[early_stopping]",
+                     "callbacks.early_stopping.min_delta=1000", "callbacks.early_stopping.patience=1,2",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]  # no job "did not complete"
+    rows, _ = summary_tables(tmp_path / "sweep")
+    results = {row["job"]: json.loads((tmp_path / "sweep" / row["job"] / "results.json").read_text()) for row in rows}
+    assert sorted((r["status"], r["steps"]) for r in results.values()) == [("stopped_early", 4), ("stopped_early", 6)]
+    for row in rows:
+        assert row["status"] == "stopped_early"
+        assert float(row["objective"]) == results[row["job"]]["best_top1"]
