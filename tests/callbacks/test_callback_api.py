@@ -70,6 +70,18 @@ class RecorderConfig(CallbackConfig):
         return Recorder(self.fail_at or None)
 
 
+
+def _unregistered() -> None:
+    """The class registered itself when this module was imported (collected); only the tests' fixture registers it,
+    so that no other test module sees it."""
+    from vit_train.schema import typed
+
+    typed.REGISTRY["callbacks"].pop("recorder", None)
+
+
+_unregistered()
+
+
 @pytest.fixture(autouse=True)
 def recorder_option():
     SEEN.clear()

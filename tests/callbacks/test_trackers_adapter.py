@@ -69,6 +69,18 @@ class FakeLogger(LoggerConfig):
         return TrackerCallback(TRACKER["next"])
 
 
+
+def _unregistered() -> None:
+    """The class registered itself when this module was imported (collected); only the tests' fixture registers it,
+    so that no other test module sees it."""
+    from vit_train.schema import typed
+
+    typed.REGISTRY["logger"].pop("fake", None)
+
+
+_unregistered()
+
+
 @pytest.fixture(autouse=True)
 def fake_option():
     CALLS.clear()
