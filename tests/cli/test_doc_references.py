@@ -103,7 +103,9 @@ def listed_options() -> dict[str, set[str]]:
     text = (ROOT / "docs" / "configs.md").read_text()
     table = text[text.index("| group | options |"):].split("\n\n")[0]
     rows = [line.split(" | ") for line in table.splitlines()[2:]]
-    return {row[0].strip("| `"): set(re.findall(r"`([^`]+)`", row[1])) for row in rows}
+    return {row[0].strip("| `"): {name for names in re.findall(r"`([^`]+)`", row[1])
+                                  for name in names.strip("[]").split(",") if name}  # a list group's: `[a,b]`
+            for row in rows}
 
 
 def option_files() -> dict[str, set[str]]:

@@ -5,6 +5,7 @@ on them, in this process, with tiny settings appended. A broken example fails he
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import shlex
 import sys
@@ -66,9 +67,10 @@ def test_running_it_uses_only_what_the_page_defines():
     made = {re.match(r"# (\w+/\w+)\.yaml:", text).group(1) for text in blocks("yaml")}
     for args in running_it():
         for arg in args:
-            group, _, name = arg.partition("=")
-            if (CONFIGS / group).is_dir():
-                assert f"{group}/{name}" in made or (CONFIGS / group / f"{name}.yaml").is_file(), arg
+            group, _, value = arg.partition("=")
+            for name in value.strip("[]").split(","):  # a list group's options: callbacks=[a,b]
+                if (CONFIGS / group).is_dir():
+                    assert f"{group}/{name}" in made or (CONFIGS / group / f"{name}.yaml").is_file(), arg
 
 
 def test_the_pages_data_set_trains_with_its_commands(mine, tmp_path, monkeypatch, capsys):
@@ -85,3 +87,9 @@ def test_the_pages_data_set_trains_with_its_commands(mine, tmp_path, monkeypatch
         else:
             assert "completed:" in out and "2 classes" in out, (out, err)
             assert (tmp_path / f"run{k}" / "results.json").is_file()
+            if any("best_so_far" in a for a in args):  # the page's callback wrote its file, from its evaluation
+                record = json.loads((tmp_path / f"run{k}" / "best_so_far.json").read_text())
+                val = [json.loads(line) for line in (tmp_path / f"run{k}" / "metrics.jsonl").read_text().splitlines()
+                       if '"val"' in line]
+                assert record == {"metric": "val/top1", "best": max(r["top1"] for r in val),
+                                  "step": max(val, key=lambda r: r["top1"])["step"], "status": "completed"}, record

@@ -70,7 +70,7 @@ def check_composed(args: list[str]):
                                                r"\(data=cifar10 has batch_size, download, "),
     (["data.rooot=/x"], r"did you mean 'data.root', a key of data=cifar10, cifar100, hf, imagefolder and webdataset\?"),
     (["data.workers=2"], r"did you mean 'data.num_workers'\? \(data=shapes has "),
-    (["+foo.bar=1"], r"^unknown config key 'foo.bar': there is no section 'foo' \(sections: aug, data, model, "),
+    (["+foo.bar=1"], r"^unknown config key 'foo.bar': there is no section 'foo' \(sections: aug, callbacks, data, logger, model, "),
     (["-m", "experiment=cifar10_vit_tiny,cifar10_mae_pretrain", "objective.mask_ratio=0.6"],
      r"^objective.mask_ratio is a key of objective=mae, not of objective=classify"),  # the tiny recipe's job
 ])

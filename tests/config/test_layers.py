@@ -19,7 +19,7 @@ TESTS = PACKAGE.parent / "tests"
 SCRIPTS = PACKAGE.parent / "scripts"
 
 # Low to high. Layers on one row are siblings: neither imports the other.
-LAYERS = [("errors",), ("extras",), ("trackers",), ("schema",), ("optim", "schedules"), ("runtime",), ("data",), ("outputs",), ("models",), ("viz",),
+LAYERS = [("errors",), ("extras",), ("trackers",), ("schema",), ("optim", "schedules", "callbacks"), ("runtime",), ("data",), ("outputs",), ("models",), ("viz",),
           ("checkpoint",), ("objectives",), ("config",), ("train", "tools"), ("sweeps",), ("cli",)]
 RANK = {layer: rank for rank, row in enumerate(LAYERS) for layer in row}
 

@@ -50,7 +50,12 @@ needs = {{tuple(k.split("=")): v for k, v in json.loads(sys.argv[1]).items()}}
 built = {{}}
 for group, found in registered().items():
     for name in found:
-        cfg = Config.from_dict({{group: {{chooser(group): name, **needs.get((group, name), {{}})}}}})
+        keys = needs.get((group, name), {{}})
+        if found[name].listed:  # logger=[...], callbacks=[...]: each chosen option under its name
+            cfg = Config.from_dict({{group: {{name: keys}}}})
+            built.setdefault(group, []).append(type(getattr(cfg, group)[name]).__name__)
+            continue
+        cfg = Config.from_dict({{group: {{chooser(group): name, **keys}}}})
         built.setdefault(group, []).append(type(getattr(cfg, group)).__name__)
 refused = []
 for plain in ({{"data": {{"name": "nope"}}}}, {{"model": {{"embed_dim": 100, "num_heads": 3}}}}):

@@ -71,9 +71,10 @@ def file_bytes(run_dir: Path) -> dict[Path, bytes]:
     return {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
 
 
-def assert_same_run(run_dir, reference):
+def assert_same_run(run_dir, reference, status: str = "completed"):
     """Every (split, step) row once, with the reference's values (an uninterrupted run with the same seed);
-    the same TensorBoard scalars, final weights and optimiser state; no temporary files; completed."""
+    the same TensorBoard scalars, final weights and optimiser state; no temporary files; ended with `status`
+    (completed; stopped_early for a run early stopping ends)."""
     import torch
 
     got, want = (trained_rows(r) for r in (run_dir, reference))
@@ -92,7 +93,7 @@ def assert_same_run(run_dir, reference):
         flat_a, flat_b = (torch.utils._pytree.tree_flatten(x[part])[0] for x in (a, b))
         assert all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(flat_a, flat_b)), part
     assert not list(run_dir.rglob("*.tmp")), list(run_dir.rglob("*.tmp"))
-    assert json.loads((run_dir / "results.json").read_text())["status"] == "completed"
+    assert json.loads((run_dir / "results.json").read_text())["status"] == status
 
 
 # What differs between two runs with the same seed however they ran: timings, the directory, the run's id.
@@ -134,18 +135,18 @@ def closing_line(run_dir: Path) -> str:
     return re.sub(r", [\d.]+ images/s, .*$", "", last.split("] ", 1)[-1])
 
 
-def assert_every_file_as_the_reference(run_dir: Path, reference: Path) -> None:
+def assert_every_file_as_the_reference(run_dir: Path, reference: Path, status: str = "completed") -> None:
     """Every file a user reads equals the uninterrupted reference run's (same config and seed), but for
     timings, the directory and the run's id: `assert_same_run` (rows, last.pt's weights and optimiser, no
     *.tmp, completed); every metrics.jsonl row in order; every TensorBoard scalar tag (values, and for
     the timing tags their steps); the checkpoint names, and in each (last.pt, best.pt, step files)
     every entry (weights, optimiser, scheduler, torch's RNG, step, best step and score...); results.json;
     best.pt holding the step results.json names; train.log's closing line. AssertionError naming the
-    first difference."""
+    first difference. `status`: how both ended (results.json's)."""
     import torch
 
     run_dir, reference = Path(run_dir), Path(reference)
-    assert_same_run(run_dir, reference)
+    assert_same_run(run_dir, reference, status)
     strip = lambda r: {k: v for k, v in r.items() if k not in TIMING_ROW}  # noqa: E731
     assert [strip(r) for r in trained_rows(run_dir)] == [strip(r) for r in trained_rows(reference)], \
         "metrics.jsonl rows or order"

@@ -1,6 +1,6 @@
-"""Four options written as a user writes their own, outside vit_train (docs/extending.md): a data set, two
-objectives and a model family, each one class in this one module; importing it registers data=stripes,
-objective=hinge, objective=brier and model.arch=tinycnn.
+"""Five options written as a user writes their own, outside vit_train (docs/extending.md): a data set, two
+objectives, a model family and a callback, each one class in this one module; importing it registers data=stripes,
+objective=hinge, objective=brier, model.arch=tinycnn and callbacks=[best_so_far].
 tests/config/test_new_options.py copies it into a temporary folder beside one YAML file per option.
 
 - data=stripes: images of horizontal or vertical stripes (2 classes), generated in memory; its keys are
@@ -12,6 +12,8 @@ tests/config/test_new_options.py copies it into a temporary folder beside one YA
 - model.arch=tinycnn (model=tinycnn): a small CNN, one strided convolution, average pooling and a linear head; its
   key is width. It defines what a family should for every door: build, FLOPs, its architecture from a saved config
   and from a state dict's tensors (so its weights are recognised, and another width refused by name).
+- callbacks=[best_so_far]: docs/extending.md's callback, best_so_far.json in the run directory (the best value of a
+  metric and its step); its key is metric.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit_train.callbacks.base import Callback, CallbackConfig
 from vit_train.data.datasets import TensorImages
 from vit_train.data.sources.base import DataSource
 from vit_train.models.flops import flops_per_image
@@ -211,3 +214,39 @@ class TinyCNN(ModelConfig):
     def reveals(cls, weights: dict[str, torch.Tensor]) -> dict[str, Any] | None:
         conv = weights.get("features.0.weight")
         return {"model.arch": "tinycnn", "model.width": conv.shape[0]} if conv is not None else None
+
+
+@dataclass
+class BestSoFarConfig(CallbackConfig):
+    """callbacks=[best_so_far]: best_so_far.json in the run directory, the best value of a metric and its step."""
+
+    name = "best_so_far"
+
+    metric: str = "val/top1"  # an evaluation's "split/name"
+
+    def build(self, cfg: Any) -> Callback:
+        return BestSoFar(self.metric)
+
+
+class BestSoFar(Callback):
+    def __init__(self, metric: str):
+        self.metric, self.best, self.step, self.run_dir = metric, None, None, None
+
+    def on_train_start(self, info):
+        self.run_dir = info.run_dir
+
+    def on_eval_end(self, step, metrics):
+        if self.best is None or metrics[self.metric] > self.best:
+            self.best, self.step = metrics[self.metric], step
+
+    def on_train_end(self, results, status):
+        import json
+
+        record = {"metric": self.metric, "best": self.best, "step": self.step, "status": status}
+        (self.run_dir / "best_so_far.json").write_text(json.dumps(record) + "\n")
+
+    def state_dict(self):
+        return {"best": self.best, "step": self.step}
+
+    def load_state_dict(self, state):
+        self.best, self.step = state["best"], state["step"]

@@ -46,12 +46,14 @@ def checkpoint_state(
     loss: Any = None,
     gathered: tuple | None = None,
     window: Any = None,
+    callbacks: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything a resumed run needs, as plain tensors and primitives; the objective's `loss`'s own state (its
     `state_dict`: MAE's mask counter, the distillation teacher's identity) under "objective", the train row's
     `window` since the last row (train/throughput.py `TrainWindow`'s sums, with the loss's `window_state`) under
     "train_window" so that a resume logs the uninterrupted run's row. `gathered`: a sharded run's (model,
-    optimiser, EMA) state dicts, gathered whole (train/sharding.py `full_states`)."""
+    optimiser, EMA) state dicts, gathered whole (train/sharding.py `full_states`). `callbacks`: the run's callbacks'
+    state ({name: state_dict()}, callbacks/runner.py) under "callbacks"."""
     weights, moments, averaged = gathered or (
         model.state_dict(),
         optimizer.state_dict(),
@@ -79,6 +81,7 @@ def checkpoint_state(
             if window is not None
             else {}
         ),
+        "callbacks": dict(callbacks or {}),
     }
 
 

@@ -19,10 +19,23 @@ from omegaconf import OmegaConf
 
 from vit_train.errors import ConfigError
 from vit_train.extras import require
-from vit_train.schema.config import OPTION_GROUPS, config_dir, run_dir_of
+from vit_train.schema.config import LIST_GROUPS, OPTION_GROUPS, config_dir, run_dir_of
 from vit_train.schema.typed import BASES, chooser, group_keys, options, section_keys, unknown_key_message
 
-GROUPS = ("model", "data", "aug", "optim", "schedule", "trainer", "objective", "experiment", "hparams_search", "hydra")
+GROUPS = (
+    "model",
+    "data",
+    "aug",
+    "optim",
+    "schedule",
+    "trainer",
+    "objective",
+    "logger",
+    "callbacks",
+    "experiment",
+    "hparams_search",
+    "hydra",
+)
 # Optional Hydra plugins a command line may ask for (extras.py names the extra that installs each).
 PLUGINS = {
     "hparams_search=optuna": "hydra_plugins.hydra_optuna_sweeper",
@@ -163,6 +176,8 @@ def group_values(override: Override, group: str, dirs: list[Path]) -> list[str]:
     """The options a `group=...` override picks: one, or a sweep's (a list, or a glob(...) over the group's YAML
     files in `dirs`, as Hydra expands it)."""
     if not override.is_sweep_override():
+        if group in LIST_GROUPS and isinstance(override.value(), list):  # logger=[tensorboard,wandb]
+            return [str(v) for v in override.value()]
         return ["null" if override.value() is None else str(override.value())]
     if isinstance(override.value(), Glob):
         return override.value().filter(sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")}))
@@ -188,7 +203,7 @@ def check_choices(group: str, names: list[str], dirs: list[Path]) -> None:
     if unknown:
         available = sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
         raise ConfigError(f"{group}={unknown[0]} is not an option; choose one of {', '.join(available)}")
-    if group in OPTION_GROUPS:
+    if group in OPTION_GROUPS or group in LIST_GROUPS:
         registered(group, [option_of_choice(group, n, dirs) for n in names])  # a YAML whose class is not registered
 
 
@@ -284,6 +299,15 @@ def apply_overrides(saved: dict, overrides: list[str]) -> dict:
         for o in OverridesParser.create().parse_overrides([o.removeprefix("++") for o in overrides])
         if o.key_or_group != "resume"
     ]
+    for override in [o for o in parsed if o.key_or_group in LIST_GROUPS]:  # another list may be chosen on resume
+        group, value = override.key_or_group, override.value()
+        names = [str(v) for v in value] if isinstance(value, list) else [str(value)]
+        before = OmegaConf.to_container(cfg[group]) if group in cfg else {}
+        assert isinstance(before, dict)  # a list group's saved sections, by name
+        cfg[group] = {
+            n: before.get(n, option_class(group, n).composed()[group][n]) if n in options(group) else {} for n in names
+        }  # a name not registered: refused by the config's own check, naming the options
+    parsed = [o for o in parsed if o.key_or_group not in LIST_GROUPS]
     for override in parsed:
         if override.key_or_group in GROUPS:
             switch = (
@@ -319,6 +343,13 @@ def apply_overrides(saved: dict, overrides: list[str]) -> dict:
             cfg[group] = {**fresh, **kept}
     for override in parsed:
         group, _, leaf = override.key_or_group.partition(".")
+        name = leaf.partition(".")[0]
+        if group in LIST_GROUPS and name and (group not in cfg or name not in cfg[group]):
+            chosen = list(cfg[group]) if group in cfg else []
+            raise ConfigError(
+                f"{override.key_or_group} is a key of {group} option {name}, which the resumed run's "
+                f"{group}=[{','.join(chosen)}] does not choose; add it to the list: {group}=[{','.join([*chosen, name])}]"
+            )
         if group in OPTION_GROUPS and leaf and leaf not in cfg[group]:
             raise ConfigError(resumed_key_message(group, str(cfg[group][chooser(group)]), leaf))
         OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)

@@ -25,7 +25,7 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from vit_train.errors import ConfigError
-from vit_train.schema.config import OPTION_GROUPS, config_dir, known_keys, run_dir_of
+from vit_train.schema.config import LIST_GROUPS, OPTION_GROUPS, config_dir, known_keys, run_dir_of
 from vit_train.schema.typed import BASES, chooser, coerce, field_types, option_base, options, unknown_key_message
 
 ORIGINAL: dict[type, type] = {}  # a node's dataclass -> the schema's class it mirrors (to name a refused value)
@@ -67,6 +67,9 @@ def node_class(cls: type, defaults: dict[str, Any] | None = None) -> type:
     fields = []
     for f in dataclasses.fields(cls):
         tp = node_type(field_types(cls)[f.name])
+        if f.name in LIST_GROUPS and not is_option:  # logger=[...]: the defaults list composes each option's node in
+            fields.append((f.name, dict[str, Any], dataclasses.field(default_factory=dict)))
+            continue
         if defaults is not None:
             value = defaults.get(f.name, MISSING)
         elif option_base(cls) and f.name == chooser(cls.group):
@@ -119,6 +122,14 @@ def register_options() -> None:
     for group in OPTION_GROUPS:
         OmegaConf.set_struct(root[group], False)  # another option's key from a recipe: warned about and dropped
     store.store(name="schema", node=root)
+    for group in LIST_GROUPS:  # each option's section under its name: logger.wandb
+        for name, cls in options(group).items():
+            store.store(
+                group=f"schema/{group}",
+                name=name,
+                package="_global_",
+                node={group: {name: OmegaConf.structured(node_class(cls, cls.composed()[group][name]))}},
+            )
     for group in OPTION_GROUPS:
         for name, cls in options(group).items():
             composed = cls.composed()
@@ -161,7 +172,7 @@ def refusal(error: Exception, overrides: list[str]) -> ConfigError:
         )
     unknown = re.match(r"Could not (?:override|delete from config)\.? '?([^' ]+)'?", text)
     if unknown and isinstance(cause, OmegaConfBaseException) or unknown and "does not exist" in text:
-        return ConfigError(unknown_line(unknown.group(1), cause))
+        return ConfigError(not_listed(unknown.group(1), overrides) or unknown_line(unknown.group(1), cause))
     if "Multiple values for" in text:
         plus = [o for o in overrides if o.startswith("+") and not o.startswith("++")]
         return ConfigError(text + (f"; give the group choice without '+': {plus[0][1:]}" if plus else ""))
@@ -181,6 +192,26 @@ def typed_line(error: ValidationError) -> str:
         except ConfigError as e:
             return str(e)
     return f"{error.full_key}: {' '.join(str(error.msg).split())}"
+
+
+def not_listed(key: str, overrides: list[str]) -> str | None:
+    """The line for `logger.NAME.KEY` (callbacks.NAME.KEY) when option NAME exists but the list does not choose it
+    (the list `overrides` give, else train.yaml's default); None for any other key."""
+    group, _, rest = key.partition(".")
+    name = rest.partition(".")[0]
+    if group not in LIST_GROUPS:
+        return None
+    if name not in options(group):
+        return f"{key}: {group} has no option {name!r} (its options: {', '.join(options(group))})"
+    given = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").split("=", 1)[0] == group and "=" in o]
+    chosen = given[-1].strip("[]").split(",") if given else (["tensorboard"] if group == "logger" else [])
+    chosen = [c.strip() for c in chosen if c.strip()]
+    if name in chosen:  # a key the chosen option lacks: the closest key, as for any option
+        return None
+    return (
+        f"{key} is a key of {group} option {name}, which {group}=[{','.join(chosen)}] does not choose; add it to the "
+        f"list: {group}=[{','.join([*chosen, name])}]"
+    )
 
 
 def unknown_line(key: str, cause: Any) -> str:

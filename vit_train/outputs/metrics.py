@@ -10,7 +10,7 @@ import math
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,21 +35,34 @@ class RunLogger:
     run resumed re-evaluates its last step without logging it twice).
     """
 
-    def __init__(self, run_dir: Path, resume_step: int | None = None, early: EarlyRecords | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        resume_step: int | None = None,
+        early: EarlyRecords | None = None,
+        tensorboard: bool = True,
+        listeners: Sequence[Callable[[str, int, dict[str, float]], None]] = (),
+    ):
         """`early`: the records logged while the run was built (before train.log existed); they are
-        written first to train.log, in their order, and the buffer stops collecting."""
+        written first to train.log, in their order, and the buffer stops collecting. `tensorboard`: write the
+        event files in tb/ (logger=[tensorboard]); without it no tb/ folder is made (an earlier attempt's events
+        are still cut at the resumed step). `listeners`: called with each row once it is written (the run's
+        callbacks, callbacks/runner.py)."""
         self.run_dir = run_dir
         self.jsonl, self.events = run_dir / "metrics.jsonl", run_dir / "tb"
+        self.listeners = list(listeners)
         with writing(self.jsonl):
             self.logged = self._truncate_jsonl(resume_step or 0)
+        self.tb: SummaryWriter | None = None
         with writing(self.events):
             if resume_step is None:  # a fresh start discards an earlier attempt's events
                 for old in self.events.glob("events.out.tfevents.*"):
                     old.unlink()
-            else:  # and a resume those after its step, in every file: purge_step relies on file names sorting
-                drop_events_after(self.events, resume_step)  # by time, and two started in one second sort by pid
-            quiet_event_writer_errors()
-            self.tb = SummaryWriter(str(self.events))
+            elif self.events.is_dir():  # and a resume those after its step, in every file: purge_step relies on file
+                drop_events_after(self.events, resume_step)  # names sorting by time, and two in one second by pid
+            if tensorboard:
+                quiet_event_writer_errors()
+                self.tb = SummaryWriter(str(self.events))
         self.file_handler = QuietFileHandler(run_dir / "train.log")
         self.file_handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s] %(message)s"))
         if early is not None:  # handed over and detached at once: no record lost or written twice
@@ -77,22 +90,26 @@ class RunLogger:
         if (split, step) in self.logged:
             return
         self.logged.add((split, step))
-        with writing(self.events):
-            for name, value in values.items():
-                self.tb.add_scalar(f"{split}/{name}", value, step)
+        if self.tb is not None:
+            with writing(self.events):
+                for name, value in values.items():
+                    self.tb.add_scalar(f"{split}/{name}", value, step)
         plain = {k: v if math.isfinite(v) else None for k, v in values.items()}  # NaN is not JSON
         with writing(self.jsonl), open(self.jsonl, "a") as f:
             f.write(json.dumps({"split": split, "step": step, **plain}) + "\n")
+        for listener in self.listeners:  # the row as written, once: the callbacks' on_metrics
+            listener(split, step, dict(values))
 
     def sync(self) -> None:
         """fsync metrics.jsonl and the TensorBoard event files, then their folders (after a power loss the resume
         keeps the rows up to its checkpoint's step and logs none of them again, so they must be on disk before
         it: their bytes, and their names: a file created, a resume's rewrite renamed into place)."""
-        self.tb.flush()
+        if self.tb is not None:
+            self.tb.flush()
         for path in [self.jsonl, *sorted(self.events.glob("events.out.tfevents.*"))]:
             with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
                 os.fsync(f.fileno())
-        for folder in (self.events, self.run_dir):
+        for folder in (self.events, self.run_dir) if self.events.is_dir() else (self.run_dir,):
             with contextlib.suppress(OSError):  # a file system that cannot fsync a folder
                 places.fsync_dir(folder)
 
@@ -104,21 +121,24 @@ class RunLogger:
         """The run's config in full to train.log and TensorBoard (Text tab); one line on the console
         saying where it is (it is about 90 lines: printed at every start it buried the log)."""
         text = yaml.safe_dump(config, sort_keys=False)
-        with writing(self.events):
-            self.tb.add_text("config", "    " + text.replace("\n", "\n    "), step)  # indented: shown as code
+        if self.tb is not None:
+            with writing(self.events):
+                self.tb.add_text("config", "    " + text.replace("\n", "\n    "), step)  # indented: shown as code
         self.file_handler.handle(
             log.makeRecord(log.name, logging.INFO, __file__, 0, "config:\n%s", (text.rstrip(),), None)
         )
         composed = self.run_dir / ".hydra" / "config.yaml"
         log.info(
-            "config: in %s%s and TensorBoard's Text tab",
+            "config: in %s%s%s",
             self.run_dir / "train.log",
             f", {composed}" if composed.is_file() else "",
+            " and TensorBoard's Text tab" if self.tb is not None else "",
         )
 
     def close(self) -> None:
         try:
-            self.tb.close()
+            if self.tb is not None:
+                self.tb.close()
         except OSError as e:  # the events' disk is full: said once, the run's own error (if any) stays the one raised
             log.warning(
                 "TensorBoard events after %s were lost: %s", self.events, write_failure(e, self.events, 0, None)
@@ -257,15 +277,18 @@ def results_summary(
     compile_seconds: float | None = None,
     name: str = "",
     tags: list[str] | None = None,
+    stop_reason: str | None = None,
 ) -> dict[str, Any]:
     """results.json: how the run ended and its numbers. `state` is the run's TrainState; `objective` its
     objective's name and `scores` that objective's own numbers (its `results_of`: best and final scores, null
     before an evaluation); `metrics` the last evaluation's. `wall_seconds` is this attempt's, `all_attempts`
     adds the earlier attempts' (each up to its last checkpoint); `error` says why a `failed` run stopped;
     `compile_seconds` what trainer.compile spent compiling in this attempt (None: nothing was compiled), which
-    images_per_s leaves out; `name` and `tags` the config's."""
+    images_per_s leaves out; `name` and `tags` the config's; `stop_reason` why a `stopped_early` run ended (a
+    callback's sentence, callbacks/base.py `should_stop`)."""
     return {
         "status": status,
+        "stop_reason": stop_reason,
         "run_id": state.run_id,  # made at the run's start, kept across resumes
         "name": name,
         "tags": list(tags or []),  # the config's: what the user called the run

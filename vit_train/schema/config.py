@@ -20,7 +20,9 @@ from vit_train.errors import ConfigError
 from vit_train.schema import legacy
 from vit_train.schema.sections import (
     AugConfig,
+    CallbackConfig,
     DataConfig,
+    LoggerConfig,
     ModelConfig,
     ObjectiveConfig,
     OptimConfig,
@@ -32,6 +34,7 @@ from vit_train.schema.sections import (
 from vit_train.schema.typed import (
     Section,
     build,
+    build_listed,
     chooser,
     default_option,
     field_types,
@@ -41,6 +44,7 @@ from vit_train.schema.typed import (
 )
 
 OPTION_GROUPS = ("model", "data", "aug", "optim", "schedule", "objective")  # the sections whose keys are the option's
+LIST_GROUPS = ("logger", "callbacks")  # list groups: any number of their options, each section under its name
 
 
 def _default(group: str):
@@ -61,6 +65,13 @@ class Config:
     resume: str | None = None  # null, auto (newest checkpoint in the run dir), or a path
     name: str = ""  # free-form run name: in train.log, results.json and a sweep's summary.csv
     tags: list[str] = field(default_factory=list)  # free-form labels: in train.log, results.json, summary.csv
+    # where the numbers go besides metrics.jsonl (logger=[tensorboard,wandb,mlflow]): {option name: its keys}
+    logger: dict[str, LoggerConfig] = field(
+        default_factory=lambda: build_listed(LoggerConfig, ["tensorboard"], "logger", [])
+    )
+    callbacks: dict[str, CallbackConfig] = field(
+        default_factory=dict
+    )  # callbacks=[early_stopping]: {option name: its keys}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Config:
@@ -90,9 +101,17 @@ class Config:
                 and isinstance(section.get(chooser(group)), str)
                 and section[chooser(group)] not in options(group)
             ]
+            missing += [
+                (group, f"[{name}]")  # a list group's option: callbacks=[mine]
+                for group in LIST_GROUPS
+                for section in [data.get(group)]
+                if isinstance(section, dict)
+                for name in section
+                if name not in options(group)
+            ]
             if missing:  # a run of another package's option (docs/extending.md)
                 group, name = missing[0]
-                spelled = group if chooser(group) == "name" else f"{group}.{chooser(group)}"
+                spelled = group if group in LIST_GROUPS or chooser(group) == "name" else f"{group}.{chooser(group)}"
                 raise ConfigError(
                     f"{source} was trained with {spelled}={name}, which is not registered here: install "
                     f"the package that has it (docs/extending.md), then run the same command"
@@ -127,9 +146,13 @@ class Config:
         if self.model.reads_patches:
             self.model.patch_size = patch_size if self.model.patch_size is None else self.model.patch_size
         run: RunConfig = self  # the type checker holds Config to the fields the checks read (schema/sections.py)
-        for section in self.sections().values():
+        for section in [*self.sections().values(), *self.listed().values()]:
             section.check(run)
         return self
+
+    def listed(self) -> dict[str, Section]:
+        """{"logger.NAME" / "callbacks.NAME": the option's section} of the list groups' chosen options."""
+        return {f"{group}.{name}": option for group in LIST_GROUPS for name, option in getattr(self, group).items()}
 
 
 def known_keys() -> list[str]:
@@ -138,7 +161,10 @@ def known_keys() -> list[str]:
     keys = []
     for name, tp in field_types(Config).items():
         keys.append(name)
-        if option_base(tp):
+        if name in LIST_GROUPS:  # logger.wandb, logger.wandb.project
+            for option, cls in options(name).items():
+                keys += [f"{name}.{option}", *(f"{name}.{option}.{k}" for k in section_keys(cls))]
+        elif option_base(tp):
             keys += sorted({f"{name}.{k}" for cls in options(tp.group).values() for k in section_keys(cls)})
         elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
             keys += [f"{name}.{k}" for k in section_keys(tp)]

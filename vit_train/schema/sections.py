@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
-from vit_train.schema.typed import Option, Section, fraction, options, overridden, positive, require
+from vit_train.schema.typed import ListedOption, Option, Section, fraction, options, overridden, positive, require
 
 
 @dataclass
@@ -256,6 +256,11 @@ class TrainerConfig(Section):
             ("trainer.limit_val_batches", self.limit_val_batches),
         )
         require(
+            self.viz_every is None or "tensorboard" in cfg.logger,
+            "trainer.viz_every draws its figures in TensorBoard, which logger= leaves out: add tensorboard to the "
+            "list (logger=[tensorboard,...]) or set trainer.viz_every=null",
+        )
+        require(
             self.ema_decay is None or 0.0 < self.ema_decay < 1.0,
             f"trainer.ema_decay must be in (0, 1), got {self.ema_decay}",
         )
@@ -416,6 +421,38 @@ class ObjectiveConfig(Option):
     name: str
 
 
+@dataclass
+class CallbackConfig(ListedOption):
+    """A callback option (callbacks=[NAME, ...]): its keys under callbacks.NAME.*. A subclass sets `name = "..."`,
+    its keys as fields with defaults, and `build(cfg)`, the callback the run calls."""
+
+    group: ClassVar[str] = "callbacks"
+
+    def build(self, cfg: Any) -> Any:
+        """The callback (callbacks/base.py Callback) for the run of config `cfg`."""
+        raise NotImplementedError
+
+    @classmethod
+    def unimplemented(cls) -> list[str]:
+        return [] if cls.build is not CallbackConfig.build else ["build"]
+
+
+@dataclass
+class LoggerConfig(ListedOption):
+    """A logger option (logger=[NAME, ...]): where the run's numbers go besides metrics.jsonl, its keys under
+    logger.NAME.*. A subclass sets `name` and `build(cfg)`: a callback (a tracker's adapter, trackers.py), or None
+    for what the run writes itself (tensorboard)."""
+
+    group: ClassVar[str] = "logger"
+
+    def build(self, cfg: Any) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def unimplemented(cls) -> list[str]:
+        return [] if cls.build is not LoggerConfig.build else ["build"]
+
+
 class RunConfig(Protocol):
     """The whole run config a section's `check(cfg)` and `ignored(cfg)` read: schema/config.py's Config, by its
     fields. Named here as a protocol because config.py imports this module (and an import back, even for type
@@ -433,6 +470,8 @@ class RunConfig(Protocol):
     resume: str | None
     name: str
     tags: list[str]
+    logger: dict[str, Any]  # logger=[...]'s options by name (callbacks/base.py LoggerConfig)
+    callbacks: dict[str, Any]  # callbacks=[...]'s (callbacks/base.py CallbackConfig)
 
     @property
     def lr(self) -> float: ...  # the peak learning rate (Config.lr)

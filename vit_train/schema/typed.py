@@ -106,6 +106,8 @@ BUILT_IN = {
         "vit_train.data.aug.deit",
     ),
     "objective": ("vit_train.objectives.classify", "vit_train.objectives.distill", "vit_train.objectives.mae"),
+    "logger": ("vit_train.callbacks.tensorboard",),
+    "callbacks": ("vit_train.callbacks.early_stopping",),
 }
 ENTRY_POINTS = "vit_train.options"
 _BUILT_IN_MODULES = frozenset(module for modules in BUILT_IN.values() for module in modules)
@@ -199,11 +201,15 @@ class Option(Section):
     whose `model.arch` picks the family (`model.name` labels the size preset, model=vit_tiny).
     `default`: the option a config that names none gets (one per group).
     `moved_from`: the top-level section its keys had before they moved under `group` (e.g. mae.*), whose
-    old spelling still works for one release (schema/legacy.py)."""
+    old spelling still works for one release (schema/legacy.py).
+    `listed`: a list group's option (logger=[tensorboard,wandb], callbacks=[early_stopping]): any number of the
+    group's options are chosen at once, each section under its own name (`logger.wandb.project`); its `name` is a
+    class attribute, not a key (`ListedOption`)."""
 
     group: ClassVar[str] = ""
     chooser: ClassVar[str] = "name"
     default: ClassVar[bool] = False
+    listed: ClassVar[bool] = False
     moved_from: ClassVar[str | None] = None
     name: str  # every option's label (each group's base declares the field with its comment)
 
@@ -235,6 +241,25 @@ class Option(Section):
         """What choosing this option puts into the composed config, as plain data by section: its own section
         with its defaults (vit-train's Hydra node for group=NAME, cli/nodes.py)."""
         return {cls.group: dataclasses.asdict(cls())}
+
+
+class ListedOption(Option):
+    """The base of a list group's options (logger=[...], callbacks=[...]): any number of them are chosen at once,
+    each under its own name. A subclass sets `name = "..."` as a class attribute (not a key: the section's place
+    names it) and is a dataclass whose fields are its keys."""
+
+    listed: ClassVar[bool] = True
+
+    @classmethod
+    def composed(cls) -> dict[str, Any]:
+        """{group: {name: its keys with their defaults}}: choosing it adds its section under its name."""
+        return {cls.group: {cls.name: dataclasses.asdict(cls())}}
+
+
+def list_groups() -> list[str]:
+    """The list groups (logger, callbacks): those whose base is a ListedOption."""
+    load_options()
+    return [group for group, base in BASES.items() if base.listed]
 
 
 def options(group: str) -> dict[str, type[Option]]:
@@ -357,7 +382,7 @@ def build(cls: type, data: Any, prefix: str, valid: list[str]) -> Any:
         key = prefix + str(name)
         if name not in hints:
             line = None
-            if issubclass(cls, Option) and cls.group:
+            if issubclass(cls, Option) and cls.group and not cls.listed:  # a listed option's keys are its own only
                 chosen = getattr(cls, cls.chooser, None)  # an option's own name
                 if isinstance(chosen, str) and chosen in options(cls.group):
                     line = not_this_option(cls.group, chosen, str(name))
@@ -376,9 +401,35 @@ def build_option(base: type[Option], data: Any, key: str, valid: list[str]) -> A
     return build(cls, data, key + ".", valid)
 
 
+def build_listed(base: type[Option], data: Any, key: str, valid: list[str]) -> dict[str, Any]:
+    """{name: option} of a list group (`base.listed`) from {name: its keys} (Hydra's composition of group=[a,b]), or
+    from a list of names (each option with its defaults). ConfigError (one line) for a name that is not one of the
+    group's options, and for a key of an option that it lacks (naming that option's keys)."""
+    if isinstance(data, (list, tuple)):
+        data = {name: {} for name in data}
+    if not isinstance(data, dict):
+        raise ConfigError(f"'{key}' must be a list of {key} options or a mapping of them to their keys, got {data!r}")
+    built = {}
+    for name, keys in data.items():
+        known = options(base.group)
+        if name not in known:
+            raise ConfigError(
+                f"{key}={name} is not an option; choose among {', '.join(known) or 'none registered'} "
+                f"({key}=[{','.join(known)}])"
+            )
+        cls = option_class(base.group, name)
+        keys = {} if keys is None else keys
+        if not section_keys(cls) and isinstance(keys, dict) and keys:
+            raise ConfigError(f"{key}.{name} has no keys; drop {key}.{name}.{next(iter(keys))}")
+        built[name] = build(cls, keys, f"{key}.{name}.", [f"{key}.{name}.{k}" for k in section_keys(cls)])
+    return built
+
+
 def coerce(tp: Any, value: Any, key: str, valid: list[str] | None = None) -> Any:
     """Check `value` against type `tp`; return it (ints widened to float where a float is due)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if (origin is dict or tp is dict) and len(args) == 2 and option_base(args[1]) and args[1].listed:
+        return build_listed(args[1], value, key, valid or [])
     if option_base(tp):
         return build_option(tp, value, key, valid or [])
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):

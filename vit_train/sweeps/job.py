@@ -31,6 +31,9 @@ from vit_train.sweeps.grid import command_grid, in_grid
 log = logging.getLogger("vit_train")
 
 
+COMPLETED = ("completed", "stopped_early")  # a job's results.json status that counts as done (a re-run skips it)
+
+
 def read_results(run_dir: Path) -> dict[str, Any] | None:
     try:
         return json.loads((run_dir / "results.json").read_text())
@@ -46,8 +49,9 @@ def job_overrides(run_dir: Path) -> list[str]:
 
 
 def objective_value(results: dict[str, Any] | None, objective: str) -> float:
-    """The job's objective, NaN when it has none (failed, or never evaluated): sweepers read NaN as a failed trial."""
-    value = (results or {}).get(objective) if (results or {}).get("status") == "completed" else None
+    """The job's objective, NaN when it has none (failed, or never evaluated): sweepers read NaN as a failed trial. A
+    job that early stopping ended (`stopped_early`) completed: its best score counts."""
+    value = (results or {}).get(objective) if (results or {}).get("status") in COMPLETED else None
     return float("nan") if value is None else float(value)
 
 
@@ -71,7 +75,7 @@ def plain_override(override: str) -> str:
 def finished_job(run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
     """The job's results if it already completed with these overrides (a re-run sweep skips it)."""
     results = read_results(run_dir)
-    if results and results.get("status") == "completed" and same_job(job_overrides(run_dir), overrides):
+    if results and results.get("status") in COMPLETED and same_job(job_overrides(run_dir), overrides):
         return results
     return None
 
@@ -290,7 +294,9 @@ def _run_job(
         from vit_train.train.trainer import train
 
         try:
-            results = train(config, run_dir, overrides, resume_from, lock=run_lock)
+            results = train(
+                config, run_dir, overrides, resume_from, lock=run_lock, sweep_job=(run_dir.parent.name, job)
+            )
         finally:
             if lock is not None:
                 lock.close()

@@ -25,7 +25,7 @@ from vit_train.outputs.places import place_error, print_output, write_atomic
 from vit_train.schema.sections import results_directions
 from vit_train.schema.typed import default_option, options
 from vit_train.sweeps import job as job_files
-from vit_train.sweeps.job import job_overrides, objective_value
+from vit_train.sweeps.job import COMPLETED, job_overrides, objective_value
 
 
 def read_results(job: Path) -> dict[str, Any] | None:
@@ -211,7 +211,7 @@ def incomplete_jobs(sweep_dir: Path, rows: list[dict[str, Any]]) -> str | None:
     reason; None if there are none."""
     failed, refused = [], []
     for row in rows:
-        if row["status"] == "completed":
+        if row["status"] in COMPLETED:  # stopped_early: early stopping ended it, with its best score
             continue
         reason = ((read_results(Path(sweep_dir) / row["job"]) or {}).get("error") or "").strip().splitlines()
         failed.append(f"job {row['job']} {row['status']}" + (f" ({reason[-1]})" if reason else ""))

@@ -93,9 +93,13 @@ def _evaluate(run: Run, stop: StopRequest | None, during) -> dict[str, float] | 
             metrics[f"ema_{metric}"] = scores["ema"] = ema_metrics[metric]
         if run.visuals is not None:
             run.visuals.after_eval(run.model, state.step, metrics.pop("confusion", None))
-        run.logger.scalars("val", state.step, {k: v for k, v in metrics.items() if not k.startswith("ema_")})
+        val_row = {k: v for k, v in metrics.items() if not k.startswith("ema_")}
+        run.logger.scalars("val", state.step, val_row)
         if ema_metrics is not None:
             run.logger.scalars("val_ema", state.step, ema_metrics)
+        run.evaluated.clear()  # the callbacks' on_eval_end: both rows as "split/name"
+        run.evaluated.update({f"val/{k}": v for k, v in val_row.items()})
+        run.evaluated.update({f"val_ema/{k}": v for k, v in (ema_metrics or {}).items()})
     state.record_eval(metric, scores, partial=val.partial)
     run.latest.clear()
     run.latest.update(metrics)  # this attempt's latest evaluation: results.json's final_*

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
+from vit_train.callbacks.runner import Callbacks, build_callbacks
 from vit_train.checkpoint import (
     TrainState,
     check_classes,
@@ -91,6 +92,9 @@ class Run:
     earlier_seconds: float  # wall time of earlier attempts, up to their last checkpoint
     # the loss's attributes when built (objectives/base.py `state_fingerprint`), and whether what changed was said
     loss_built: dict = field(default_factory=lambda: {"attributes": {}, "said": True})
+    callbacks: Callbacks = field(default_factory=lambda: Callbacks([]))  # logger=[...]'s and callbacks=[...]'s (rank 0)
+    # the latest evaluation's rows as {"val/top1": ..., "val_ema/top1": ...} (the callbacks' on_eval_end)
+    evaluated: dict = field(default_factory=dict)
     lp_steps: int = 0  # LP-FT (model.lp_epochs): the steps that train the head alone; 0 = off
 
 
@@ -220,7 +224,19 @@ def _build_run(
         scope, t, model, step_fn, ema, cfg.data.eval_batch_size or cfg.data.batch_size, device, ctx.enabled
     )
     # last: from here train.log has a handler, which train() removes however the run ends
-    logger = RunLogger(run_dir, resume_step=state.step if ckpt else None, early=early) if ctx.is_main else NullLogger()
+    callbacks = build_callbacks(cfg, ctx.is_main)  # rank 0's; a tracker's library is imported when it starts
+    callbacks.load_state_dict(ckpt.get("callbacks") if ckpt else None)  # early stopping's count: resume stays exact
+    logger = (
+        RunLogger(
+            run_dir,
+            resume_step=state.step if ckpt else None,
+            early=early,
+            tensorboard="tensorboard" in cfg.logger,
+            listeners=[callbacks.on_metrics],
+        )
+        if ctx.is_main
+        else NullLogger()
+    )
     try:
         draw = partial(objective.figures, class_names=data.class_names, stats=data.stats)
         visuals = TrainingVisuals(logger.tb, t.viz_every, data, draw) if t.viz_every and ctx.is_main else None
@@ -259,6 +275,7 @@ def _build_run(
         started=time.time() if started is None else started,
         earlier_seconds=state.wall_seconds,
         loss_built={"attributes": state_fingerprint(loss), "said": False},
+        callbacks=callbacks,
         lp_steps=lp_steps,
     )
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from vit_train.callbacks.base import RunInfo
 from vit_train.checkpoint import (
     TrainState,
     checkpoint_state,
@@ -67,6 +68,7 @@ def train(
     overrides: Sequence[str] = (),
     resume_from: tuple[Path, dict] | None = None,
     lock: rundir.RunLock | None = None,
+    sweep_job: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
     """Train as `cfg` says, writing checkpoints and logs under `run_dir`; returns the results summary.
 
@@ -75,6 +77,7 @@ def train(
     Otherwise `cfg.resume` (a path, or `auto`: the newest checkpoint in `run_dir`) is looked up here.
     `lock`: the run directory's lock (rundir.py) when the caller holds it (the command line, a sweep
     job, torchrun's rank 0); it stays held. Without one, rank 0 takes it for the run and frees it.
+    `sweep_job`: (the sweep's directory name, the job's number) for a sweep's job: its callbacks' group and trial.
     Raises RunDirBusy when another process holds `run_dir`, and CheckpointError/ConfigError for a
     resumed config that changes what the checkpoint means (resume.check_compatible), both before
     touching anything in it.
@@ -108,6 +111,19 @@ def train(
             short = short_of_space(run_dir, run.model, cfg.optim.moments, run.ema, cfg.trainer.keep_last)
             if short and run.ctx.is_main:  # said now, not after the first epoch's work
                 log.warning("%s", short)  # WARNING says "warning" in train.log; the console shows the message
+            run.callbacks.on_train_start(run_info(run, ckpt is not None, sweep_job))
+            if ckpt and run.state.step < run.total_steps:  # (a finished run's last evaluation is done again below)
+                stopped = decided_stop(run)  # a run that stopped early stays stopped (until its settings change)
+                if stopped is not None:
+                    log.info(
+                        "the run already stopped early at step %d: %s; to train on, change the callback that stopped "
+                        "it (e.g. raise callbacks.early_stopping.patience or change .target) or leave it out of "
+                        "callbacks=[...], with resume=%s",
+                        run.state.step,
+                        stopped or "a callback's should_stop",
+                        run_dir,
+                    )
+                    return finish(run, "stopped_early", stopped)
             return loop(run)
         except RunStopped:  # diverged or stopped by a signal: finish() has recorded it
             raise
@@ -127,7 +143,9 @@ def loop(run: Run) -> dict[str, Any]:
     with logging_redirect_tqdm(), StopRequest(deferred=run.ctx.enabled) as stop:
         if eval_pending(run):
             log.info("evaluating step %d first: a stop signal came before its evaluation was done", state.step)
-            evaluate_and_save(run, stop)
+            reason = evaluate_and_save(run, stop)
+            if reason is not None:
+                return finish(run, "stopped_early", reason)
         for images, targets in batches(run, stop):
             compiling = run.cfg.trainer.compile and "step" not in run.compile_seconds  # the first step compiles
             before = dataclasses.replace(state) if compiling else None
@@ -163,8 +181,11 @@ def loop(run: Run) -> dict[str, Any]:
             if state.bad_in_a_row >= t.max_bad_steps:
                 finish(run, "diverged")
                 raise RunStopped(diverged_message(state, run_dir), exit_code=3)
+            run.callbacks.on_step_end(state.step)
             if evaluating:
-                evaluate_and_save(run, stop)
+                reason = evaluate_and_save(run, stop)
+                if reason is not None and state.step < run.total_steps:  # its checkpoint is written: the run ends
+                    return finish(run, "stopped_early", reason)
             elif saving:
                 save(run)
         if not run.latest and not stop:  # resumed a run that had already finished
@@ -219,16 +240,52 @@ def eval_pending(run: Run) -> bool:
     return 0 < state.step < run.total_steps and eval_due(run) and (last is None or last["step"] != state.step)
 
 
-def evaluate_and_save(run: Run, stop: StopRequest) -> None:
-    """The evaluation due at this step, then last.pt (and best.pt when it set a new best). A stop signal
-    that has ended the val loader's workers (one sent to the whole process group) abandons it: nothing
-    of it is logged or kept, the stop's checkpoint holds the step, and the resumed run evaluates that
-    step first (`eval_pending`). A signal that leaves the loader working lets it finish."""
+def evaluate_and_save(run: Run, stop: StopRequest) -> str | None:
+    """The evaluation due at this step, the callbacks' on_eval_end and their decision to stop, then last.pt (and
+    best.pt when it set a new best), which holds the callbacks' state after it. Returns the reason to stop now
+    (every process gets it: `decided_stop`), or None. A stop signal that has ended the val loader's workers (one
+    sent to the whole process group) abandons it: nothing of it is logged or kept, the stop's checkpoint holds
+    the step, and the resumed run evaluates that step first (`eval_pending`). A signal that leaves the loader
+    working lets it finish."""
     compiling = "eval" not in run.compile_seconds
+    reason = None
     if evaluate(run, stop) is not None:
         if compiling and "eval" in run.compile_seconds:
             said_compiled(run, "eval")
+        run.callbacks.on_eval_end(run.state.step, run.evaluated)
+        reason = decided_stop(run)
         save(run, best=run.state.best_step == run.state.step)
+    return reason
+
+
+def decided_stop(run: Run) -> str | None:
+    """Rank 0's callbacks' reason to stop now (`should_stop`), known to every process (one collective when there
+    are several: the others run no callbacks and get "" for a reason); None to go on."""
+    reason = run.callbacks.should_stop() if run.ctx.is_main else None
+    if run.ctx.enabled and not distributed.max_all(int(reason is not None), run.device):
+        return None
+    if run.ctx.enabled and reason is None:
+        return ""  # rank 0 stops: so does this process (rank 0 writes results.json with the reason)
+    return reason
+
+
+def run_info(run: Run, resumed: bool, sweep_job: tuple[str, int] | None) -> RunInfo:
+    """What the callbacks are told when the run (or this attempt) starts."""
+    cfg = run.cfg
+    return RunInfo(
+        run_dir=run.run_dir,
+        config=cfg.to_dict(),
+        name=cfg.name,
+        tags=list(cfg.tags),
+        run_id=run.state.run_id,
+        step=run.state.step,
+        total_steps=run.total_steps,
+        resumed=resumed,
+        group=sweep_job[0] if sweep_job else None,
+        trial=sweep_job[1] if sweep_job else None,
+        objective_metric=cfg.objective.metric,
+        higher_is_better=cfg.objective.higher_is_better,
+    )
 
 
 def save(run: Run, best: bool = False) -> None:
@@ -255,9 +312,11 @@ def save(run: Run, best: bool = False) -> None:
                 run.loss,
                 gathered,
                 run.window,
+                run.callbacks.state_dict(),
             )
             run.logger.sync()  # the rows up to this step reach the disk before the checkpoint that will not log them again
             save_run_checkpoint(ckpt, run.run_dir / "checkpoints", run.cfg.trainer.keep_last, best)
+            run.callbacks.on_checkpoint(run.state.step, run.run_dir / "checkpoints" / "last.pt", best)
         distributed.barrier()
 
 
@@ -282,7 +341,7 @@ def warn_unsaved_state(run: Run) -> None:
         )
 
 
-def results(run: Run, status: str, error: str | None = None) -> dict[str, Any]:
+def results(run: Run, status: str, error: str | None = None, stop_reason: str | None = None) -> dict[str, Any]:
     """results.json's contents now: how the run ended, the objective's numbers, the times."""
     state, objective = run.state, run.cfg.objective
     seconds = time.time() - run.started
@@ -299,6 +358,7 @@ def results(run: Run, status: str, error: str | None = None) -> dict[str, Any]:
         compile_seconds=sum(run.compile_seconds.values()) if run.compile_seconds else None,
         name=run.cfg.name,
         tags=list(run.cfg.tags),
+        stop_reason=stop_reason,
     ) | (lp_ft_results(run) if run.lp_steps else {})
 
 
@@ -317,15 +377,19 @@ def lp_ft_results(run: Run) -> dict[str, Any]:
     return {"lp_steps": run.lp_steps, "lp_score": score, "ft_steps": max(0, run.state.step - run.lp_steps)}
 
 
-def finish(run: Run, status: str) -> dict[str, Any]:
-    """results.json (rank 0) and the closing log line; returns the results."""
+def finish(run: Run, status: str, stop_reason: str | None = None) -> dict[str, Any]:
+    """results.json (rank 0), the callbacks' on_train_end and the closing log line; returns the results.
+    `stop_reason`: why a callback ended the run (status `stopped_early`)."""
     state = run.state
     run.skips.settle(state)
     _, images, train_seconds = run.window.read()  # steps since the last train row count for images/s too
     state.add_trained(images, train_seconds)
-    summary = results(run, status)
+    if status == "stopped_early" and run.ctx.is_main:
+        log.info("stopped early at step %d: %s", state.step, stop_reason)
+    summary = results(run, status, stop_reason=stop_reason or None)
     if run.ctx.is_main:
         write_results(run.run_dir, summary)
+        run.callbacks.on_train_end(summary, status)
     best = (
         "not evaluated"
         if state.best_score is None
@@ -393,6 +457,12 @@ def record_failure(run: Run, error: Exception) -> None:
     if not run.ctx.is_main:
         return
     try:
-        write_results(run.run_dir, results(run, "failed", error=reason))
+        summary = results(run, "failed", error=reason)
+        write_results(run.run_dir, summary)
     except UserError as e:  # the disk that stopped the run may refuse this too
         log.warning("%s", e)
+        return
+    try:
+        run.callbacks.on_train_end(summary, "failed")
+    except Exception as e:  # noqa: BLE001 - the run's own error is the one raised
+        log.warning("a callback's on_train_end failed after the run failed: %s: %s", type(e).__name__, e)
