@@ -51,9 +51,9 @@ def test_a_list_composes_to_its_options_each_under_its_name(args, logger, callba
      "callbacks.early_stopping.mode must be one of auto, max, min; got 'up'"),
     (["callbacks=[early_stopping]", "callbacks.early_stopping.patience=0"],
      "callbacks.early_stopping.patience must be > 0, got 0"),
-    (["logger=[nope]"], "logger=nope is not an option; choose one of tensorboard"),
+    (["logger=[nope]"], "logger=nope is not an option; choose one of mlflow, tensorboard, wandb"),
     (["callbacks=[early_stopping,nope]"], "callbacks=nope is not an option; choose one of early_stopping"),
-    (["logger.nope.x=1"], "logger.nope.x: logger has no option 'nope' (its options: tensorboard)"),
+    (["logger.nope.x=1"], "logger.nope.x: logger has no option 'nope' (its options: mlflow, tensorboard, wandb)"),
     (["logger=[]", "trainer.viz_every=1"],
      "trainer.viz_every draws its figures in TensorBoard, which logger= leaves out: add tensorboard to the list "
      "(logger=[tensorboard,...]) or set trainer.viz_every=null"),

@@ -22,7 +22,12 @@ GROUPS = ("model", "data", "optim", "schedule", "objective")  # aug's names are 
 OTHER_MEANING = {("extras.py", "webdataset"): "the webdataset package, which `require` names",
                  ("data/shards/index.py", "webdataset"): "the webdataset package, which `require` names",
                  ("data/aug/autoaug.py", "cifar10"): "AutoAugment's CIFAR-10 policy (torchvision's name)",
-                 ("schema/legacy.py", "vit"): "the one family before model.arch existed: a checkpoint of then is a ViT's"}
+                 ("schema/legacy.py", "vit"): "the one family before model.arch existed: a checkpoint of then is a ViT's",
+                 ("cli/commands.py", "hf"): "vit-export's format=hf (the Hub's folder layout), not data=hf",
+                 ("tools/hub_export.py", "hf"): "vit-export's format=hf (the Hub's folder layout), not data=hf",
+                 # timm's Hub layout describes timm's VisionTransformer, which maps onto the ViT family alone (a
+                 # ResNet is refused by name); left here beside the layout, not moved into models/families/vit.py
+                 ("checkpoint/hub.py", "vit"): "timm's Hub config.json describes a ViT: the one family it maps to"}
 
 
 def own_module(group: str) -> dict[str, Path]:

@@ -11,53 +11,15 @@ naming it and the reason, then dropped for the rest of the run: training goes on
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from vit_train.callbacks.base import Callback, RunInfo
+from vit_train.trackers.base import Tracker, TrackerStart, flatten, reason
 
 log = logging.getLogger("vit_train")
-
-
-# The protocol the tracker modules follow (vit_train/trackers/base.py holds the same definitions).
-@dataclass
-class TrackerStart:
-    run_dir: Path  # the run's directory
-    params: dict[str, Any]  # the composed config flattened: {"optim.lr": 0.001, "model.depth": 12, ...}
-    name: str  # cfg.name ("" if none)
-    tags: list[str]  # cfg.tags
-    run_id: str  # vit-train's own run id, kept across resumes
-    tracker_id: str | None  # the id this tracker returned for this run before (kept in the checkpoint)
-    group: str | None  # a sweep's group (the sweep dir's name) or None for a single run
-    trial: int | None  # a sweep job's number, or None
-
-
-class Tracker(Protocol):
-    name: str
-
-    def start(self, start: TrackerStart) -> str: ...
-
-    def held(self) -> set[tuple[str, int]]: ...
-
-    def log(self, split: str, step: int, values: dict[str, float]) -> None: ...
-
-    def summary(self, results: dict[str, Any]) -> None: ...
-
-    def close(self, status: str) -> None: ...
-
-
-def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"optim.lr": 0.001, "logger.wandb.project": "vit", ...}: every key of a plain config by its dotted name; a
-    list stays a list, an empty section is left out."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 class TrackerCallback(Callback):
@@ -77,14 +39,12 @@ class TrackerCallback(Callback):
             return call(*args)
         except Exception as e:  # noqa: BLE001 - a tracker's failure never stops the run
             self.dropped = True
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
             log.warning(
-                "logger=%s stopped working (%s: %s%s): it gets nothing more from this run; metrics.jsonl and "
+                "logger=%s stopped working (%s: %s): it gets nothing more from this run; metrics.jsonl and "
                 "results.json hold every number",
                 getattr(self.tracker, "name", type(self.tracker).__name__),
                 what,
-                type(e).__name__,
-                f": {reason}" if reason else "",
+                reason(e),
             )
             return None
 
@@ -103,6 +63,24 @@ class TrackerCallback(Callback):
         if found is not None:
             self.tracker_id = str(found)
             self.held = set(self._guarded("held", self.tracker.held) or set())
+            self.replay(info.run_dir / "metrics.jsonl")
+
+    def replay(self, rows: Path) -> None:
+        """Send the rows metrics.jsonl holds (a resumed run's: up to its checkpoint's step, RunLogger has cut the
+        rest) that the tracker does not, in order: what a killed attempt sent but the tracker's store lost (W&B's
+        core writes whole blocks; a kill -9 loses the last), or never sent. They count as held from here."""
+        if not rows.is_file():
+            return
+        for line in rows.read_text(errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+                split, step = row.pop("split"), row.pop("step")
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+            if (split, step) not in self.held:
+                values = {k: float("nan") if v is None else v for k, v in row.items()}
+                self._guarded("log", self.tracker.log, split, step, values)
+                self.held.add((split, step))
 
     def on_metrics(self, split: str, step: int, values: dict[str, float]) -> None:
         if (split, step) in self.held:  # sent by an earlier attempt that got past the checkpoint resumed

@@ -106,7 +106,7 @@ BUILT_IN = {
         "vit_train.data.aug.deit",
     ),
     "objective": ("vit_train.objectives.classify", "vit_train.objectives.distill", "vit_train.objectives.mae"),
-    "logger": ("vit_train.callbacks.tensorboard",),
+    "logger": ("vit_train.callbacks.tensorboard", "vit_train.callbacks.wandb", "vit_train.callbacks.mlflow"),
     "callbacks": ("vit_train.callbacks.early_stopping",),
 }
 ENTRY_POINTS = "vit_train.options"

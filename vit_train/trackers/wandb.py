@@ -23,9 +23,9 @@ class Settings:
     entity: str | None = None  # the W&B team or user; None: wandb's (WANDB_ENTITY, else the login's default)
     mode: str | None = None  # "offline", "online" or "disabled"; None: WANDB_MODE from the environment, else "offline"
     dir: str | None = None  # the folder W&B writes its wandb/ folder in; None: the run's directory
-    group: str | None = (
-        None  # the W&B group; None: a sweep's (its folder's name) for a sweep's job, none for a single run
-    )
+    # W&B's group (its `group`; the key `group` names an option's config group here); None: a sweep's (its folder's
+    # name) for a sweep's job, none for a single run
+    run_group: str | None = None
     job_type: str = "train"  # W&B's job type
 
 
@@ -61,7 +61,7 @@ class WandbTracker:
         wandb = import_library("wandb", "wandb", self.name)
         parent = Path(self.settings.dir) if self.settings.dir else start.run_dir
         parent.mkdir(parents=True, exist_ok=True)
-        group = self.settings.group or start.group
+        group = self.settings.run_group or start.group
         config: dict[str, Any] = dict(start.params)
         config.setdefault("name", start.name)
         config.setdefault("tags", list(start.tags))
