@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,14 @@ class Runner:
         self.made: list[Path] = []  # the runs the block's commands made, oldest first
         self.sweeps: list[Path] = []
         self.ran: list[str] = []
+        self.second = 0  # the wall-clock second the last vit-train of the block started in
+
+    def next_second(self) -> None:
+        """Wait, if need be, for a second no earlier vit-train of the block started in: a run's directory is named
+        by the second it starts in (outputs/<date>/<HH-MM-SS>), and a user never types two commands in one."""
+        while int(time.time()) == self.second:
+            time.sleep(0.05)
+        self.second = int(time.time())
 
     # ------------------------------------------------ the commands
 
@@ -294,11 +303,16 @@ class Runner:
         storage = option(args, "hydra.sweeper.storage")
         if storage:
             optuna_storage_opens(storage)
+        self.next_second()
         with self.extending(run_args) as searched:
             found = self.in_process("vit-train", searched or run_args)
         self.made += sorted(set(self.runs_here()) - before, key=lambda p: p.stat().st_mtime)
-        self.sweeps += sorted({p.parent for p in self.cwd.glob("outputs/multirun/*/*/multirun.yaml")} -
-                              set(self.sweeps), key=lambda p: p.stat().st_mtime)
+        new = sorted({p.parent for p in self.cwd.glob("outputs/multirun/*/*/multirun.yaml")} - set(self.sweeps),
+                     key=lambda p: p.stat().st_mtime)
+        if found[0] == 0 and new:  # a sweep ends with its summary (Hydra turns a failing callback into a warning)
+            assert (new[-1] / "summary.csv").is_file() and f"sweep {new[-1].relative_to(self.cwd)}" in found[1], \
+                (new[-1], found[1][-2000:], found[2][-2000:])
+        self.sweeps += new
         return found
 
     def extending(self, args: list[str]):
@@ -338,6 +352,7 @@ class Runner:
         args = tiny(words[at + 1:], shapes=data is not None and data.get("name") == "shapes")
         self.put_in("vit-train", args)
         torchrun = str(Path(sys.executable).with_name("torchrun"))
+        self.next_second()
         return self.subprocess([torchrun, *launcher, "-m", "vit_train", *args], dict(env, OMP_NUM_THREADS="1"))
 
     def runs_here(self) -> list[Path]:
