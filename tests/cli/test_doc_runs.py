@@ -40,7 +40,7 @@ TINY_SCRIPT = {
                       "--shuffle-buffer": "8", "--short-side": "24", "--workers": "0"},
     "benchmark.py": {"--model": "vit_micro", "--img-size": "16", "--batch-size": "8", "--rounds": "1", "--steps": "1",
                      "--pipeline-images": "0", "--precision": "fp32"},
-    "bench_threads.py": {"--steps": "1", "--rounds": "1", "--busy": "1"},
+    "bench_threads.py": {"--steps": "1", "--rounds": "1", "--busy": "0"},
     "bench_startup.py": {"--runs": "1"},
     "mae_demo.py": {"--unlabelled": "64", "--labelled": "64", "--pretrain-epochs": "1", "--finetune-epochs": "1"},
 }
@@ -170,6 +170,18 @@ def test_tiny_keeps_sweeps_and_flags():
         ["--json", *[w for f, v in TINY_SCRIPT["benchmark.py"].items() for w in (f, v)]]
 
 
+def test_documented_paths_move_under_the_tests_folder():
+    tmp = Path("/t")
+    assert mapped("data.root=/data/imagenet", tmp) == "data.root=/t/data/imagenet"
+    assert mapped("\"data.root='/data/my photos #1, [2024]'\"", tmp) == "\"data.root='/t/data/my photos #1, [2024]'\""
+    assert mapped('images=["/photos/photo #1.png","/photos/a,b.jpg"]', tmp) == \
+        'images=["/t/photos/photo #1.png","/t/photos/a,b.jpg"]'
+    for kept in ("hydra.searchpath=[file:///path/to/my/configs]", "ckpt=runs/x/last.pt", "out=s3://bucket/x"):
+        assert mapped(kept, tmp) == kept
+    assert images_of('["/p/photo #1.png","/p/a,b.jpg"]') == ["/p/photo #1.png", "/p/a,b.jpg"]
+    assert images_of("[cat.jpg,dog.png]") == ["cat.jpg", "dog.png"]
+
+
 class Runner:
     """Runs one block's commands in `work` (a block's own folder; absolute paths under `tmp`)."""
 
@@ -221,6 +233,11 @@ class Runner:
         return done.returncode, done.stdout, done.stderr
 
     def run(self, command: Command) -> None:
+        started = time.monotonic()
+        self.run_steps(command)
+        self.ran[-1] += f" ({time.monotonic() - started:.1f} s)"
+
+    def run_steps(self, command: Command) -> None:
         parts = steps(command)
         for k, words in enumerate(parts):
             words = [mapped(w, self.tmp) for w in words]
@@ -256,6 +273,7 @@ class Runner:
                     status, out, err = self.in_process(program, [a for a in args if not a.startswith(("format=",
                                                                                                          "out="))]
                                                        + ["format=onnx"])
+                    program += " (and format=onnx)"
             elif program == "torchrun":
                 status, out, err = self.torchrun(words, one.env)
             elif program.startswith("script "):
@@ -269,7 +287,7 @@ class Runner:
                                                       for w in words[1:]]], one.env)
             else:
                 raise AssertionError(f"{program} cannot run here: {why_not_here(one)}")
-            self.check(one, status, out, err, expected)
+            self.check(one, status, out, err, expected, program)
 
     def filled(self, word: str) -> str:
         """`word` with a run the page leaves to the reader (outputs/<date>/<time>/...) as the block's newest run (a
@@ -282,11 +300,12 @@ class Runner:
         last = max(k for k, part in enumerate(parts) if re.search(r"<[\w-]+>", part))
         return f"{key}={Path(run, *parts[last + 1:])}"
 
-    def check(self, command: Command, status: int, out: str, err: str, expected: str | None) -> None:
+    def check(self, command: Command, status: int, out: str, err: str, expected: str | None,
+              program: str = "") -> None:
         where = f"{command.line}: {' '.join(command.argv)}"
         if expected is None:
             assert status == 0, (where, out[-2000:], err[-3000:])
-            self.ran.append(f"line {command.line}: {command.program}")
+            self.ran.append(f"line {command.line}: {program or command.program}")
             return
         said = err.replace(str(self.tmp), "").strip().splitlines()
         assert status == 2 and said, (where, status, out[-2000:], err[-3000:])
