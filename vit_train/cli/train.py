@@ -251,7 +251,9 @@ class SweepSummary(Callback):
         if not sweep_dir.is_dir():
             return
         try:
-            rows = summarize(sweep_dir, str(config.sweep.objective), str(config.sweep.direction))
+            # today's stdout: summarize's default is the one at its import (another, closed one in a caller that
+            # redirected it since, as pytest and notebooks do)
+            rows = summarize(sweep_dir, str(config.sweep.objective), str(config.sweep.direction), out=sys.stdout)
         except UserError as e:  # the sweep directory full or read-only by now: one line, the jobs' records kept
             exit_with("vit-train", e)
         incomplete = incomplete_jobs(sweep_dir, rows)
