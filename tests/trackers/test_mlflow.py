@@ -171,3 +171,15 @@ def test_resume_continues_the_run_running_again_with_its_params_kept(tmp_path, s
     second.close("completed")
     assert history(store, run_id, "train/loss") == [(1, 0.5), (2, 0.25)]
     assert read(store, run_id).info.status == "FINISHED"
+
+
+def test_the_experiment_it_makes_is_a_model_training_one_and_one_it_finds_is_left_as_it_is(tmp_path, store):
+    """MLflow 3's UI opens an experiment without a kind in its GenAI view (traces, prompts), not its runs and charts."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=store)
+    client.create_experiment("theirs", tags={"mlflow.experimentKind": "genai_development"})
+    for experiment in ("vit-train", "theirs"):
+        make_tracker("mlflow", tracking_uri=store, experiment_name=experiment).start(make_start(tmp_path))
+    kinds = {e: client.get_experiment_by_name(e).tags.get("mlflow.experimentKind") for e in ("vit-train", "theirs")}
+    assert kinds == {"vit-train": "custom_model_development", "theirs": "genai_development"}

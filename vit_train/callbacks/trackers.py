@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vit_train.callbacks.base import Callback, RunInfo
+from vit_train.errors import UserError
 from vit_train.trackers.base import Tracker, TrackerStart, flatten, reason
 
 log = logging.getLogger("vit_train")
@@ -39,10 +40,16 @@ class TrackerCallback(Callback):
             return call(*args)
         except Exception as e:  # noqa: BLE001 - a tracker's failure never stops the run
             self.dropped = True
+            name = getattr(self.tracker, "name", type(self.tracker).__name__)
+            if what == "start" and isinstance(e, UserError):  # its library missing: the line names the extra
+                log.warning(
+                    "logger=%s is left out of this run: %s; metrics.jsonl and results.json hold every number", name, e
+                )
+                return None
             log.warning(
                 "logger=%s stopped working (%s: %s): it gets nothing more from this run; metrics.jsonl and "
                 "results.json hold every number",
-                getattr(self.tracker, "name", type(self.tracker).__name__),
+                name,
                 what,
                 reason(e),
             )

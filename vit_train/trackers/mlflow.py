@@ -25,6 +25,9 @@ GROUP_TAG = "vit_train.group"  # a sweep's jobs and their parent run carry the s
 PARENT_TAG = "vit_train.sweep_parent"  # marks the parent run of a sweep's jobs
 
 
+KIND_TAG = "mlflow.experimentKind"  # MLflow 3's kind of an experiment (its UI reads it)
+
+
 @dataclass
 class Settings:
     """The keys of `logger.mlflow.*`."""
@@ -99,8 +102,8 @@ class MlflowTracker:
             return str(found.experiment_id)
         from mlflow.exceptions import MlflowException
 
-        try:
-            return str(self.client.create_experiment(name))
+        try:  # a training experiment: MLflow's UI (3.x) then opens it in its model-training view, not GenAI's
+            return str(self.client.create_experiment(name, tags={KIND_TAG: "custom_model_development"}))
         except MlflowException:  # a sweep's other job made it first
             return str(self.client.get_experiment_by_name(name).experiment_id)
 
