@@ -254,3 +254,11 @@ def test_a_sweep_counts_its_stopped_early_jobs_as_completed_with_their_best_scor
     for row in rows:
         assert row["status"] == "stopped_early"
         assert float(row["objective"]) == results[row["job"]]["best_top1"]
+
+
+def test_the_epochs_progress_line_counts_the_deciding_step_before_the_closing_line(tmp_path, capsys):
+    """The bar of the epoch a stop ends in was closed after the closing line, one step short ("1/8 steps")."""
+    train(tiny_config(**{**SECTIONS, "trainer": {**SECTIONS["trainer"], "progress": True}}), tmp_path)
+    captured = capsys.readouterr()
+    lines = [line for line in (captured.out + captured.err).splitlines() if line.startswith("epoch 2/")]
+    assert lines and lines[-1].startswith("epoch 2/4: 2/8 steps (25%)"), lines

@@ -51,6 +51,11 @@ def test_a_list_composes_to_its_options_each_under_its_name(args, logger, callba
      "callbacks.early_stopping.mode must be one of auto, max, min; got 'up'"),
     (["callbacks=[early_stopping]", "callbacks.early_stopping.patience=0"],
      "callbacks.early_stopping.patience must be > 0, got 0"),
+    (["logger=[tensorboard,wandb]", "logger.wandb.mode=onlin"],  # accepted, then W&B refused it at start: no W&B data
+     "logger.wandb.mode must be one of offline, online, disabled; got 'onlin'"),
+    (["logger=[mlflow]", "logger.mlflow.experiment_nme=x"],
+     "unknown config key 'logger.mlflow.experiment_nme'; did you mean 'logger.mlflow.experiment_name'? (keys of "
+     "'logger.mlflow': tracking_uri, experiment_name)"),
     (["logger=[nope]"], "logger=nope is not an option; choose one of mlflow, tensorboard, wandb"),
     (["callbacks=[early_stopping,nope]"], "callbacks=nope is not an option; choose one of early_stopping"),
     (["logger.nope.x=1"], "logger.nope.x: logger has no option 'nope' (its options: mlflow, tensorboard, wandb)"),

@@ -132,7 +132,9 @@ class MlflowTracker:
         for key in cut:
             note = TRUNCATED.format(n=len(texts[key]))
             texts[key] = texts[key][: limit - len(note)] + note
-        changed = sorted(key for key in texts if key in held and held[key] != texts[key])
+        changed = sorted(
+            k for k in texts if k in held and held[k] != texts[k] and k != "resume"
+        )  # resume: each attempt's
         new = [Param(key, text) for key, text in texts.items() if key not in held]
         for first in range(0, len(new), 100):  # MLflow's MAX_PARAMS_TAGS_PER_BATCH
             self.client.log_batch(self.run_id, params=new[first : first + 100])

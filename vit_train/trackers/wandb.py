@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from vit_train.trackers.base import TrackerStart, import_library, scalars
 from vit_train.trackers.wandb_files import history, run_files
@@ -21,7 +21,7 @@ class Settings:
 
     project: str | None = None  # the W&B project; None: WANDB_PROJECT from the environment, else "vit-train"
     entity: str | None = None  # the W&B team or user; None: wandb's (WANDB_ENTITY, else the login's default)
-    mode: str | None = None  # "offline", "online" or "disabled"; None: WANDB_MODE from the environment, else "offline"
+    mode: Literal["offline", "online", "disabled"] | None = None  # None: WANDB_MODE from the environment, else offline
     dir: str | None = None  # the folder W&B writes its wandb/ folder in; None: the run's directory
     # W&B's group (its `group`; the key `group` names an option's config group here); None: a sweep's (its folder's
     # name) for a sweep's job, none for a single run

@@ -185,6 +185,8 @@ def loop(run: Run) -> dict[str, Any]:
             if evaluating:
                 reason = evaluate_and_save(run, stop)
                 if reason is not None and state.step < run.total_steps:  # its checkpoint is written: the run ends
+                    run.progress.update()  # the epoch's bar counts this step and closes before the closing lines
+                    run.progress.close()
                     return finish(run, "stopped_early", reason)
             elif saving:
                 save(run)
