@@ -25,8 +25,9 @@ STORE: dict[str, list[tuple[str, int]]] = {}  # tracker id -> the rows it holds 
 class FakeTracker:
     name = "fake"
 
-    def __init__(self, fail_at_log: int | None = None, stop_at_log: int | None = None):
+    def __init__(self, fail_at_log: int | None = None, stop_at_log: int | None = None, refuse: tuple[int, ...] = ()):
         self.fail_at_log, self.stop_at_log, self.logs, self.id = fail_at_log, stop_at_log, 0, ""
+        self.refuse = refuse
 
     def start(self, start: TrackerStart) -> str:
         CALLS.append(("start", start))
@@ -46,6 +47,10 @@ class FakeTracker:
         self.logs += 1
         if self.logs == self.fail_at_log:
             raise OSError(28, "No space left on device")
+        if self.logs in self.refuse:  # a row it cannot take (as W&B a step below one it holds)
+            from vit_train.trackers.base import RowRefused
+
+            raise RowRefused(f"{split} row at step {step} refused")
         CALLS.append(("log", (split, step, dict(values))))
         STORE[self.id].append((split, step))
         if self.logs == self.stop_at_log:
@@ -195,3 +200,16 @@ def test_a_tracker_whose_library_is_missing_is_one_warning_and_the_run_completes
     assert warnings == ["logger=fake is left out of this run: logger=fake needs the fake package: pip install "
                         "'vit-train[fake]'; metrics.jsonl and results.json hold every number"]
     assert len(rows(tmp_path)) == 8
+
+
+def test_rows_a_tracker_refuses_are_one_warning_and_it_takes_the_rest(tmp_path, caplog):
+    """W&B refuses a step below one it holds (RowRefused): that row is left out, not the tracker for the run."""
+    TRACKER["next"] = FakeTracker(refuse=(2, 5))
+    results = train(tiny_config(**SECTIONS), tmp_path)
+    assert results["status"] == "completed"
+    assert [(s, t) for s, t, _ in logged_rows()] == [("train", 1), ("train", 3), ("val", 3), ("train", 5),
+                                                    ("train", 6), ("val", 6)]
+    assert CALLS[-1] == ("close", "completed")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.filename == "trackers.py"]
+    assert warnings == ["logger=fake left out a row (train row at step 2 refused) and leaves out any other it cannot "
+                        "take; metrics.jsonl holds them all"]

@@ -153,6 +153,8 @@ def tiny_script(name: str, args: list[str]) -> list[str]:
         out.append(args[k])
         k += 1
     for flag, value in settings.items():
+        if (name, flag) == ("mae_demo.py", "--unlabelled") and "--folder" in out:  # the folder's images, all of them
+            continue
         out += [flag, value]
     return out
 
@@ -353,7 +355,7 @@ class Runner:
                     importlib.import_module("helpers.toy_options")
                     register_options()
                     folder = self.tmp / "my_configs"
-                    for group, name in (("data", "stripes"), ("objective", "hinge")):
+                    for group, name in (("data", "stripes"), ("objective", "hinge"), ("callbacks", "best_so_far")):
                         (folder / group).mkdir(parents=True, exist_ok=True)
                         (folder / group / f"{name}.yaml").write_text(f"defaults:\n  - /schema/{group}/{name}\n"
                                                                      f"  - _self_\n")

@@ -477,3 +477,15 @@ def test_vit_eval_writes_beside_a_hub_folder_never_into_it(runs, tmp_path):
     assert eval_dir(load_for_inference(elsewhere).path, {}) == tmp_path / "eval"
     in_run = export(ckpt, ckpt.parent.parent / "export" / "best-hf")
     assert eval_dir(load_for_inference(in_run).path, {}) == ckpt.parent.parent / "eval"
+
+
+def test_out_as_the_current_folder_exports_into_it_by_its_own_name(tmp_path, monkeypatch):
+    """out=. once ended in a traceback (the temporary folder is named after out's name, which '.' has none of)."""
+    from helpers.configs import tiny_config
+    from vit_train.train.trainer import train
+
+    train(tiny_config(trainer={"max_steps": 1}), tmp_path / "run")
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    export(tmp_path / "run" / "checkpoints" / "last.pt", Path("."))
+    assert sorted(p.name for p in (tmp_path / "here").iterdir()) == ["README.md", "config.json", "model.safetensors"]

@@ -125,3 +125,21 @@ def test_a_resume_that_moves_the_change_is_refused(pretrained, lp_ft, tmp_path):
     with pytest.raises(CheckpointError, match=r"model.lp_epochs: 1.0 -> 0.5\): LP-FT's change from the head alone to "
                                               r"the whole network, and the lr schedule's restart, would move"):
         train(cfg, tmp_path / "moved")
+
+
+def test_a_resume_with_another_batch_size_is_refused_not_refrozen(pretrained, lp_ft, tmp_path):
+    """The probe stage is counted in epochs: at another batch size the change would move (a network fine-tuning
+    since step 9 frozen again until step 16, the lr schedule restarting twice)."""
+    run, _ = lp_ft
+    cfg = tiny_config(**{**sections(pretrained), "data": {"batch_size": 16}},
+                      resume=str(run / "checkpoints" / "step_00000012.pt"))
+    with pytest.raises(ConfigError, match=r"^model.lp_epochs=1 counts epochs of data.batch_size=32 in this run: "
+                                          r"resumed with data.batch_size=16 its change from the head alone to the "
+                                          r"whole network would move; resume with data.batch_size=32$"):
+        train(cfg, tmp_path / "moved")
+
+
+def test_lp_epochs_shorter_than_a_step_is_refused_not_dropped(pretrained, tmp_path):
+    with pytest.raises(ConfigError, match=r"^model.lp_epochs=0.01 is 0.08 of a step \(8 steps an epoch\): give at "
+                                          r"least 0.12, or 0 for no probe stage$"):
+        train(tiny_config(**sections(pretrained, lp_epochs=0.01)), tmp_path / "short")

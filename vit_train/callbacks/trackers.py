@@ -18,7 +18,7 @@ from typing import Any
 
 from vit_train.callbacks.base import Callback, RunInfo
 from vit_train.errors import UserError
-from vit_train.trackers.base import Tracker, TrackerStart, flatten, reason
+from vit_train.trackers.base import RowRefused, Tracker, TrackerStart, flatten, reason
 
 log = logging.getLogger("vit_train")
 
@@ -32,12 +32,23 @@ class TrackerCallback(Callback):
         self.tracker_id: str | None = None
         self.held: set[tuple[str, int]] = set()
         self.dropped = False
+        self.refused = 0  # rows the tracker refused (RowRefused)
 
     def _guarded(self, what: str, call: Any, *args: Any) -> Any:
         if self.dropped:
             return None
         try:
             return call(*args)
+        except RowRefused as e:  # one row it cannot take (W&B: a step below one it holds): said once, it goes on
+            if not self.refused:
+                log.warning(
+                    "logger=%s left out a row (%s) and leaves out any other it cannot take; metrics.jsonl holds "
+                    "them all",
+                    getattr(self.tracker, "name", type(self.tracker).__name__),
+                    e,
+                )
+            self.refused += 1
+            return None
         except Exception as e:  # noqa: BLE001 - a tracker's failure never stops the run
             self.dropped = True
             name = getattr(self.tracker, "name", type(self.tracker).__name__)

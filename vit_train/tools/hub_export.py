@@ -43,6 +43,7 @@ def export_hf(trained: Trained, out: Path) -> dict[str, Any]:
     )
     weights = dict(trained.model.state_dict())
     name, model_args = timm_layout(trained.checkpoint["config"]["model"], weights, len(trained.class_names))
+    out = Path(os.path.abspath(out))  # out=. or out=..: a name of its own (the temporary folder is its sibling)
     check_out(out)
     config = hub_config(trained, name, model_args)
     card = model_card(trained, name, out.name)

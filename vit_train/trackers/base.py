@@ -20,6 +20,10 @@ Scalar = str | int | float | bool | None
 STATUSES = ("completed", "stopped_early", "interrupted", "failed", "diverged")
 
 
+class RowRefused(ValueError):
+    """A row the tracker cannot take (W&B: a step below one it holds), said by the caller once; the tracker goes on."""
+
+
 @dataclass
 class TrackerStart:
     """Everything a tracker run is opened with."""

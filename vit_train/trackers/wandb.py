@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from vit_train.trackers.base import TrackerStart, import_library, scalars
+from vit_train.trackers.base import RowRefused, TrackerStart, import_library, scalars
 from vit_train.trackers.wandb_files import history, run_files
 
 DONE_WELL = ("completed", "stopped_early")  # exit code 0 (W&B: finished); any other status: 1 (W&B: failed)
@@ -105,7 +105,7 @@ class WandbTracker:
     def log(self, split: str, step: int, values: dict[str, float]) -> None:
         floor = max(self.floor, self.run.step)
         if step < floor:
-            raise ValueError(f"W&B takes steps in order: {split} row at step {step} after step {floor}")
+            raise RowRefused(f"W&B takes steps in order: {split} row at step {step} after step {floor}")
         self.run.log({f"{split}/{k}": float(v) for k, v in values.items() if v is not None}, step=step)
         self.floor = step
         self.sent.append((split, step))

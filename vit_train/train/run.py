@@ -173,7 +173,7 @@ def _build_run(
     # the epochs left, the current one from where it stands (its steps follow a changed data.batch_size)
     steps_left = data.train_sampler.steps_left(state.sample_in_epoch, state.epoch_end, t.epochs - state.epoch)
     total_steps = min(state.step + steps_left, t.max_steps or math.inf)
-    lp_steps = round(getattr(cfg.model, "lp_epochs", 0.0) * data.steps_per_epoch)
+    lp_steps = lp_ft_steps(cfg, data.steps_per_epoch, ckpt)
     if lp_steps:  # after the optimiser, which holds every parameter: the frozen ones have no gradient until they train
         start_lp_ft(objective.pretrained_target(model), cfg, ctx, state.step, lp_steps, total_steps)
     scheduler = build_scheduler(
@@ -278,6 +278,27 @@ def _build_run(
         callbacks=callbacks,
         lp_steps=lp_steps,
     )
+
+
+def lp_ft_steps(cfg: Config, steps_per_epoch: int, ckpt: dict | None) -> int:
+    """LP-FT's probe stage in steps (model.lp_epochs x the epoch's steps; 0 = off). Raises ConfigError for
+    lp_epochs shorter than one step, and for a resume whose data.batch_size differs from the checkpoint's (the
+    epochs would count other steps: the change would move, silently re-freezing a network that fine-tunes)."""
+    epochs = getattr(cfg.model, "lp_epochs", 0.0)
+    steps = round(epochs * steps_per_epoch)
+    if epochs and not steps:
+        raise ConfigError(
+            f"model.lp_epochs={epochs:g} is {epochs * steps_per_epoch:.2g} of a step ({steps_per_epoch} steps an "
+            f"epoch): give at least {1 / steps_per_epoch:.2g}, or 0 for no probe stage"
+        )
+    saved = ckpt["config"].get("data", {}).get("batch_size") if ckpt else None
+    if steps and saved is not None and saved != cfg.data.batch_size:
+        raise ConfigError(
+            f"model.lp_epochs={epochs:g} counts epochs of data.batch_size={saved} in this run: resumed with "
+            f"data.batch_size={cfg.data.batch_size} its change from the head alone to the whole network would "
+            f"move; resume with data.batch_size={saved}"
+        )
+    return steps
 
 
 def start_lp_ft(model: nn.Module, cfg: Config, ctx: distributed.Context, step: int, lp_steps: int, total: int) -> None:
