@@ -66,6 +66,10 @@ def test_every_recipe_composes_exactly_as_before(name):
     trainer = expected["trainer"]  # trainer.compile_scope and compile_backend, added since, at their defaults
     trainer.setdefault("compile_scope", "model")
     trainer.setdefault("compile_backend", "inductor")
+    if model.get("arch", "vit") == "vit":  # model.lp_epochs (LP-FT), added since, at its default
+        model.setdefault("lp_epochs", 0.0)
+    expected.setdefault("logger", {"tensorboard": {}})  # the list groups, added since, at their defaults
+    expected.setdefault("callbacks", {})
     assert composed([f"experiment={name}"]) == expected
 
 

@@ -72,7 +72,7 @@ def test_help_copies_hydras_config_repository_once_and_lists_the_groups_a_comman
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines()[-1] == "copies: 1"
-    groups = "aug, data, experiment, hparams_search, model, objective, optim, schedule, trainer"
+    groups = "aug, callbacks, data, experiment, hparams_search, logger, model, objective, optim, schedule, trainer"
     listed = [line.split(":")[0] for line in done.stdout.split("== Configuration groups ==")[1]
               .split("== Config ==")[0].splitlines() if ": " in line]
     assert listed == groups.split(", "), done.stdout

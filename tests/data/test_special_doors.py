@@ -62,8 +62,8 @@ def test_weights_doors_refuse_special_files_in_one_line(specials, key):
         with pytest.raises(ConfigError) as e:
             within(DEADLINE, resolve, str(path), key)
         assert str(e.value) == (f"{key}={path} is {kind}, not a file to read weights from; give a vit-train run "
-                                f"directory or checkpoint (.pt), a .safetensors file, or a timm, DeiT or "
-                                f"torchvision state dict")
+                                f"directory or checkpoint (.pt), a .safetensors file, a Hub folder (config.json, "
+                                f"model.safetensors), or a timm, DeiT or torchvision state dict")
 
 
 def test_resume_refuses_special_files_in_one_line(specials, tmp_path):
@@ -182,7 +182,8 @@ def test_vit_eval_and_resume_refuse_a_fifo_in_one_line_and_exit_2(specials, tmp_
         [sys.executable, "-m", "vit_train", f"resume={fifo}", "trainer.device=cpu", f"hydra.run.dir={tmp_path / 'r'}"],
     ]
     said = [f"vit-eval: error: ckpt={fifo} is a FIFO, not a file to read weights from; give a vit-train run directory "
-            f"or checkpoint (.pt), a .safetensors file, or a timm, DeiT or torchvision state dict",
+            f"or checkpoint (.pt), a .safetensors file, a Hub folder (config.json, model.safetensors), or a timm, DeiT "
+            f"or torchvision state dict",
             f"vit-train: error: resume path {fifo} is a FIFO, not a file or a folder; give a run directory or a .pt "
             f"checkpoint"]
     for argv, line in zip(runs, said):
