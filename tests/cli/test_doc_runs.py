@@ -42,7 +42,8 @@ TINY_SCRIPT = {
                      "--pipeline-images": "0", "--precision": "fp32"},
     "bench_threads.py": {"--steps": "1", "--rounds": "1", "--busy": "0"},
     "bench_startup.py": {"--runs": "1"},
-    "mae_demo.py": {"--unlabelled": "64", "--labelled": "64", "--pretrain-epochs": "1", "--finetune-epochs": "1"},
+    "mae_demo.py": {"--unlabelled": "64", "--labelled": "64", "--pretrain-epochs": "1", "--finetune-epochs": "1",
+                    "--lp-epochs": "1", "--seeds": "0"},
 }
 
 
