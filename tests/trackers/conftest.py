@@ -23,3 +23,14 @@ def mlflow_store(mlflow_template, tmp_path):
     path.parent.mkdir()
     shutil.copyfile(mlflow_template, path)
     return f"sqlite:///{path}"
+
+
+@pytest.fixture(autouse=True)
+def no_user_settings(monkeypatch, tmp_path):
+    """No tracker setting of the machine's environment reaches a test; wandb's own files go under the test's folder."""
+    for name in ("WANDB_MODE", "WANDB_PROJECT", "WANDB_DIR", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_ENTITY",
+                 "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "cache"))  # wandb-core's own debug logs
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))

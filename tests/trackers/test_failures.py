@@ -13,13 +13,6 @@ pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
 
 
-@pytest.fixture(autouse=True)
-def no_user_settings(monkeypatch, tmp_path):
-    for name in ("WANDB_MODE", "WANDB_PROJECT", "WANDB_DIR", "MLFLOW_TRACKING_URI"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
 
 
 def test_mlflow_store_full_raises_from_log(tmp_path, mlflow_store):

@@ -18,11 +18,6 @@ def store(mlflow_store):
     return mlflow_store
 
 
-@pytest.fixture(autouse=True)
-def no_user_settings(monkeypatch):
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-
-
 def read(store: str, run_id: str):
     return mlflow.MlflowClient(tracking_uri=store).get_run(run_id)
 

@@ -16,13 +16,6 @@ mlflow = pytest.importorskip("mlflow")
 wandb = pytest.importorskip("wandb")
 
 
-@pytest.fixture(autouse=True)
-def no_user_settings(monkeypatch, tmp_path):
-    for name in ("WANDB_MODE", "WANDB_PROJECT", "WANDB_DIR", "MLFLOW_TRACKING_URI"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
 
 
 def read_back(tracker: str, run_dir, store: str, tracker_id: str) -> list[tuple[str, int]]:

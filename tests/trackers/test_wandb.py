@@ -12,13 +12,6 @@ from vit_train.trackers.base import flatten
 pytest.importorskip("wandb")
 
 
-@pytest.fixture(autouse=True)
-def no_user_settings(monkeypatch, tmp_path):
-    for name in ("WANDB_MODE", "WANDB_PROJECT", "WANDB_DIR", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_ENTITY"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "cache"))  # wandb-core's own debug logs
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
 
 
 def test_every_row_is_read_back_equal(tmp_path):
