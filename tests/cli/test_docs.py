@@ -264,7 +264,7 @@ def test_the_commands_counted_in_docs_mae():
         block = list(FENCE.finditer(text, text.index(anchor)))[skip].group(1)
         return len([line for line in block.splitlines() if re.match(r"(vit-\w+|python) ", line)])
 
-    shown = [commands_after("commands below show the mechanics"), commands_after("measures the case MAE exists for", 1)]
+    shown = [commands_after("commands below show the mechanics"), commands_after("The commands of seed 0")]  # the per-seed block
     assert stated("docs/mae.md", r"The (\w+) commands below show the mechanics") == [shown[0]]
     assert stated("docs/mae.md", r"measures the case MAE exists for\. It runs (\w+) commands") == [shown[1]]
 
