@@ -11,9 +11,11 @@ For each seed of --seeds, `vit-train` runs, each printed before it starts, with 
 5. recipe (only with --recipe): the few-label recipe from that encoder. With `experiment=NAME` among its words
    the recipe's own training keys hold: the run gets only the data, the labelled images, the seed, the model's
    shape and the encoder before the words. Without one, the words are added to the fine-tune's command;
-6. scratch: the fine-tune's command from a random initialisation.
+6. recipe_scratch (only with --recipe): the recipe's command without the encoder, from a random initialisation
+   (the recipe's margin over scratch is over this row: the same schedule and epochs);
+7. scratch: the fine-tune's command from a random initialisation.
 
-Runs 2-6 train on the same --labelled images and are scored on the same val images. On the built-in shapes the
+Runs 2-7 train on the same --labelled images and are scored on the same val images. On the built-in shapes the
 labelled images are a separate draw of the generator (its images depend on data.seed and data.train_size), so
 none of them was among the pre-training images; each seed draws its own images (data.seed=seed). With
 --folder DIR (DIR/train/<class>/*, DIR/val/<class>/*), the pre-training trains on every image of DIR/train without
@@ -52,12 +54,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's vit_train, as the runs get (`run`)
 MODEL = ["model.pool=mean", "model.pos_embed=sincos2d"]  # as the quick start (configs/experiment/quickstart.yaml)
 PROBE = ["model.trainable=head", "optim.weight_decay=0"]  # a linear probe as docs/finetuning.md runs it
+# the probe's lr (and LP-FT's first stage's, model.lp_lr): of 2e-3 (the fine-tune's), 2e-2 and 1e-1, the best probe on
+# seed 0's encoder (22.0, 31.7, 35.9 top-1); a probe learns at a higher rate than a fine-tune (MAE: 0.1 x batch / 256)
+PROBE_LR = 1e-1
 TITLES = {
     "pretrain": "MAE pre-training",
     "probe": "linear probe of the MAE encoder",
     "finetune": "fine-tuned from the MAE encoder",
     "lp_ft": "LP-FT from the MAE encoder",
     "recipe": "the recipe from the MAE encoder",
+    "recipe_scratch": "the recipe from scratch",
     "scratch": "from scratch",
 }
 # sizes: the full run, and --smoke's (a few steps each); a size given on the command line wins
@@ -65,6 +71,8 @@ FULL = {"unlabelled": 10000, "labelled": 500, "pretrain_epochs": 10, "finetune_e
         "val_size": 2000, "pretrain_val_size": 500, "seeds": "0,1,2"}
 SMOKE = {"unlabelled": 256, "labelled": 40, "pretrain_epochs": 1, "finetune_epochs": 2, "lp_epochs": 1,
          "val_size": 100, "pretrain_val_size": 64, "seeds": "0"}
+# the row each row's "over scratch" subtracts: the recipe's is its own command from a random initialisation
+SCRATCH_OF = {"recipe": "recipe_scratch"}
 SMOKE_RECIPE_STEPS = 2  # --smoke caps the recipe's run (whose epochs its experiment may set) at this many steps
 
 
@@ -82,6 +90,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--pretrain-epochs", type=int, help="10")
     parser.add_argument("--finetune-epochs", type=int, help="40 (the probe's, the fine-tune's, LP-FT's second stage)")
     parser.add_argument("--lp-epochs", type=int, help="LP-FT's first stage, the head alone; 10")
+    parser.add_argument("--probe-lr", type=float, default=PROBE_LR,
+                        help=f"the probe's lr and LP-FT's first stage's (model.lp_lr); {PROBE_LR:g}")
+    parser.add_argument("--pretrained-from", metavar="OUT",
+                        help="an earlier --out of this script: each seed's pre-training read from OUT/seed_<S>/pretrain "
+                             "(its command must be the one this run would give), not run again")
     parser.add_argument("--recipe", help="the few-label recipe's words, e.g. 'experiment=<a recipe>' "
                                          "or 'optim.layer_decay=0.75 model.drop_path=0.1'")
     parser.add_argument("--img-size", type=int, help="model.img_size (default: the data set's, 32 or 224)")
@@ -103,6 +116,8 @@ def parse_args() -> argparse.Namespace:
         if getattr(args, key) < 1:
             parser.error(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
     args.recipe = shlex.split(args.recipe) if args.recipe else None
+    if args.probe_lr <= 0:
+        parser.error(f"--probe-lr must be > 0, got {args.probe_lr:g}")
     if args.folder:  # the folder's own val images; the pre-training's count is the folder's (main)
         args.val_size = args.pretrain_val_size = None
     return args
@@ -155,8 +170,10 @@ def unlabelled_images(folder: Path) -> int:
         raise Refused(f"--folder {folder}: {e}") from None
 
 
-def commands(args: argparse.Namespace, seed: int, out: Path, labelled_root: Path | None) -> dict[str, list[str]]:
-    """Each run's vit-train arguments, by name, in the order they run; hydra.run.dir=out/<name> last."""
+def commands(args: argparse.Namespace, seed: int, out: Path, labelled_root: Path | None,
+             pretrain: Path | None = None) -> dict[str, list[str]]:
+    """Each run's vit-train arguments, by name, in the order they run; hydra.run.dir=out/<name> last. The encoder the
+    labelled rows read is `pretrain` when given (--pretrained-from), else out/pretrain."""
     shape = [f"model.{key}={value}" for key, value in (("img_size", args.img_size), ("patch_size", args.patch_size))
              if value is not None]
     common = [*MODEL, *shape, f"seed={seed}", "trainer.progress=false"]
@@ -168,24 +185,48 @@ def commands(args: argparse.Namespace, seed: int, out: Path, labelled_root: Path
         unlabelled = [*shapes, f"data.train_size={args.unlabelled}", f"data.val_size={args.pretrain_val_size}"]
         labelled = [*shapes, f"data.train_size={args.labelled}", f"data.val_size={args.val_size}"]
     batch = min(64, args.labelled)
-    training = [f"data.batch_size={batch}", "optim.lr=2e-3", "schedule.warmup_epochs=1",
-                f"trainer.eval_every={-(-args.labelled // batch) * 5}"]
-    finetune = [*labelled, *training, f"trainer.epochs={args.finetune_epochs}"]
-    encoder = f"model.pretrained={out / 'pretrain'}"
+    training = [f"data.batch_size={batch}", "schedule.warmup_epochs=1", f"trainer.eval_every={-(-args.labelled // batch) * 5}"]
+    finetune = [*labelled, *training, "optim.lr=2e-3", f"trainer.epochs={args.finetune_epochs}"]
+    probe = [*labelled, *training, f"optim.lr={args.probe_lr:g}", f"trainer.epochs={args.finetune_epochs}"]
+    encoder = f"model.pretrained={pretrain or out / 'pretrain'}"
     plan = {
         "pretrain": ["objective=mae", *unlabelled, f"data.batch_size={min(64, args.unlabelled)}", "optim.lr=2e-3",
                      f"trainer.epochs={args.pretrain_epochs}", "schedule.warmup_epochs=0.5"],
-        "probe": [*finetune, encoder, *PROBE],
+        "probe": [*probe, encoder, *PROBE],
         "finetune": [*finetune, encoder],
-        "lp_ft": [*labelled, *training, f"trainer.epochs={args.lp_epochs + args.finetune_epochs}", encoder,
-                  f"model.lp_epochs={args.lp_epochs}"],
+        "lp_ft": [*labelled, *training, "optim.lr=2e-3", f"trainer.epochs={args.lp_epochs + args.finetune_epochs}", encoder,
+                  f"model.lp_epochs={args.lp_epochs}", f"model.lp_lr={args.probe_lr:g}"],
     }
     if args.recipe:
         own = any(word.startswith("experiment=") for word in args.recipe)
         cap = [f"trainer.max_steps={SMOKE_RECIPE_STEPS}"] if args.smoke else []
         plan["recipe"] = [*(labelled if own else finetune), encoder, *args.recipe, *cap]
+        plan["recipe_scratch"] = [word for word in plan["recipe"] if word != encoder]
     plan["scratch"] = finetune
     return {name: [*argv, f"hydra.run.dir={out / name}"] for name, argv in plan.items()}
+
+
+def earlier_pretrain(earlier: Path, seed: int, argv: list[str]) -> dict:
+    """--pretrained-from: seed `seed`'s pre-training as `earlier`/table.json records it (its command, results.json
+    and seconds, and `read_from`). Raises Refused where that run is missing or was not completed, or its command
+    differs from `argv` (this run's, hydra.run.dir aside): an encoder of other images or sizes would be compared
+    silently."""
+    try:
+        record = json.loads((earlier / "table.json").read_text())["runs"][str(seed)]["pretrain"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise Refused(f"--pretrained-from {earlier}: no pre-training of seed {seed} recorded in "
+                      f"{earlier / 'table.json'}; give an --out of an earlier run with that seed") from None
+    given, wanted = record["command"][1:-1], argv[:-1]
+    if given != wanted:
+        differ = sorted(set(given) ^ set(wanted))
+        raise Refused(f"--pretrained-from {earlier}: seed {seed}'s pre-training ran with other words than this run "
+                      f"would give ({', '.join(differ)}); give the sizes it ran with, or drop --pretrained-from")
+    if record["results"].get("status") != "completed":
+        raise Refused(f"--pretrained-from {earlier}: seed {seed}'s pre-training did not complete "
+                      f"(status {record['results'].get('status')}); run it again")
+    print(f"$ (pretrain, seed {seed}: read from {earlier / f'seed_{seed}' / 'pretrain'}, "
+          f"{record['seconds']:.0f} s when it ran)", flush=True)
+    return {**record, "read_from": str(earlier / f"seed_{seed}" / "pretrain")}
 
 
 def run(name: str, args: list[str], seed: int) -> dict:
@@ -214,9 +255,9 @@ def rows(runs: dict[int, dict[str, dict]], seeds: list[int], labelled: int, unla
                "unlabelled": unlabelled if name == "pretrain" else None, "metric": metric, "per_seed": values,
                "mean": statistics.fmean(values), "min": min(values), "max": max(values),
                "spread": max(values) - min(values), "seconds": [runs[s][name]["seconds"] for s in seeds]}
-        for reference in ("probe", "scratch"):
+        for key, reference in (("probe", "probe"), ("scratch", SCRATCH_OF.get(name, "scratch"))):
             mine = name not in ("pretrain", reference)
-            row[f"over_{reference}"] = [v - runs[s][reference]["results"][metric] for s, v in zip(seeds, values, strict=True)] \
+            row[f"over_{key}"] = [v - runs[s][reference]["results"][metric] for s, v in zip(seeds, values, strict=True)] \
                 if mine else None
         table.append(row)
     return table
@@ -231,7 +272,7 @@ def markdown(table: list[dict], seeds: list[int], recipe: list[str] | None) -> s
         title = row["title"]
         if row["name"] == "pretrain":
             title += f" ({row['unlabelled']}; the cells: val reconstruction loss)"
-        elif row["name"] == "recipe":
+        elif row["name"] in ("recipe", "recipe_scratch"):
             title += f" (`{shlex.join(recipe or [])}`)"
         number = "{:.4f}".format if row["name"] == "pretrain" else "{:.2f}".format
         margins = [", ".join(f"{m:+.2f}" for m in row[key]) if row[key] is not None else ""
@@ -293,8 +334,10 @@ def main() -> int:
                       f"({', '.join(f'{k} {n}' for k, n in choices[seed]['per_class'].items())}), linked under "
                       f"{labelled_root} (data=imagefolder reads whole folders); the list is in "
                       f"{out / 'table.json'}", flush=True)
-            runs[seed] = {name: run(name, argv, seed)
-                          for name, argv in commands(args, seed, here, labelled_root).items()}
+            earlier = Path(args.pretrained_from) if args.pretrained_from else None
+            plan = commands(args, seed, here, labelled_root, earlier / f"seed_{seed}" / "pretrain" if earlier else None)
+            runs[seed] = {name: earlier_pretrain(earlier, seed, argv) if earlier and name == "pretrain"
+                          else run(name, argv, seed) for name, argv in plan.items()}
     except Refused as e:
         print(f"mae_demo.py: error: {e}", file=sys.stderr)
         return 2
@@ -315,10 +358,18 @@ def main() -> int:
                    "machine": machine(), "cpu_count": os.cpu_count(), "commit": git_commit(),
                    "wall_seconds": time.time() - started}
     notes = (f"top-1 (%): each run's final evaluation (results.json's final_top1) on the same val images within a "
-             f"seed; over the probe / over scratch: the row's top-1 minus theirs, in points, seed by seed.\n"
+             f"seed; over the probe / over scratch: the row's top-1 minus theirs, in points, seed by seed (the recipe's "
+             f"over scratch: over the recipe from scratch, the same command without the encoder).\n"
              f"{environment['wall_seconds']:.0f} s wall in all; load average (1 min) {load_start[0]:.2f} at the start, "
              f"{load_end[0]:.2f} at the end; torch {environment['torch']}; {environment['machine']}; "
              f"commit {environment['commit']}")
+    if args.pretrained_from:
+        try:
+            then = json.loads((Path(args.pretrained_from) / "table.json").read_text())["environment"]["commit"]
+        except (OSError, ValueError, KeyError, TypeError):
+            then = "unknown"
+        notes += (f"; the pre-training runs read from {args.pretrained_from} (--pretrained-from; commit {then}), "
+                  f"not run again: their wall s are those they took then, the wall in all excludes them")
     print(f"\n{text}\n\n{notes}")
     (out / "table.md").write_text(f"{text}\n\n{notes}\n")
     record = {"argv": sys.argv[1:], "setting": {k: v for k, v in vars(args).items()}, "environment": environment,

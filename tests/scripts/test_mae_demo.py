@@ -41,15 +41,19 @@ def cells(line: str) -> list[str]:
     return [cell.strip() for cell in line.split("|")[1:-1]]
 
 
-def check_the_table(out: Path, stdout: str, names: list[str], labelled: int) -> dict:
-    """The printed table, table.md and table.json against each run's results.json; returns table.json."""
+def check_the_table(out: Path, stdout: str, names: list[str], labelled: int, earlier: Path | None = None) -> dict:
+    """The printed table, table.md and table.json against each run's results.json; returns table.json. `earlier`:
+    the --pretrained-from folder, whose pre-training runs the table reads (not run, not printed as run)."""
+    def home(s: int, name: str) -> Path:
+        return (earlier if earlier and name == "pretrain" else out) / f"seed_{s}" / name
+
     record = json.loads((out / "table.json").read_text())
     lines = stdout.splitlines()
     start = lines.index("| " + " | ".join(HEAD) + " |")
     table = lines[start:start + 2 + len(names)]
     assert "\n".join(table) == record["table"] and (out / "table.md").read_text().startswith(record["table"] + "\n\n")
     assert lines[start + 2 + len(names)] == ""  # the table ends there: no other row
-    results = {(s, name): read_results(out / f"seed_{s}" / name) for s in SEEDS for name in names}
+    results = {(s, name): read_results(home(s, name)) for s in SEEDS for name in names}
     assert all(r["status"] == "completed" for r in results.values())
     assert [row["name"] for row in record["rows"]] == names
     for line, row in zip(table[2:], record["rows"], strict=True):
@@ -57,13 +61,14 @@ def check_the_table(out: Path, stdout: str, names: list[str], labelled: int) -> 
         metric = "final_loss" if name == "pretrain" else "final_top1"
         values = [results[s, name][metric] for s in SEEDS]
         number = "{:.4f}".format if name == "pretrain" else "{:.2f}".format
-        over = {ref: [v - results[s, ref][metric] for s, v in zip(SEEDS, values, strict=True)] for ref in ("probe", "scratch")}
+        refs = {"probe": "probe", "scratch": "recipe_scratch" if name == "recipe" else "scratch"}
+        over = {key: [v - results[s, ref][metric] for s, v in zip(SEEDS, values, strict=True)] for key, ref in refs.items()}
         shown = cells(line)
         assert shown[0].startswith(row["title"]) and shown[1] == str(0 if name == "pretrain" else labelled)
         assert shown[2:6] == [number(values[0]), number(values[1]), number(statistics.fmean(values)),
                               number(max(values) - min(values))], (name, shown)
         for ref, cell in zip(("probe", "scratch"), shown[6:8], strict=True):
-            expected = [] if name in ("pretrain", ref) else [f"{m:+.2f}" for m in over[ref]]
+            expected = [] if name in ("pretrain", refs[ref]) else [f"{m:+.2f}" for m in over[ref]]
             assert cell == ", ".join(expected), (name, ref, cell)
         seconds = [record["runs"][str(s)][name]["seconds"] for s in SEEDS]
         assert shown[8] == f"{sum(seconds):.0f}"
@@ -72,16 +77,20 @@ def check_the_table(out: Path, stdout: str, names: list[str], labelled: int) -> 
         assert (row["mean"], row["min"], row["max"], row["spread"]) == (
             statistics.fmean(values), min(values), max(values), max(values) - min(values))
         for ref in ("probe", "scratch"):
-            assert row[f"over_{ref}"] == (None if name in ("pretrain", ref) else over[ref])
+            assert row[f"over_{ref}"] == (None if name in ("pretrain", refs[ref]) else over[ref])
         for s in SEEDS:
             assert record["runs"][str(s)][name]["results"] == results[s, name]
     # each command printed as it started, in order, as recorded; each run in its own directory
     printed = [line[2:] for line in lines if line.startswith("$ vit-train ")]
-    recorded = [record["runs"][str(s)][name]["command"] for s in SEEDS for name in names]
+    ran = [name for name in names if not (earlier and name == "pretrain")]
+    recorded = [record["runs"][str(s)][name]["command"] for s in SEEDS for name in ran]
     assert [shlex.split(p) for p in printed] == recorded
     for s in SEEDS:
         for name in names:
-            assert record["runs"][str(s)][name]["command"][-1] == f"hydra.run.dir={out / f'seed_{s}' / name}"
+            assert record["runs"][str(s)][name]["command"][-1] == f"hydra.run.dir={home(s, name)}"
+        if earlier:
+            assert f"$ (pretrain, seed {s}: read from {home(s, 'pretrain')}, " in stdout
+            assert not (out / f"seed_{s}" / "pretrain").exists()
     env = record["environment"]
     assert env["commit"] == git("rev-parse", "--short", "HEAD") + (
         " + changes" if git("status", "--porcelain", "--untracked-files=no") else "")
@@ -90,7 +99,9 @@ def check_the_table(out: Path, stdout: str, names: list[str], labelled: int) -> 
     assert env["torch"] == torch.__version__ and env["cpu_count"] == os.cpu_count()
     assert re.fullmatch(rf"\d+ s wall in all; load average \(1 min\) [\d.]+ at the start, [\d.]+ at the end; "
                         rf"torch {re.escape(torch.__version__)}; .+, {os.cpu_count()} CPUs; commit "
-                        rf"{re.escape(env['commit'])}", lines[-1]), lines[-1]
+                        rf"{re.escape(env['commit'])}" + (rf"; the pre-training runs read from {re.escape(str(earlier))} "
+                        rf"\(--pretrained-from; commit {re.escape(env['commit'])}\), not run again: their wall s are "
+                        rf"those they took then, the wall in all excludes them" if earlier else ""), lines[-1]), lines[-1]
     return record
 
 
@@ -103,27 +114,42 @@ def test_the_smoke_run_on_shapes_tables_every_run_as_its_results_json(tmp_path):
     out = tmp_path / "demo"
     done = demo("--smoke", "--seeds", "0,1", "--out", str(out), "--recipe", "optim.layer_decay=0.75", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    names = ["pretrain", "probe", "finetune", "lp_ft", "recipe", "scratch"]
+    names = ["pretrain", "probe", "finetune", "lp_ft", "recipe", "recipe_scratch", "scratch"]
     record = check_the_table(out, done.stdout, names, labelled=40)
     titles = [cells(line)[0] for line in record["table"].splitlines()[2:]]
     assert titles == ["MAE pre-training (256 unlabelled images; the cells: val reconstruction loss)",
                       "linear probe of the MAE encoder", "fine-tuned from the MAE encoder",
                       "LP-FT from the MAE encoder (the head alone 1 epoch, then 2 epochs)",
-                      "the recipe from the MAE encoder (`optim.layer_decay=0.75`)", "from scratch"]
+                      "the recipe from the MAE encoder (`optim.layer_decay=0.75`)",
+                      "the recipe from scratch (`optim.layer_decay=0.75`)", "from scratch"]
     for s in SEEDS:
         encoder = f"model.pretrained={out / f'seed_{s}' / 'pretrain'}"
         finetune = command_of(record, s, "finetune")
         assert f"data.seed={s}" in finetune and f"seed={s}" in finetune and "data.train_size=40" in finetune
-        assert command_of(record, s, "probe") == [*finetune[:-1], "model.trainable=head", "optim.weight_decay=0",
-                                                  finetune[-1].replace("finetune", "probe")]
+        assert command_of(record, s, "probe") == [
+            *(a.replace("optim.lr=2e-3", "optim.lr=0.1") for a in finetune[:-1]), "model.trainable=head",
+            "optim.weight_decay=0", finetune[-1].replace("finetune", "probe")]
+        assert command_of(record, s, "lp_ft")[-3:-1] == ["model.lp_epochs=1", "model.lp_lr=0.1"]
         assert command_of(record, s, "scratch") == [a.replace("finetune", "scratch") for a in finetune if a != encoder]
         assert command_of(record, s, "recipe") == [*finetune[:-1], "optim.layer_decay=0.75", "trainer.max_steps=2",
                                                    finetune[-1].replace("finetune", "recipe")]
         lp_ft = read_results(out / f"seed_{s}" / "lp_ft")
         assert (lp_ft["lp_steps"], lp_ft["ft_steps"]) == (1, 2)  # 40 images in batches of 40: 1 + 2 epochs
+        assert command_of(record, s, "recipe_scratch") == [a.replace("recipe", "recipe_scratch")
+                                                           for a in command_of(record, s, "recipe") if a != encoder]
         assert read_results(out / f"seed_{s}" / "recipe")["steps"] == 2
         assert read_results(out / f"seed_{s}" / "pretrain")["objective"] == "mae"
     assert record["labelled_images"] is None
+    # the same rows again on those encoders (--pretrained-from): no pre-training run, its rows read from `out`
+    again = tmp_path / "again"
+    done = demo("--smoke", "--seeds", "0,1", "--out", str(again), "--pretrained-from", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    reread = check_the_table(again, done.stdout, [n for n in names if not n.startswith("recipe")], labelled=40,
+                             earlier=out)
+    for s in SEEDS:
+        assert reread["runs"][str(s)]["pretrain"] == {**record["runs"][str(s)]["pretrain"],
+                                                      "read_from": str(out / f"seed_{s}" / "pretrain")}
+        assert f"model.pretrained={out / f'seed_{s}' / 'pretrain'}" in command_of(reread, s, "finetune")
 
 
 @pytest.mark.slow
@@ -164,7 +190,8 @@ def load_script():
 
 def test_the_table_subtracts_the_probe_and_scratch_seed_by_seed():
     script = load_script()
-    top1 = {"probe": (60.0, 50.5), "finetune": (70.25, 49.0), "scratch": (55.0, 52.0)}
+    top1 = {"probe": (60.0, 50.5), "finetune": (70.25, 49.0), "recipe": (80.0, 81.0), "recipe_scratch": (40.0, 45.0),
+            "scratch": (55.0, 52.0)}
     runs = {s: {"pretrain": {"results": {"final_loss": (0.5, 0.75)[i]}, "seconds": 10.0},
                 **{name: {"results": {"final_top1": v[i]}, "seconds": 2.5} for name, v in top1.items()}}
             for i, s in enumerate(SEEDS)}
@@ -172,7 +199,10 @@ def test_the_table_subtracts_the_probe_and_scratch_seed_by_seed():
     finetune = table[2]
     assert finetune["over_probe"] == [10.25, -1.5] and finetune["over_scratch"] == [15.25, -3.0]
     assert (finetune["mean"], finetune["spread"]) == (59.625, 21.25)
-    assert table[1]["over_probe"] is None and table[3]["over_scratch"] is None and table[0]["over_probe"] is None
+    recipe, recipe_scratch = table[3], table[4]  # the recipe over its own command from scratch, not over scratch
+    assert recipe["over_scratch"] == [40.0, 36.0] and recipe["over_probe"] == [20.0, 30.5]
+    assert recipe_scratch["over_scratch"] == [-15.0, -7.0]
+    assert table[1]["over_probe"] is None and table[5]["over_scratch"] is None and table[0]["over_probe"] is None
     text = script.markdown(table, list(SEEDS), None).splitlines()
     assert text[0] == "| " + " | ".join(HEAD) + " |"
     assert cells(text[1 + 1]) == ["MAE pre-training (10 unlabelled images; the cells: val reconstruction loss)", "0",
@@ -196,6 +226,41 @@ def test_what_the_script_refuses_is_one_line_before_any_run(tmp_path, image_fold
     assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(said.format(root=image_folder)), done.stderr
 
 
+def earlier_out(tmp_path: Path, command: list[str], status: str = "completed") -> Path:
+    """A made-up earlier --out whose table.json records seed 0's pre-training with `command`."""
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    run = {"command": ["vit-train", *command], "results": {"status": status, "final_loss": 0.5}, "seconds": 12.0}
+    (earlier / "table.json").write_text(json.dumps({"runs": {"0": {"pretrain": run}}}))
+    return earlier
+
+
+@pytest.mark.parametrize("change, said", [
+    (None, "no pre-training of seed 1 recorded in {earlier}/table.json; give an --out of an earlier run with that seed"),
+    ("data.train_size=10000", "seed 0's pre-training ran with other words than this run would give "
+                              "(data.train_size=10000, data.train_size=256); give the sizes it ran with, or drop "
+                              "--pretrained-from"),
+    ("interrupted", "seed 0's pre-training did not complete (status interrupted); run it again"),
+])
+def test_pretrained_from_reads_only_the_pre_training_this_run_would_give(tmp_path, monkeypatch, change, said):
+    """--pretrained-from: a seed the earlier --out lacks, a pre-training of other words (another size here), or one
+    that did not complete is refused in one line: the labelled rows would read another encoder silently."""
+    script = load_script()
+    monkeypatch.setattr(sys, "argv", ["mae_demo.py", "--smoke", "--seeds", "1" if change is None else "0"])
+    args = script.parse_args()
+    wanted = script.commands(args, 0, tmp_path / "now", None)["pretrain"]
+    given = [w.replace("data.train_size=256", change) if change and "=" in change else w for w in wanted]
+    earlier = earlier_out(tmp_path, [*given[:-1], "hydra.run.dir=elsewhere"], "interrupted" if change == "interrupted"
+                          else "completed")
+    seed = 1 if change is None else 0
+    with pytest.raises(script.Refused) as caught:
+        script.earlier_pretrain(earlier, seed, script.commands(args, seed, tmp_path / "now", None)["pretrain"])
+    assert str(caught.value) == f"--pretrained-from {earlier}: " + said.format(earlier=earlier)
+    if change is None:  # the same words read back, with where from
+        read = script.earlier_pretrain(earlier, 0, wanted)
+        assert read["seconds"] == 12.0 and read["read_from"] == str(earlier / "seed_0" / "pretrain")
+
+
 def test_a_folder_that_is_not_empty_is_refused(tmp_path):
     (tmp_path / "demo").mkdir()
     (tmp_path / "demo" / "x").write_text("")
@@ -214,8 +279,8 @@ def test_a_recipe_with_an_experiment_keeps_its_training_keys_and_one_without_add
     monkeypatch.setattr(sys, "argv", ["mae_demo.py", "--recipe", recipe])
     plan = script.commands(script.parse_args(), 3, tmp_path, None)
     finetune, words = plan["finetune"], shlex.split(recipe)
-    assert list(plan) == ["pretrain", "probe", "finetune", "lp_ft", "recipe", "scratch"]
-    training = ["data.batch_size=64", "optim.lr=2e-3", "schedule.warmup_epochs=1", "trainer.eval_every=40",
+    assert list(plan) == ["pretrain", "probe", "finetune", "lp_ft", "recipe", "recipe_scratch", "scratch"]
+    training = ["data.batch_size=64", "schedule.warmup_epochs=1", "trainer.eval_every=40", "optim.lr=2e-3",
                 "trainer.epochs=40"]
     assert all(key in finetune for key in training)
     base = [a for a in finetune[:-1] if a not in training] if own else finetune[:-1]

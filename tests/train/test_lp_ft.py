@@ -76,8 +76,8 @@ def test_the_probe_is_evaluated_at_its_last_step_and_recorded(lp_ft):
     assert (results["lp_steps"], results["lp_score"], results["ft_steps"]) == (8, val[8]["top1"], 8)
     assert json.loads((run / "results.json").read_text())["lp_score"] == val[8]["top1"]
     log = (run / "train.log").read_text()
-    assert "LP-FT (model.lp_epochs=1): steps 1-8 train the head alone on the frozen network, then the whole " \
-           "network trains (steps 9-16); the lr schedule restarts at the change" in log
+    assert "LP-FT (model.lp_epochs=1): steps 1-8 train the head alone on the frozen network (peak lr 0.001), " \
+           "then the whole network trains (steps 9-16); the lr schedule restarts at the change" in log
     assert f"LP-FT: the head trained alone for 8 steps (val top1 {val[8]['top1']:.4g}); the whole network trains " \
            f"from step 9" in log
 
@@ -88,6 +88,25 @@ def test_the_lr_schedule_restarts_at_the_change(lp_ft):
     assert lr[9] == lr[1] and lr[10] == lr[2] and lr[12] == lr[4]  # the warmup again, step for step
     assert lr[4] == max(lr[s] for s in range(1, 9))  # warmup ends at the stage's 4th step, then cosine
     assert lr[8] < lr[4] and lr[16] < lr[12]
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["lp_lr", "lp_lr batch-scaled"])
+def test_lp_lr_is_the_probe_stages_peak_and_the_fine_tune_keeps_optim_lr(pretrained, lp_ft, tmp_path, scaled):
+    """model.lp_lr: the head-alone stage's curve peaks at lp_lr (x data.batch_size / optim.lr_base_batch, as
+    optim.lr) and ends at schedule.min_lr; from the change the lr is the run without lp_lr's, step for step."""
+    reference, _ = lp_ft
+    optim = {"lr": 1e-3 * 256 / 32, "lr_base_batch": 256} if scaled else {}  # scaled: the same Config.lr, 1e-3
+    run = tmp_path / "lp_lr"
+    train(tiny_config(**sections(pretrained, lp_lr=2e-2), optim=optim), run)
+    peak, low = (2e-2 * 32 / 256 if scaled else 2e-2), 1e-5  # schedule.min_lr
+    lr, plain = ({row["step"]: row["lr"] for row in logged(r, "train")} for r in (run, reference))
+    assert plain[4] == pytest.approx(1e-3, rel=1e-12) and lr[4] == pytest.approx(peak, rel=1e-12)
+    assert [lr[s] / peak for s in range(1, 5)] == pytest.approx([plain[s] / 1e-3 for s in range(1, 5)], rel=1e-12)
+    assert [(lr[s] - low) / (peak - low) for s in range(5, 9)] == pytest.approx(  # the same cosine, to min_lr
+        [(plain[s] - low) / (1e-3 - low) for s in range(5, 9)], rel=1e-9, abs=1e-12)
+    assert lr[8] == pytest.approx(low, rel=1e-9)
+    assert [lr[s] for s in range(9, 17)] == pytest.approx([plain[s] for s in range(9, 17)], rel=1e-12)
+    assert f"(peak lr {peak:g})" in (run / "train.log").read_text()
 
 
 @pytest.mark.parametrize("row, stage", [(7, "killed in the probe stage"), (10, "killed after the change")])
@@ -108,6 +127,15 @@ def test_a_run_killed_on_either_side_of_the_change_resumes_as_the_uninterrupted_
     ({"model": {"lp_epochs": 1}, "objective": {"name": "mae"}},
      "model.lp_epochs (LP-FT) fine-tunes a classifier from a probe of its head; objective=mae pre-trains an encoder "
      "without one: set model.lp_epochs=0 here, and give it to the fine-tuning run (model.pretrained=<this run>)"),
+    ({"model": {"lp_lr": 1e-2}},
+     "model.lp_lr=0.01 is the lr of LP-FT's head-alone stage, which model.lp_epochs=0 does not have: set "
+     "model.lp_epochs, or drop model.lp_lr"),
+    ({"model": {"lp_epochs": 1, "lp_lr": 0}}, "model.lp_lr must be > 0 (or null for optim.lr's), got 0"),
+    ({"model": {"lp_epochs": 1, "lp_lr": 1e-6}, "schedule": {"min_lr": 1e-5}},
+     "model.lp_lr (1e-06) must be at least schedule.min_lr (1e-05)"),
+    ({"model": {"lp_epochs": 1, "lp_lr": 1e-3}, "optim": {"lr": 1e-3, "lr_base_batch": 256}, "data": {"batch_size": 8},
+      "schedule": {"min_lr": 1e-4}},
+     "model.lp_lr (0.001 after batch scaling) must be at least schedule.min_lr (0.0001)"),
     ({"model": {"lp_epochs": 1}, "trainer": {"compile": True, "compile_scope": "step"}},
      "model.lp_epochs changes which parameters train mid-run, which trainer.compile_scope=step's one graph cannot "
      "follow; use trainer.compile_scope=model"),

@@ -77,6 +77,7 @@ def build_scheduler(
     start_step: int = 0,
     lr: float | None = None,
     restart_at: int = 0,
+    lp_lr: float | None = None,
 ) -> LambdaLR:
     """Stepped once per optimiser step; spans `total_steps` (the epochs, or the max_steps cap).
 
@@ -85,7 +86,8 @@ def build_scheduler(
     `lr` is the peak rate (Config.lr), by default optim.lr; a group with an `lr_scale` (layer decay)
     follows the same curve times its scale, min_lr included (as timm and MAE do). `restart_at` (LP-FT's
     change, model.lp_epochs, in steps; 0 = none): the steps before it follow the schedule over their own span, warmup
-    included, and the schedule starts again for the steps after it.
+    included, and the schedule starts again for the steps after it. `lp_lr`: the peak rate of the steps before it
+    (model.lp_lr, batch-scaled; None = `lr`), each group's times its lr_scale as after it.
     """
     lr = optim.lr if lr is None else lr
     asked = round(cfg.warmup_epochs * steps_per_epoch)
@@ -104,10 +106,11 @@ def build_scheduler(
         group["initial_lr"] = lr * group.get("lr_scale", 1.0)
     if 0 < restart_at < total_steps:
         first, rest = min(asked, restart_at), min(asked, total_steps - restart_at)
+        probe_lr = lr if lp_lr is None else lp_lr
 
         def factor(step: int) -> float:  # LambdaLR's step: the optimiser steps taken (0 for the first)
             if step < restart_at:
-                return cfg.factor(step, first, restart_at, lr)
+                return cfg.factor(step, first, restart_at, probe_lr) * probe_lr / lr
             return cfg.factor(step - restart_at, rest, total_steps - restart_at, lr)
 
     else:

@@ -185,6 +185,7 @@ def _build_run(
         state.step,
         lr=cfg.lr,
         restart_at=lp_steps,
+        lp_lr=lp_ft_lr(cfg),
     )
     # DistributedDataParallel with several processes (FSDP's model is its own wrapper), else the model itself
     ddp = model if sharding.is_sharded(model) else distributed.wrap(model)
@@ -301,6 +302,12 @@ def lp_ft_steps(cfg: Config, steps_per_epoch: int, ckpt: dict | None) -> int:
     return steps
 
 
+def lp_ft_lr(cfg: Config) -> float | None:
+    """LP-FT's head-alone peak lr: model.lp_lr scaled as optim.lr is (optim.lr_base_batch); None = cfg.lr's."""
+    lp_lr = getattr(cfg.model, "lp_lr", None)
+    return None if lp_lr is None else lp_lr * cfg.lr / cfg.optim.lr
+
+
 def start_lp_ft(model: nn.Module, cfg: Config, ctx: distributed.Context, step: int, lp_steps: int, total: int) -> None:
     """LP-FT (model.lp_epochs): `model` (the network the weights load into) in the stage of the step after `step`,
     the plan said once. Raises ConfigError under several processes (DDP reduces the gradients of the parameters
@@ -315,10 +322,11 @@ def start_lp_ft(model: nn.Module, cfg: Config, ctx: distributed.Context, step: i
     if not ctx.is_main or step:
         return
     log.info(
-        "LP-FT (model.lp_epochs=%g): steps 1-%d train the head alone on the frozen network, then the whole network "
-        "trains%s; the lr schedule restarts at the change",
+        "LP-FT (model.lp_epochs=%g): steps 1-%d train the head alone on the frozen network (peak lr %g), then the "
+        "whole network trains%s; the lr schedule restarts at the change",
         cfg.model.lp_epochs,
         min(lp_steps, total),
+        lp_ft_lr(cfg) or cfg.lr,
         f" (steps {lp_steps + 1}-{total})" if lp_steps < total else ": never in this run, which ends first",
     )
     if not cfg.model.pretrained:

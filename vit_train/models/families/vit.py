@@ -106,6 +106,10 @@ class ViT(ModelConfig):
     # probe, its dropout and drop path off), then the whole network trains from that head; the lr schedule (warmup
     # included) restarts at the change. 0 = off (the whole network from the start)
     lp_epochs: float = 0.0
+    # the peak lr of LP-FT's head-alone stage, scaled by optim.lr_base_batch as optim.lr is; null = optim.lr's. A probe
+    # learns at a higher rate than a fine-tune (MAE's linear probe: 0.1 x batch / 256 with LARS), so one lr serves
+    # one stage badly
+    lp_lr: float | None = None
     grad_checkpointing: bool = (
         False  # recompute each block's activations in backward (timm's name): less memory, ~1/3 more compute
     )
@@ -157,6 +161,19 @@ class ViT(ModelConfig):
             f"model.lp_epochs trains the head alone first, then the whole network, which model.trainable="
             f"{self.trainable} keeps frozen: set model.trainable=all (or model.lp_epochs=0 for a linear probe)",
         )
+        if self.lp_lr is not None:
+            require(self.lp_lr > 0, f"model.lp_lr must be > 0 (or null for optim.lr's), got {self.lp_lr:g}")
+            require(
+                self.lp_epochs > 0,
+                f"model.lp_lr={self.lp_lr:g} is the lr of LP-FT's head-alone stage, which model.lp_epochs=0 does not "
+                f"have: set model.lp_epochs, or drop model.lp_lr",
+            )
+            low = getattr(cfg.schedule, "min_lr", 0.0)
+            require(
+                self.lp_lr * cfg.lr / cfg.optim.lr >= low,
+                f"model.lp_lr ({self.lp_lr:g}{' after batch scaling' if cfg.optim.lr_base_batch else ''}) must be at "
+                f"least schedule.min_lr ({low:g})",
+            )
         t = cfg.trainer
         require(
             not (self.lp_epochs and t.compile and t.compile_scope == "step"),
