@@ -32,8 +32,6 @@ from vit_train.checkpoint import (
 from vit_train.config import Config
 from vit_train.data.loaders import Data
 from vit_train.data.mix import BatchMix
-from vit_train.errors import ConfigError
-from vit_train.models.probe import set_probing
 from vit_train.objectives.base import Loss, Objective, state_fingerprint
 from vit_train.objectives.weights_in import load_pretrained
 from vit_train.outputs.metrics import EarlyRecords, NullLogger, RunLogger
@@ -46,6 +44,7 @@ from vit_train.schema.sections import ModelConfig
 from vit_train.train import sharding
 from vit_train.train.compiled_step import CompiledStep
 from vit_train.train.compiling import compile_scope, evaluators
+from vit_train.train.lp_ft import lp_ft_lr, lp_ft_steps, start_lp_ft
 from vit_train.train.optim import build_optimizer, build_scheduler
 from vit_train.train.resume import check_data_position, cli_value, config_changes
 from vit_train.train.skips import SkippedSteps, skips_on_device
@@ -279,58 +278,6 @@ def _build_run(
         callbacks=callbacks,
         lp_steps=lp_steps,
     )
-
-
-def lp_ft_steps(cfg: Config, steps_per_epoch: int, ckpt: dict | None) -> int:
-    """LP-FT's probe stage in steps (model.lp_epochs x the epoch's steps; 0 = off). Raises ConfigError for
-    lp_epochs shorter than one step, and for a resume whose data.batch_size differs from the checkpoint's (the
-    epochs would count other steps: the change would move, silently re-freezing a network that fine-tunes)."""
-    epochs = getattr(cfg.model, "lp_epochs", 0.0)
-    steps = round(epochs * steps_per_epoch)
-    if epochs and not steps:
-        raise ConfigError(
-            f"model.lp_epochs={epochs:g} is {epochs * steps_per_epoch:.2g} of a step ({steps_per_epoch} steps an "
-            f"epoch): give at least {1 / steps_per_epoch:.2g}, or 0 for no probe stage"
-        )
-    saved = ckpt["config"].get("data", {}).get("batch_size") if ckpt else None
-    if steps and saved is not None and saved != cfg.data.batch_size:
-        raise ConfigError(
-            f"model.lp_epochs={epochs:g} counts epochs of data.batch_size={saved} in this run: resumed with "
-            f"data.batch_size={cfg.data.batch_size} its change from the head alone to the whole network would "
-            f"move; resume with data.batch_size={saved}"
-        )
-    return steps
-
-
-def lp_ft_lr(cfg: Config) -> float | None:
-    """LP-FT's head-alone peak lr: model.lp_lr scaled as optim.lr is (optim.lr_base_batch); None = cfg.lr's."""
-    lp_lr = getattr(cfg.model, "lp_lr", None)
-    return None if lp_lr is None else lp_lr * cfg.lr / cfg.optim.lr
-
-
-def start_lp_ft(model: nn.Module, cfg: Config, ctx: distributed.Context, step: int, lp_steps: int, total: int) -> None:
-    """LP-FT (model.lp_epochs): `model` (the network the weights load into) in the stage of the step after `step`,
-    the plan said once. Raises ConfigError under several processes (DDP reduces the gradients of the parameters
-    that train when it is made, so the change would leave the encoder's unreduced)."""
-    if ctx.enabled:
-        raise ConfigError(
-            "model.lp_epochs (LP-FT) runs in one process: DDP reduces only the parameters that train when it is "
-            "made, so the network's would go unreduced after the change; run it without torchrun, or set "
-            "model.lp_epochs=0"
-        )
-    set_probing(model, step < lp_steps)
-    if not ctx.is_main or step:
-        return
-    log.info(
-        "LP-FT (model.lp_epochs=%g): steps 1-%d train the head alone on the frozen network (peak lr %g), then the "
-        "whole network trains%s; the lr schedule restarts at the change",
-        cfg.model.lp_epochs,
-        min(lp_steps, total),
-        lp_ft_lr(cfg) or cfg.lr,
-        f" (steps {lp_steps + 1}-{total})" if lp_steps < total else ": never in this run, which ends first",
-    )
-    if not cfg.model.pretrained:
-        log.warning("model.lp_epochs probes the features of pre-trained weights, but model.pretrained is not set")
 
 
 def build_ema(model: nn.Module, decay: float | None) -> AveragedModel | None:

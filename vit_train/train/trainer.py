@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -34,7 +33,6 @@ from vit_train.checkpoint import (
 )
 from vit_train.config import Config
 from vit_train.errors import RunStopped, UserError
-from vit_train.models.probe import set_probing
 from vit_train.objectives.base import unsaved_state
 from vit_train.outputs import rundir
 from vit_train.outputs.metrics import output_error, results_summary, write_results
@@ -44,6 +42,7 @@ from vit_train.runtime.preemption import CompileInterrupted, StopRequest
 from vit_train.train import sharding
 from vit_train.train.batches import batches
 from vit_train.train.evaluation import evaluate
+from vit_train.train.lp_ft import fine_tune_all, lp_ft_results
 from vit_train.train.resume import (
     check_compatible,
     complete_interrupted_save,
@@ -218,23 +217,6 @@ def eval_due(run: Run) -> bool:
     return due(state.step, every) if every else state.batch_in_epoch == 0
 
 
-def fine_tune_all(run: Run) -> None:
-    """LP-FT's change (model.lp_epochs): from this step the whole network trains, from the probe's head."""
-    set_probing(run.cfg.objective.pretrained_target(run.model), False)
-    probe = run.state.last_eval if run.state.last_eval and run.state.last_eval["step"] == run.lp_steps else None
-    log.info(
-        "LP-FT: the head trained alone for %d steps%s; the whole network trains from step %d",
-        run.lp_steps,
-        f" (val {probe_text(run, probe)})" if probe else "",
-        run.state.step,
-    )
-
-
-def probe_text(run: Run, evaluation: dict[str, Any]) -> str:
-    """The model's score in `evaluation` (TrainState.last_eval) as the log shows it, e.g. "top1 61.2"."""
-    return f"{evaluation['metric']} {evaluation['model']:.4g}"
-
-
 def eval_pending(run: Run) -> bool:
     """Whether the resumed step was due an evaluation that a stop signal left undone (`evaluate_and_save`);
     the last step's is done by the finished-run path of `loop`."""
@@ -362,21 +344,6 @@ def results(run: Run, status: str, error: str | None = None, stop_reason: str | 
         tags=list(run.cfg.tags),
         stop_reason=stop_reason,
     ) | (lp_ft_results(run) if run.lp_steps else {})
-
-
-def lp_ft_results(run: Run) -> dict[str, Any]:
-    """results.json's record of LP-FT's two stages: `lp_steps` (the head alone), `lp_score` (the objective's metric
-    of the val evaluation at that step, from metrics.jsonl, which keeps each row once across resumes; null before
-    it), `ft_steps` (the whole network's steps so far)."""
-    metric, score = run.cfg.objective.metric, None
-    rows = run.run_dir / "metrics.jsonl"
-    if run.ctx.is_main and rows.is_file():
-        for line in rows.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError, AttributeError):  # a torn last line
-                row = json.loads(line)
-                if row.get("split") == "val" and row.get("step") == run.lp_steps:
-                    score = row.get(metric)
-    return {"lp_steps": run.lp_steps, "lp_score": score, "ft_steps": max(0, run.state.step - run.lp_steps)}
 
 
 def finish(run: Run, status: str, stop_reason: str | None = None) -> dict[str, Any]:
