@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import random
@@ -57,6 +58,8 @@ PROBE = ["model.trainable=head", "optim.weight_decay=0"]  # a linear probe as do
 # the probe's lr (and LP-FT's first stage's, model.lp_lr): of 2e-3 (the fine-tune's), 2e-2 and 1e-1, the best probe on
 # seed 0's encoder (22.0, 31.7, 35.9 top-1); a probe learns at a higher rate than a fine-tune (MAE: 0.1 x batch / 256)
 PROBE_LR = 1e-1
+# keys the script sets on every labelled row: a recipe that set one would change the rows' encoder or images silently
+SCRIPT_KEYS = ("model.pretrained", "seed", "data.seed", "data.root", "data.train_size", "data.val_size", "data")
 TITLES = {
     "pretrain": "MAE pre-training",
     "probe": "linear probe of the MAE encoder",
@@ -73,7 +76,8 @@ SMOKE = {"unlabelled": 256, "labelled": 40, "pretrain_epochs": 1, "finetune_epoc
          "val_size": 100, "pretrain_val_size": 64, "seeds": "0"}
 # the row each row's "over scratch" subtracts: the recipe's is its own command from a random initialisation
 SCRATCH_OF = {"recipe": "recipe_scratch"}
-SMOKE_RECIPE_STEPS = 2  # --smoke caps the recipe's run (whose epochs its experiment may set) at this many steps
+SMOKE_RECIPE_STEPS = 2  # --smoke caps a recipe's run of the fine-tune's command at this many steps (fit_recipe: one
+# with its own experiment runs two epochs)
 
 
 class Refused(Exception):
@@ -116,8 +120,14 @@ def parse_args() -> argparse.Namespace:
         if getattr(args, key) < 1:
             parser.error(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
     args.recipe = shlex.split(args.recipe) if args.recipe else None
-    if args.probe_lr <= 0:
-        parser.error(f"--probe-lr must be > 0, got {args.probe_lr:g}")
+    for word in args.recipe or []:
+        key = word.split("=", 1)[0].lstrip("+~")
+        if key in SCRIPT_KEYS or key.startswith("hydra."):
+            parser.error(f"--recipe sets {key}, which the script gives each row (the encoder, the labelled and val "
+                         f"images, the seed, the run directory): drop it from --recipe")
+    if not 1e-5 <= args.probe_lr < math.inf:
+        parser.error(f"--probe-lr must be a finite number of at least 1e-05 (the runs' schedule.min_lr), got "
+                     f"{args.probe_lr:g}")
     if args.folder:  # the folder's own val images; the pre-training's count is the folder's (main)
         args.val_size = args.pretrain_val_size = None
     return args
@@ -187,7 +197,7 @@ def commands(args: argparse.Namespace, seed: int, out: Path, labelled_root: Path
     batch = min(64, args.labelled)
     training = [f"data.batch_size={batch}", "schedule.warmup_epochs=1", f"trainer.eval_every={-(-args.labelled // batch) * 5}"]
     finetune = [*labelled, *training, "optim.lr=2e-3", f"trainer.epochs={args.finetune_epochs}"]
-    probe = [*labelled, *training, f"optim.lr={args.probe_lr:g}", f"trainer.epochs={args.finetune_epochs}"]
+    probe = [*labelled, *training, f"optim.lr={args.probe_lr!r}", f"trainer.epochs={args.finetune_epochs}"]
     encoder = f"model.pretrained={pretrain or out / 'pretrain'}"
     plan = {
         "pretrain": ["objective=mae", *unlabelled, f"data.batch_size={min(64, args.unlabelled)}", "optim.lr=2e-3",
@@ -195,38 +205,126 @@ def commands(args: argparse.Namespace, seed: int, out: Path, labelled_root: Path
         "probe": [*probe, encoder, *PROBE],
         "finetune": [*finetune, encoder],
         "lp_ft": [*labelled, *training, "optim.lr=2e-3", f"trainer.epochs={args.lp_epochs + args.finetune_epochs}", encoder,
-                  f"model.lp_epochs={args.lp_epochs}", f"model.lp_lr={args.probe_lr:g}"],
+                  f"model.lp_epochs={args.lp_epochs}", f"model.lp_lr={args.probe_lr!r}"],
     }
     if args.recipe:
         own = any(word.startswith("experiment=") for word in args.recipe)
-        cap = [f"trainer.max_steps={SMOKE_RECIPE_STEPS}"] if args.smoke else []
-        plan["recipe"] = [*(labelled if own else finetune), encoder, *args.recipe, *cap]
+        words = [*(labelled if own else finetune), encoder, *args.recipe]
+        if own:  # the recipe's own batch and epochs, fitted to the labelled images (and to --smoke)
+            words += fit_recipe(args, words)
+        elif args.smoke:
+            words.append(f"trainer.max_steps={SMOKE_RECIPE_STEPS}")
+        plan["recipe"] = words
         plan["recipe_scratch"] = [word for word in plan["recipe"] if word != encoder]
     plan["scratch"] = finetune
     return {name: [*argv, f"hydra.run.dir={out / name}"] for name, argv in plan.items()}
 
 
+def fit_recipe(args: argparse.Namespace, words: list[str]) -> list[str]:
+    """The words a recipe with its own experiment gets after its own: data.batch_size=<--labelled> where the
+    recipe's batch is larger than the labelled images (a batch cannot hold more images than the training set), and
+    with --smoke two epochs, one of them LP-FT's head alone where the recipe has that stage (both stages run).
+    Raises Refused when the words do not compose (the composer's own message)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from vit_train.cli.train import _config_dir  # also registers the schema node train.yaml lists first
+
+    try:
+        with initialize_config_dir(config_dir=str(_config_dir()), version_base="1.3"):
+            cfg = OmegaConf.to_container(compose("train", overrides=[w for w in words if not w.startswith("hydra.")]))
+    except Exception as e:  # Hydra's and OmegaConf's errors: an unknown recipe, key or value
+        raise Refused(f"--recipe {shlex.join(args.recipe or [])}: {str(e).splitlines()[0]}") from None
+    assert isinstance(cfg, dict)
+    extra = [f"data.batch_size={args.labelled}"] if cfg["data"]["batch_size"] > args.labelled else []
+    if args.smoke:
+        extra += ["trainer.epochs=2", *(["model.lp_epochs=1"] if cfg["model"].get("lp_epochs") else [])]
+    return extra
+
+
 def earlier_pretrain(earlier: Path, seed: int, argv: list[str]) -> dict:
-    """--pretrained-from: seed `seed`'s pre-training as `earlier`/table.json records it (its command, results.json
-    and seconds, and `read_from`). Raises Refused where that run is missing or was not completed, or its command
-    differs from `argv` (this run's, hydra.run.dir aside): an encoder of other images or sizes would be compared
-    silently."""
+    """--pretrained-from: seed `seed`'s pre-training in `earlier` (its command, results.json and seconds, and
+    `read_from`): as earlier/table.json records it, or, where the earlier script stopped before writing one, as
+    its run directory holds it (Hydra's .hydra/overrides.yaml, results.json; the seconds its results.json gives).
+    Raises Refused where that run is missing or was not completed, or its command differs from `argv` (this run's,
+    hydra.run.dir aside): an encoder of other images or sizes would be compared silently."""
+    here = earlier / f"seed_{seed}" / "pretrain"
     try:
         record = json.loads((earlier / "table.json").read_text())["runs"][str(seed)]["pretrain"]
     except (OSError, ValueError, KeyError, TypeError):
-        raise Refused(f"--pretrained-from {earlier}: no pre-training of seed {seed} recorded in "
-                      f"{earlier / 'table.json'}; give an --out of an earlier run with that seed") from None
+        record = run_directory(here)
+    if record is None:
+        raise Refused(f"--pretrained-from {earlier}: no pre-training of seed {seed} there ({here} holds no run that "
+                      f"mae_demo.py started); give the --out of an earlier run with seed {seed}")
     given, wanted = record["command"][1:-1], argv[:-1]
     if given != wanted:
-        differ = sorted(set(given) ^ set(wanted))
-        raise Refused(f"--pretrained-from {earlier}: seed {seed}'s pre-training ran with other words than this run "
-                      f"would give ({', '.join(differ)}); give the sizes it ran with, or drop --pretrained-from")
+        then, now = (dict(w.split("=", 1) for w in words if "=" in w) for words in (given, wanted))
+        differ = sorted(k for k in then.keys() | now.keys() if then.get(k) != now.get(k))
+        raise Refused(f"--pretrained-from {earlier}: seed {seed}'s pre-training ran with "
+                      f"{', '.join(f'{k}={then[k]}' if k in then else f'no {k}' for k in differ)}, where this run "
+                      f"gives {', '.join(f'{k}={now[k]}' if k in now else f'no {k}' for k in differ)}; give the "
+                      f"options that run had (--smoke, --unlabelled, --pretrain-epochs, --folder, --img-size, "
+                      f"--patch-size), or drop --pretrained-from")
     if record["results"].get("status") != "completed":
         raise Refused(f"--pretrained-from {earlier}: seed {seed}'s pre-training did not complete "
                       f"(status {record['results'].get('status')}); run it again")
-    print(f"$ (pretrain, seed {seed}: read from {earlier / f'seed_{seed}' / 'pretrain'}, "
-          f"{record['seconds']:.0f} s when it ran)", flush=True)
-    return {**record, "read_from": str(earlier / f"seed_{seed}" / "pretrain")}
+    here = Path(record.get("read_from") or here)  # an earlier --pretrained-from's: the run it read
+    saved = saved_differences(here, given, record["results"])
+    if saved:
+        raise Refused(f"--pretrained-from {earlier}: seed {seed}'s pre-training in {here} changed after it ran "
+                      f"({saved}); the table would show another encoder's numbers: run it again, or give an "
+                      f"--out whose pre-training is as it ran")
+    return {**record, "read_from": str(here)}
+
+
+def saved_differences(run_dir: Path, words: list[str], results: dict) -> str:
+    """How the weights a labelled row would load (run_dir's checkpoints/best.pt, what model.pretrained=<run_dir>
+    reads) differ from the run `words` and `results` describe: another step than results' best_step, or a saved
+    config key other than a word's (a group's word, e.g. objective=mae, is its section's name); "" where none."""
+    import yaml
+
+    from vit_train.checkpoint.files import read_archive
+
+    try:
+        ckpt = read_archive(run_dir / "checkpoints" / "best.pt")
+    except Exception as e:  # a missing or unreadable file: torch's and the OS's errors
+        return f"its checkpoints/best.pt cannot be read: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    config, differ = ckpt.get("config") or {}, []
+    for word in words:
+        key, _, text = word.partition("=")
+        value: object = config
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, dict):  # a group's word names its option
+            value = value.get("name")
+        wanted = yaml.safe_load(text)
+        if isinstance(wanted, str):  # YAML 1.1 reads 2e-3 as a string; the command line's parser, as a number
+            try:
+                wanted = float(wanted)
+            except ValueError:
+                pass
+        if value != wanted:
+            differ.append(f"{key}={value} in the checkpoint, {text} in the command")
+    if results.get("best_step") is not None and ckpt.get("step") != results["best_step"]:
+        differ.append(f"best.pt is at step {ckpt.get('step')}, the results' best at step {results['best_step']}")
+    return "; ".join(differ)
+
+
+def run_directory(run_dir: Path) -> dict | None:
+    """A run's command, results.json and seconds as its directory holds them (Hydra's .hydra/overrides.yaml: the
+    command line's words, hydra.* aside, so hydra.run.dir=run_dir is added; results.json's
+    wall_seconds_all_attempts); None without both files."""
+    import yaml
+
+    try:
+        words = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+        results = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    if not isinstance(words, list) or not isinstance(results, dict):
+        return None
+    return {"command": ["vit-train", *map(str, words), f"hydra.run.dir={run_dir}"], "results": results,
+            "seconds": results.get("wall_seconds_all_attempts") or 0.0}
 
 
 def run(name: str, args: list[str], seed: int) -> dict:
@@ -237,9 +335,22 @@ def run(name: str, args: list[str], seed: int) -> dict:
     started = time.time()
     subprocess.run([sys.executable, "-m", "vit_train", *args], check=True, stdout=subprocess.DEVNULL, env=env)
     seconds = time.time() - started
-    results = json.loads((Path(args[-1].split("=", 1)[1]) / "results.json").read_text())
+    run_dir = Path(args[-1].split("=", 1)[1])
+    results = json.loads((run_dir / "results.json").read_text())
     print(f"  {name} (seed {seed}): {seconds:.0f} s", flush=True)
+    for warning in warnings_of(run_dir):
+        print(f"  warning: {warning}", flush=True)
     return {"command": ["vit-train", *args], "results": results, "seconds": seconds}
+
+
+def warnings_of(run_dir: Path) -> list[str]:
+    """The run's warnings as its train.log has them, each once, in order (the script hides vit-train's output: a run
+    at a size the images do not have, or whose LP-FT stage never ends, says so there)."""
+    try:
+        lines = (run_dir / "train.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return list(dict.fromkeys(line.split("[WARNING] ", 1)[1] for line in lines if "[WARNING] " in line))
 
 
 def rows(runs: dict[int, dict[str, dict]], seeds: list[int], labelled: int, unlabelled: str,
@@ -324,6 +435,10 @@ def main() -> int:
     try:
         if args.folder:
             args.unlabelled = unlabelled_images(Path(args.folder))
+        earlier = Path(args.pretrained_from) if args.pretrained_from else None
+        # every seed's earlier pre-training read and checked before any run
+        reused = {seed: earlier_pretrain(earlier, seed, commands(args, seed, out / f"seed_{seed}", None)["pretrain"])
+                  for seed in args.seeds} if earlier else {}
         for seed in args.seeds:
             here = out / f"seed_{seed}"
             labelled_root = None
@@ -334,10 +449,15 @@ def main() -> int:
                       f"({', '.join(f'{k} {n}' for k, n in choices[seed]['per_class'].items())}), linked under "
                       f"{labelled_root} (data=imagefolder reads whole folders); the list is in "
                       f"{out / 'table.json'}", flush=True)
-            earlier = Path(args.pretrained_from) if args.pretrained_from else None
-            plan = commands(args, seed, here, labelled_root, earlier / f"seed_{seed}" / "pretrain" if earlier else None)
-            runs[seed] = {name: earlier_pretrain(earlier, seed, argv) if earlier and name == "pretrain"
-                          else run(name, argv, seed) for name, argv in plan.items()}
+            plan = commands(args, seed, here, labelled_root, Path(reused[seed]["read_from"]) if earlier else None)
+            runs[seed] = {}
+            for name, argv in plan.items():
+                if name == "pretrain" and seed in reused:
+                    runs[seed][name] = reused[seed]
+                    print(f"$ (pretrain, seed {seed}: read from {reused[seed]['read_from']}, "
+                          f"{reused[seed]['seconds']:.0f} s when it ran)", flush=True)
+                else:
+                    runs[seed][name] = run(name, argv, seed)
     except Refused as e:
         print(f"mae_demo.py: error: {e}", file=sys.stderr)
         return 2

@@ -226,20 +226,43 @@ def test_what_the_script_refuses_is_one_line_before_any_run(tmp_path, image_fold
     assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(said.format(root=image_folder)), done.stderr
 
 
+def saved_run(run_dir: Path, words: list[str], step: int = 4) -> None:
+    """A made-up checkpoints/best.pt at `step` whose saved config holds `words` (hydra.* aside), as vit-train saves it."""
+    import torch
+    import yaml
+
+    config: dict = {}
+    for word in words:
+        key, _, text = word.partition("=")
+        if key.startswith("hydra."):
+            continue
+        *parents, last = key.split(".") if "." in key else [key, "name"] if key in ("objective", "data") else [key]
+        node = config
+        for part in parents:
+            node = node.setdefault(part, {})
+        value = yaml.safe_load(text)
+        node[last] = float(value) if isinstance(value, str) and value[:1].isdigit() else value
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    torch.save({"config": config, "step": step}, run_dir / "checkpoints" / "best.pt")
+
+
 def earlier_out(tmp_path: Path, command: list[str], status: str = "completed") -> Path:
-    """A made-up earlier --out whose table.json records seed 0's pre-training with `command`."""
+    """A made-up earlier --out whose table.json records seed 0's pre-training with `command`, and its best.pt."""
     earlier = tmp_path / "earlier"
     earlier.mkdir()
-    run = {"command": ["vit-train", *command], "results": {"status": status, "final_loss": 0.5}, "seconds": 12.0}
+    run = {"command": ["vit-train", *command], "results": {"status": status, "final_loss": 0.5, "best_step": 4},
+           "seconds": 12.0}
     (earlier / "table.json").write_text(json.dumps({"runs": {"0": {"pretrain": run}}}))
+    saved_run(earlier / "seed_0" / "pretrain", command)
     return earlier
 
 
 @pytest.mark.parametrize("change, said", [
-    (None, "no pre-training of seed 1 recorded in {earlier}/table.json; give an --out of an earlier run with that seed"),
-    ("data.train_size=10000", "seed 0's pre-training ran with other words than this run would give "
-                              "(data.train_size=10000, data.train_size=256); give the sizes it ran with, or drop "
-                              "--pretrained-from"),
+    (None, "no pre-training of seed 1 there ({earlier}/seed_1/pretrain holds no run that mae_demo.py started); give the "
+           "--out of an earlier run with seed 1"),
+    ("data.train_size=10000", "seed 0's pre-training ran with data.train_size=10000, where this run gives "
+                              "data.train_size=256; give the options that run had (--smoke, --unlabelled, "
+                              "--pretrain-epochs, --folder, --img-size, --patch-size), or drop --pretrained-from"),
     ("interrupted", "seed 0's pre-training did not complete (status interrupted); run it again"),
 ])
 def test_pretrained_from_reads_only_the_pre_training_this_run_would_give(tmp_path, monkeypatch, change, said):
@@ -259,6 +282,113 @@ def test_pretrained_from_reads_only_the_pre_training_this_run_would_give(tmp_pat
     if change is None:  # the same words read back, with where from
         read = script.earlier_pretrain(earlier, 0, wanted)
         assert read["seconds"] == 12.0 and read["read_from"] == str(earlier / "seed_0" / "pretrain")
+
+
+def test_pretrained_from_reads_a_run_directory_where_the_earlier_script_wrote_no_table(tmp_path, monkeypatch):
+    """An earlier script that stopped (a later row failed) wrote no table.json: the pre-training's run directory
+    (Hydra's .hydra/overrides.yaml, results.json) is read instead, and checked the same way."""
+    script = load_script()
+    monkeypatch.setattr(sys, "argv", ["mae_demo.py", "--smoke"])
+    args = script.parse_args()
+    earlier = tmp_path / "earlier"
+    wanted = script.commands(args, 0, earlier / "seed_0", None)["pretrain"]
+    run = earlier / "seed_0" / "pretrain"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {w}\n" for w in wanted[:-1]))
+    (run / "results.json").write_text(json.dumps({"status": "completed", "wall_seconds_all_attempts": 7.5}))
+    saved_run(run, wanted)
+    read = script.earlier_pretrain(earlier, 0, wanted)
+    assert read["command"] == ["vit-train", *wanted] and read["seconds"] == 7.5 and read["read_from"] == str(run)
+    (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {w}\n" for w in wanted[:-2]))  # one word fewer
+    with pytest.raises(script.Refused, match=r"ran with no schedule.warmup_epochs, where this run gives schedule.warmup_epochs=0.5;"):
+        script.earlier_pretrain(earlier, 0, wanted)
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"trainer.epochs": 2}, "trainer.epochs=2 in the checkpoint, 1 in the command"),  # resumed for longer
+    ({"step": 8}, "best.pt is at step 8, the results' best at step 4"),
+    ({"file": None}, "its checkpoints/best.pt cannot be read"),
+])
+def test_a_pre_training_changed_after_it_ran_is_refused(tmp_path, monkeypatch, change, said):
+    """The weights a labelled row loads (best.pt) must be the run the record describes: one resumed for longer
+    since, or rewritten, would put another encoder's numbers in the table."""
+    script = load_script()
+    monkeypatch.setattr(sys, "argv", ["mae_demo.py", "--smoke"])
+    wanted = script.commands(script.parse_args(), 0, tmp_path / "now", None)["pretrain"]
+    earlier = earlier_out(tmp_path, wanted)
+    run = earlier / "seed_0" / "pretrain"
+    if "file" in change:
+        (run / "checkpoints" / "best.pt").unlink()
+    else:
+        words = [w.replace("trainer.epochs=1", "trainer.epochs=2") if "trainer.epochs" in change else w for w in wanted]
+        saved_run(run, words, step=change.get("step", 4))
+    with pytest.raises(script.Refused, match=rf"seed 0's pre-training in {re.escape(str(run))} changed after it ran "
+                                             rf"\({re.escape(said)}.*\); the table would show another encoder's"):
+        script.earlier_pretrain(earlier, 0, wanted)
+
+
+def test_a_chain_of_pretrained_from_reads_the_run_that_ran(tmp_path, monkeypatch):
+    """An --out made with --pretrained-from holds no pre-training run: its table records where it read one, and a
+    later --pretrained-from of that --out reads there."""
+    script = load_script()
+    monkeypatch.setattr(sys, "argv", ["mae_demo.py", "--smoke"])
+    wanted = script.commands(script.parse_args(), 0, tmp_path / "now", None)["pretrain"]
+    first = earlier_out(tmp_path, wanted)
+    second = tmp_path / "second"
+    second.mkdir()
+    record = json.loads((first / "table.json").read_text())
+    record["runs"]["0"]["pretrain"]["read_from"] = str(first / "seed_0" / "pretrain")
+    (second / "table.json").write_text(json.dumps(record))
+    assert script.earlier_pretrain(second, 0, wanted)["read_from"] == str(first / "seed_0" / "pretrain")
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--recipe", "experiment=imagefolder_mae_few_labels model.pretrained=/elsewhere"], "--recipe sets model.pretrained"),
+    (["--recipe", "data.root=/other seed=3"], "--recipe sets data.root"),
+    (["--recipe", "hydra.run.dir=x"], "--recipe sets hydra.run.dir"),
+    (["--probe-lr", "nan"], "--probe-lr must be a finite number of at least 1e-05 (the runs' schedule.min_lr), got nan"),
+    (["--probe-lr", "1e-6"], "--probe-lr must be a finite number of at least 1e-05 (the runs' schedule.min_lr), got 1e-06"),
+])
+def test_what_the_script_sets_itself_and_a_probe_lr_it_cannot_run_are_refused(tmp_path, argv, said):
+    done = demo("--out", str(tmp_path / "demo"), *argv, cwd=tmp_path, timeout=60)
+    assert done.returncode == 2 and said in done.stderr.splitlines()[-1] and "$ vit-train" not in done.stdout, done.stderr
+
+
+def test_the_probe_lr_is_given_exactly(tmp_path, monkeypatch):
+    script = load_script()
+    monkeypatch.setattr(sys, "argv", ["mae_demo.py", "--probe-lr", "0.0123456789"])
+    plan = script.commands(script.parse_args(), 0, tmp_path, None)
+    assert "optim.lr=0.0123456789" in plan["probe"] and "model.lp_lr=0.0123456789" in plan["lp_ft"]
+
+
+@pytest.mark.parametrize("argv, extra", [
+    (["--smoke"], ["data.batch_size=40", "trainer.epochs=2", "model.lp_epochs=1"]),  # 40 images; both stages
+    (["--labelled", "50"], ["data.batch_size=50"]),
+    ([], []),  # 500 labelled images hold the recipe's batch of 64; its own epochs
+])
+def test_a_recipe_with_its_own_experiment_is_fitted_to_the_labelled_images(tmp_path, monkeypatch, argv, extra):
+    script = load_script()
+    monkeypatch.setattr(sys, "argv", ["mae_demo.py", *argv, "--recipe", "experiment=imagefolder_mae_few_labels"])
+    plan = script.commands(script.parse_args(), 0, tmp_path, None)
+    recipe = plan["recipe"]
+    assert recipe[recipe.index("experiment=imagefolder_mae_few_labels") + 1:-1] == extra
+    assert plan["recipe_scratch"][-len(extra) - 1:-1] == extra if extra else True
+
+
+def test_a_recipe_that_does_not_compose_is_one_line(tmp_path, monkeypatch):
+    script = load_script()
+    monkeypatch.setattr(sys, "argv", ["mae_demo.py", "--recipe", "experiment=no_such_recipe"])
+    with pytest.raises(script.Refused, match=r"^--recipe experiment=no_such_recipe: .*no_such_recipe"):
+        script.commands(script.parse_args(), 0, tmp_path, None)
+
+
+def test_each_runs_warnings_are_shown_once(tmp_path):
+    script = load_script()
+    (tmp_path / "train.log").write_text("[t][INFO] fine\n[t][WARNING] the images are far smaller than the model's "
+                                        "input\n[t][WARNING] the images are far smaller than the model's input\n"
+                                        "[t][WARNING] LP-FT never ends\n")
+    assert script.warnings_of(tmp_path) == ["the images are far smaller than the model's input", "LP-FT never ends"]
+    assert script.warnings_of(tmp_path / "missing") == []
 
 
 def test_a_folder_that_is_not_empty_is_refused(tmp_path):

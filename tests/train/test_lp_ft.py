@@ -127,15 +127,25 @@ def test_a_run_killed_on_either_side_of_the_change_resumes_as_the_uninterrupted_
     ({"model": {"lp_epochs": 1}, "objective": {"name": "mae"}},
      "model.lp_epochs (LP-FT) fine-tunes a classifier from a probe of its head; objective=mae pre-trains an encoder "
      "without one: set model.lp_epochs=0 here, and give it to the fine-tuning run (model.pretrained=<this run>)"),
+    ({"model": {"lp_epochs": 2}, "trainer": {"epochs": 2}},
+     "model.lp_epochs=2 is not shorter than trainer.epochs=2: the whole network would never train, a linear probe "
+     "without the probe's BatchNorm; raise trainer.epochs or lower model.lp_epochs (for a probe: model.trainable=head "
+     "model.lp_epochs=0)"),
     ({"model": {"lp_lr": 1e-2}},
      "model.lp_lr=0.01 is the lr of LP-FT's head-alone stage, which model.lp_epochs=0 does not have: set "
      "model.lp_epochs, or drop model.lp_lr"),
-    ({"model": {"lp_epochs": 1, "lp_lr": 0}}, "model.lp_lr must be > 0 (or null for optim.lr's), got 0"),
+    ({"model": {"lp_epochs": 1, "lp_lr": 0}}, "model.lp_lr must be a finite number > 0 (or null for optim.lr's), got 0"),
+    ({"model": {"lp_epochs": 1, "lp_lr": float("inf")}},
+     "model.lp_lr must be a finite number > 0 (or null for optim.lr's), got inf"),
+    ({"model": {"lp_epochs": 1, "lp_lr": 1e300}},
+     "model.lp_lr must be a finite number > 0 (or null for optim.lr's), got 1e+300"),
+    ({"model": {"lp_epochs": 1, "lp_lr": float("nan")}},
+     "model.lp_lr must be a finite number > 0 (or null for optim.lr's), got nan"),
     ({"model": {"lp_epochs": 1, "lp_lr": 1e-6}, "schedule": {"min_lr": 1e-5}},
      "model.lp_lr (1e-06) must be at least schedule.min_lr (1e-05)"),
     ({"model": {"lp_epochs": 1, "lp_lr": 1e-3}, "optim": {"lr": 1e-3, "lr_base_batch": 256}, "data": {"batch_size": 8},
       "schedule": {"min_lr": 1e-4}},
-     "model.lp_lr (0.001 after batch scaling) must be at least schedule.min_lr (0.0001)"),
+     "model.lp_lr (0.001, 3.125e-05 after batch scaling) must be at least schedule.min_lr (0.0001)"),
     ({"model": {"lp_epochs": 1}, "trainer": {"compile": True, "compile_scope": "step"}},
      "model.lp_epochs changes which parameters train mid-run, which trainer.compile_scope=step's one graph cannot "
      "follow; use trainer.compile_scope=model"),
@@ -165,6 +175,27 @@ def test_a_resume_with_another_batch_size_is_refused_not_refrozen(pretrained, lp
                                           r"resumed with data.batch_size=16 its change from the head alone to the "
                                           r"whole network would move; resume with data.batch_size=32$"):
         train(cfg, tmp_path / "moved")
+
+
+def test_a_run_that_ends_in_the_probe_stage_says_so_and_records_the_steps_it_ran(pretrained, tmp_path):
+    """trainer.max_steps before the change: a warning says the whole network never trains, and results.json counts
+    the probe's steps that ran (5 of the 8 planned), none of the whole network's, no probe score (no evaluation at 8)."""
+    results = train(tiny_config(**{**sections(pretrained), "trainer": {**TRAINER, "max_steps": 5}}), tmp_path / "short")
+    assert (results["steps"], results["lp_steps"], results["ft_steps"], results["lp_score"]) == (5, 5, 0, None)
+    assert json.loads((tmp_path / "short" / "results.json").read_text())["lp_steps"] == 5
+    assert "[WARNING] LP-FT (model.lp_epochs=1): steps 1-5 train the head alone on the frozen network (peak lr 0.001), " \
+           "then the whole network trains: never in this run, which ends first, at step 5 (raise trainer.max_steps or " \
+           "trainer.epochs); the lr schedule restarts at the change" in (tmp_path / "short" / "train.log").read_text()
+
+
+def test_a_run_that_ends_in_the_probe_stage_keeps_lp_lr(pretrained, tmp_path):
+    """trainer.max_steps inside the probe stage: its curve runs to the run's end at model.lp_lr's peak (not optim.lr's),
+    warmup and cosine over the 5 steps that run, ending at schedule.min_lr."""
+    cfg = {**sections(pretrained, lp_lr=2e-2), "trainer": {**TRAINER, "max_steps": 5}, "schedule": {"warmup_epochs": 0.25}}
+    train(tiny_config(**cfg), tmp_path / "short")
+    lr = [row["lr"] for row in logged(tmp_path / "short", "train")]
+    assert len(lr) == 5 and lr[:2] == pytest.approx([1e-2, 2e-2], rel=1e-12) and max(lr) == pytest.approx(2e-2)
+    assert lr[-1] == pytest.approx(1e-5, rel=1e-9)
 
 
 def test_lp_epochs_shorter_than_a_step_is_refused_not_dropped(pretrained, tmp_path):

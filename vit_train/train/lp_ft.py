@@ -63,13 +63,16 @@ def start_lp_ft(model: nn.Module, cfg: Config, ctx: distributed.Context, step: i
     set_probing(model, step < lp_steps)
     if not ctx.is_main or step:
         return
-    log.info(
+    log.log(
+        logging.INFO if lp_steps < total else logging.WARNING,
         "LP-FT (model.lp_epochs=%g): steps 1-%d train the head alone on the frozen network (peak lr %g), then the "
         "whole network trains%s; the lr schedule restarts at the change",
         getattr(cfg.model, "lp_epochs", 0.0),
         min(lp_steps, total),
         lp_ft_lr(cfg) or cfg.lr,
-        f" (steps {lp_steps + 1}-{total})" if lp_steps < total else ": never in this run, which ends first",
+        f" (steps {lp_steps + 1}-{total})"
+        if lp_steps < total
+        else f": never in this run, which ends first, at step {total} (raise trainer.max_steps or trainer.epochs)",
     )
     if not cfg.model.pretrained:
         log.warning("model.lp_epochs probes the features of pre-trained weights, but model.pretrained is not set")
@@ -94,7 +97,7 @@ def probe_text(run: Run, evaluation: dict[str, Any]) -> str:
 
 
 def lp_ft_results(run: Run) -> dict[str, Any]:
-    """results.json's record of LP-FT's two stages: `lp_steps` (the head alone), `lp_score` (the objective's metric
+    """results.json's record of LP-FT's two stages: `lp_steps` (the steps that trained the head alone so far), `lp_score` (the objective's metric
     of the val evaluation at that step, from metrics.jsonl, which keeps each row once across resumes; null before
     it), `ft_steps` (the whole network's steps so far)."""
     metric, score = run.cfg.objective.metric, None
@@ -105,4 +108,8 @@ def lp_ft_results(run: Run) -> dict[str, Any]:
                 row = json.loads(line)
                 if row.get("split") == "val" and row.get("step") == run.lp_steps:
                     score = row.get(metric)
-    return {"lp_steps": run.lp_steps, "lp_score": score, "ft_steps": max(0, run.state.step - run.lp_steps)}
+    return {
+        "lp_steps": min(run.lp_steps, run.state.step),
+        "lp_score": score,
+        "ft_steps": max(0, run.state.step - run.lp_steps),
+    }

@@ -85,8 +85,8 @@ def build_scheduler(
     `start_step` from its current config: a run resumed with more epochs continues on the longer curve.
     `lr` is the peak rate (Config.lr), by default optim.lr; a group with an `lr_scale` (layer decay)
     follows the same curve times its scale, min_lr included (as timm and MAE do). `restart_at` (LP-FT's
-    change, model.lp_epochs, in steps; 0 = none): the steps before it follow the schedule over their own span, warmup
-    included, and the schedule starts again for the steps after it. `lp_lr`: the peak rate of the steps before it
+    change, model.lp_epochs, in steps; 0 = none): the steps before it follow the schedule over their own span (up to
+    `total_steps` where the run ends first), warmup included, and the schedule starts again for the steps after it. `lp_lr`: the peak rate of the steps before it
     (model.lp_lr, batch-scaled; None = `lr`), each group's times its lr_scale as after it.
     """
     lr = optim.lr if lr is None else lr
@@ -104,13 +104,14 @@ def build_scheduler(
         )
     for group in optimizer.param_groups:
         group["initial_lr"] = lr * group.get("lr_scale", 1.0)
-    if 0 < restart_at < total_steps:
-        first, rest = min(asked, restart_at), min(asked, total_steps - restart_at)
+    if restart_at > 0:  # a run that ends inside the probe stage (trainer.max_steps) has its curve up to the end
+        span = min(restart_at, total_steps)
+        first, rest = min(asked, span), min(asked, max(0, total_steps - restart_at))
         probe_lr = lr if lp_lr is None else lp_lr
 
         def factor(step: int) -> float:  # LambdaLR's step: the optimiser steps taken (0 for the first)
             if step < restart_at:
-                return cfg.factor(step, first, restart_at, probe_lr) * probe_lr / lr
+                return cfg.factor(step, first, span, probe_lr) * probe_lr / lr
             return cfg.factor(step - restart_at, rest, total_steps - restart_at, lr)
 
     else:

@@ -27,6 +27,7 @@ SHAPE = "the weights have another shape"
 BLOCK = re.compile(r"^blocks\.(\d+)\.")
 # The ViT's learned tokens and positions (timm's no_weight_decay(), reg_token included: timm issue #2712).
 EMBEDDINGS = ("pos_embed", "cls_token", "dist_token", "reg_token", "patch_embed.")
+FLOAT32_MAX = 3.4028234663852886e38  # the largest lr the optimiser's float32 tensors hold
 
 
 @dataclass
@@ -161,18 +162,27 @@ class ViT(ModelConfig):
             f"model.lp_epochs trains the head alone first, then the whole network, which model.trainable="
             f"{self.trainable} keeps frozen: set model.trainable=all (or model.lp_epochs=0 for a linear probe)",
         )
+        require(
+            not self.lp_epochs or self.lp_epochs < cfg.trainer.epochs,
+            f"model.lp_epochs={self.lp_epochs:g} is not shorter than trainer.epochs={cfg.trainer.epochs}: the whole "
+            f"network would never train, a linear probe without the probe's BatchNorm; raise trainer.epochs or lower "
+            f"model.lp_epochs (for a probe: model.trainable=head model.lp_epochs=0)",
+        )
         if self.lp_lr is not None:
-            require(self.lp_lr > 0, f"model.lp_lr must be > 0 (or null for optim.lr's), got {self.lp_lr:g}")
+            require(
+                0 < self.lp_lr <= FLOAT32_MAX,  # nan fails both; the optimiser's lr is a float32 on the device
+                f"model.lp_lr must be a finite number > 0 (or null for optim.lr's), got {self.lp_lr:g}",
+            )
             require(
                 self.lp_epochs > 0,
                 f"model.lp_lr={self.lp_lr:g} is the lr of LP-FT's head-alone stage, which model.lp_epochs=0 does not "
                 f"have: set model.lp_epochs, or drop model.lp_lr",
             )
-            low = getattr(cfg.schedule, "min_lr", 0.0)
+            low, scaled = getattr(cfg.schedule, "min_lr", 0.0), self.lp_lr * cfg.lr / cfg.optim.lr
             require(
-                self.lp_lr * cfg.lr / cfg.optim.lr >= low,
-                f"model.lp_lr ({self.lp_lr:g}{' after batch scaling' if cfg.optim.lr_base_batch else ''}) must be at "
-                f"least schedule.min_lr ({low:g})",
+                scaled >= low,
+                f"model.lp_lr ({self.lp_lr:g}{f', {scaled:g} after batch scaling' if scaled != self.lp_lr else ''}) "
+                f"must be at least schedule.min_lr ({low:g})",
             )
         t = cfg.trainer
         require(
