@@ -42,6 +42,7 @@ TINY_SCRIPT = {
                      "--pipeline-images": "0", "--precision": "fp32"},
     "bench_threads.py": {"--steps": "1", "--rounds": "1", "--busy": "0"},
     "bench_startup.py": {"--runs": "1"},
+    "shapes_folder.py": {"--train": "100", "--val": "20"},
     "mae_demo.py": {"--unlabelled": "64", "--labelled": "64", "--pretrain-epochs": "1", "--finetune-epochs": "1",
                     "--lp-epochs": "1", "--seeds": "0"},
 }

@@ -416,3 +416,14 @@ def test_a_recipe_with_an_experiment_keeps_its_training_keys_and_one_without_add
     base = [a for a in finetune[:-1] if a not in training] if own else finetune[:-1]
     assert plan["recipe"] == [*base, *words, f"hydra.run.dir={tmp_path / 'recipe'}"]
     assert f"model.pretrained={tmp_path / 'pretrain'}" in base and "data.train_size=500" in base and "seed=3" in base
+
+
+def test_the_commands_docs_mae_shows_for_seed_0_are_the_scripts(monkeypatch):
+    """docs/mae.md's block of seed 0's commands is what `python scripts/mae_demo.py` runs (it drifted once)."""
+    script = load_script()
+    monkeypatch.setattr(sys, "argv", ["mae_demo.py"])
+    plan = script.commands(script.parse_args(), 0, Path("outputs/mae_few_labels/seed_0"), None)
+    text = (ROOT / "docs" / "mae.md").read_text()
+    start = text.index("```\n", text.index("The commands of seed 0 (`--out outputs/mae_few_labels`):")) + 4
+    shown = text[start:text.index("```", start)].strip().splitlines()
+    assert [shlex.split(line) for line in shown] == [["vit-train", *argv] for argv in plan.values()]
