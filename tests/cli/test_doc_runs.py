@@ -43,8 +43,9 @@ TINY_SCRIPT = {
     "bench_threads.py": {"--steps": "1", "--rounds": "1", "--busy": "0"},
     "bench_startup.py": {"--runs": "1"},
     "shapes_folder.py": {"--train": "100", "--val": "20"},
+    # --smoke (a flag, no value): a recipe's own epochs cut to two (scripts/mae_demo.py fit_recipe), val sets small
     "mae_demo.py": {"--unlabelled": "64", "--labelled": "64", "--pretrain-epochs": "1", "--finetune-epochs": "1",
-                    "--lp-epochs": "1", "--seeds": "0"},
+                    "--lp-epochs": "1", "--seeds": "0", "--smoke": None},
 }
 
 
@@ -150,14 +151,15 @@ def tiny_script(name: str, args: list[str]) -> list[str]:
     while k < len(args):
         flag = args[k].split("=")[0]
         if flag in settings:
-            k += 1 if "=" in args[k] or k + 1 >= len(args) or args[k + 1].startswith("--") else 2
+            bare = settings[flag] is None or "=" in args[k] or k + 1 >= len(args) or args[k + 1].startswith("--")
+            k += 1 if bare else 2
             continue
         out.append(args[k])
         k += 1
     for flag, value in settings.items():
         if (name, flag) == ("mae_demo.py", "--unlabelled") and "--folder" in out:  # the folder's images, all of them
             continue
-        out += [flag, value]
+        out += [flag] if value is None else [flag, value]
     return out
 
 
@@ -172,6 +174,9 @@ def test_tiny_keeps_sweeps_and_flags():
     assert "model.img_size=32" in tiny([], size=True) and "model.img_size=48" in tiny(["model.img_size=48"], size=True)
     assert tiny_script("benchmark.py", ["--rounds", "7", "--json", "--steps=9"]) == \
         ["--json", *[w for f, v in TINY_SCRIPT["benchmark.py"].items() for w in (f, v)]]
+    small = tiny_script("mae_demo.py", ["--smoke", "--out", "x", "--labelled", "500", "--recipe", "experiment=y"])
+    assert small.count("--smoke") == 1 and small[:4] == ["--out", "x", "--recipe", "experiment=y"]
+    assert small[small.index("--labelled") + 1] == "64" and "500" not in small
 
 
 def test_documented_paths_move_under_the_tests_folder():
