@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from torch import nn
 
@@ -18,7 +18,19 @@ from vit_train.objectives.base import Objective
 from vit_train.runtime import distributed
 
 if TYPE_CHECKING:
-    from vit_train.train.run import Run
+    from pathlib import Path
+
+
+class Run(Protocol):
+    """What LP-FT reads of train/run.py's Run (a protocol: run.py imports this module)."""
+
+    cfg: Config
+    model: nn.Module
+    state: Any  # train/state.py's TrainState
+    lp_steps: int
+    run_dir: Path
+    ctx: distributed.Context
+
 
 log = logging.getLogger("vit_train")
 
